@@ -1,0 +1,140 @@
+r"""Transformer (base model) of Vaswani et al. 2017 on WMT 2014 English-German.
+
+Every config field of the project is defined here, with the paper's values;
+the other config files start from `base_config()` and change what differs.
+
+    python train.py --config=configs/base.py --workdir=/tmp/base
+    python train.py --config=configs/base.py:A1 --workdir=/tmp/a1  # Table 3 row
+    python train.py --config=configs/base.py:C4,tiny --workdir=/tmp/t
+
+Config arguments (after the colon, comma-separated):
+  A1..A4, B1, B2, C1..C7, D1..D4, E   the rows of the paper's Table 3;
+  dot, additive                       the §3.2.1 compatibility functions;
+  tiny                                a few-second model and loop for tests.
+"""
+import ml_collections
+from ml_collections import config_dict
+
+# Table 3 of the paper: each row changes a few fields of the base model.
+TABLE3_ROWS = {
+    # (A) number of heads at constant computation, d_k = d_v = d_model / h.
+    "A1": dict(num_heads=1, d_k=512, d_v=512),
+    "A2": dict(num_heads=4, d_k=128, d_v=128),
+    "A3": dict(num_heads=16, d_k=32, d_v=32),
+    "A4": dict(num_heads=32, d_k=16, d_v=16),
+    # (B) smaller attention key size.
+    "B1": dict(d_k=16),
+    "B2": dict(d_k=32),
+    # (C) bigger and smaller models.
+    "C1": dict(num_layers=2),
+    "C2": dict(num_layers=4),
+    "C3": dict(num_layers=8),
+    "C4": dict(d_model=256, d_k=32, d_v=32),
+    "C5": dict(d_model=1024, d_k=128, d_v=128),
+    "C6": dict(d_ff=1024),
+    "C7": dict(d_ff=4096),
+    # (D) dropout and label smoothing.
+    "D1": dict(dropout_rate=0.0),
+    "D2": dict(dropout_rate=0.2),
+    "D3": dict(label_smoothing=0.0),
+    "D4": dict(label_smoothing=0.2),
+    # (E) learned positional embedding instead of sinusoids.
+    "E": dict(position_encoding="learned"),
+    # §3.2.1: the two other compatibility functions.
+    "dot": dict(attention_type="dot"),
+    "additive": dict(attention_type="additive"),
+}
+
+# A model and loop small enough for unit tests on a 2-core CPU. Arguments
+# apply left to right: `tiny,B1` is the tiny model with row B1's key size.
+TINY = dict(
+    vocab_size=64, num_layers=2, d_model=32, d_ff=64, num_heads=4,
+    max_len=64, max_source_length=32, max_target_length=32, max_tokens=512,
+    max_corpus_chars=200_000, warmup_steps=10, num_train_steps=6,
+    checkpoint_every_steps=3, eval_every_steps=3, log_every_steps=1,
+    eval_bleu_sentences=8,
+)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """The paper's base model and training recipe; all fields of the project."""
+  c = ml_collections.ConfigDict()
+
+  # Model (Table 3, "base").
+  c.vocab_size = 37000            # shared source/target BPE vocabulary (§5.1)
+  c.num_layers = 6                # N
+  c.num_encoder_layers = config_dict.placeholder(int)  # None: num_layers
+  c.num_decoder_layers = config_dict.placeholder(int)  # None: num_layers
+  c.d_model = 512
+  c.d_ff = 2048
+  c.num_heads = 8                 # h
+  c.d_k = config_dict.placeholder(int)  # None: d_model // num_heads
+  c.d_v = config_dict.placeholder(int)  # None: d_model // num_heads
+  c.dropout_rate = 0.1            # P_drop, residual and embedding dropout
+  c.attention_dropout_rate = 0.0  # the paper uses none
+  c.label_smoothing = 0.1         # epsilon_ls
+  c.attention_type = "scaled_dot"   # scaled_dot | dot | additive
+  c.attention_impl = "einsum"       # einsum | xla (jax.nn.dot_product_attention)
+  c.position_encoding = "sinusoidal"  # sinusoidal | learned
+  c.layer_norm = "post"           # post (the paper) | pre
+  c.share_embeddings = True       # one matrix: source, target, pre-softmax
+  c.dtype = "float32"             # computation dtype: float32 | bfloat16
+  c.max_len = 512                 # longest position the model can encode
+
+  # Optimizer (§5.3).
+  c.warmup_steps = 4000
+  c.learning_rate_scale = 1.0
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.98
+  c.adam_eps = 1e-9
+  c.grad_accum_steps = 1
+  c.grad_clip_norm = 0.0          # 0 = off (the paper clips nothing)
+
+  # Data (§5.1).
+  c.dataset_name = "wmt14_translate/de-en"
+  c.data_dir = config_dict.placeholder(str)  # parallel_text folder / TFDS dir
+  c.source_lang = "en"
+  c.target_lang = "de"
+  c.train_split = "train"
+  c.eval_split = "validation"
+  c.test_split = "test"
+  c.max_corpus_chars = 10_000_000  # characters used to train SentencePiece
+  c.max_source_length = 256
+  c.max_target_length = 256
+  c.max_tokens = 25_000           # per batch, source and target each (§5.1)
+  c.pack_examples = False
+  c.seed = 0
+
+  # Loop.
+  c.num_train_steps = 100_000
+  c.checkpoint_every_steps = 1000
+  c.keep_checkpoints = 5          # the paper averages the last 5 (base)
+  c.eval_every_steps = 1000
+  c.eval_bleu_sentences = 256
+  c.log_every_steps = 100
+
+  # Decoding (§6.1).
+  c.beam_size = 4
+  c.alpha = 0.6                   # length penalty
+  c.max_decode_extra = 50         # maximum output length: input + 50
+  return c
+
+
+def apply_args(config: ml_collections.ConfigDict,
+               arg: str | None) -> ml_collections.ConfigDict:
+  """Applies comma-separated config arguments (Table 3 rows, `tiny`)."""
+  for name in filter(None, (arg or "").split(",")):
+    name = name.strip()
+    if name == "tiny":
+      changes = TINY
+    elif name in TABLE3_ROWS:
+      changes = TABLE3_ROWS[name]
+    else:
+      known = ", ".join(["tiny", *TABLE3_ROWS])
+      raise ValueError(f"Unknown config argument {name!r}; known: {known}.")
+    config.update(changes)
+  return config
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  return apply_args(base_config(), arg)

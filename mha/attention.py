@@ -1,0 +1,338 @@
+"""Attention (§3.2 of Vaswani et al. 2017): compatibility functions and heads.
+
+Shapes follow Flax: `[batch, length, heads, head_dim]`. Letters in einsums:
+B batch, Q query length, K key length, H heads, D key size d_k, V value size
+d_v, M model size d_model.
+"""
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+import numpy as np
+
+ATTENTION_TYPES = ("scaled_dot", "dot", "additive")
+ATTENTION_IMPLS = ("einsum", "xla")
+
+
+def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """Softmax over the last axis with masked logits set to -inf first.
+
+  A row whose every entry is masked gets all-zero weights (never NaN), so a
+  query with nothing to attend to contributes nothing.
+
+  Args:
+    logits: `[..., K]` attention logits.
+    mask: boolean, broadcastable to `logits`; True = may attend.
+
+  Returns:
+    Weights of `logits`' shape, computed in float32 at least.
+  """
+  logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+  if mask is None:
+    return jax.nn.softmax(logits, axis=-1)
+  logits = jnp.where(mask, logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  # A fully masked row has max -inf; shift by 0 instead so exp() gives zeros.
+  row_max = lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+  unnormalized = jnp.exp(logits - row_max)
+  total = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  return unnormalized / jnp.where(total > 0, total, 1.0)
+
+
+def _attend(logits: jax.Array, value: jax.Array, mask: jax.Array | None,
+            dropout_rate: float, dropout_rng: jax.Array | None,
+            deterministic: bool) -> jax.Array:
+  """Masked softmax of `[B, H, Q, K]` logits, dropout, weighted sum of values."""
+  weights = masked_softmax(logits, mask)  # [B, H, Q, K]
+  if not deterministic and dropout_rate > 0.0:
+    if dropout_rng is None:
+      raise ValueError("Attention dropout needs a dropout_rng.")
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  weights = weights.astype(value.dtype)
+  # [B, H, Q, K] x [B, K, H, V] -> [B, Q, H, V]
+  return jnp.einsum("BHQK,BKHV->BQHV", weights, value)
+
+
+def scaled_dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    deterministic: bool = True,
+) -> jax.Array:
+  """Attention(Q, K, V) = softmax(QKᵀ / √d_k) V, per head (eq. 1).
+
+  Args:
+    query: `[B, Q, H, d_k]`.
+    key: `[B, K, H, d_k]`.
+    value: `[B, K, H, d_v]`.
+    mask: boolean, broadcastable to `[B, H, Q, K]`; True = may attend.
+      Masked logits are set to -inf before the softmax; fully masked rows
+      return zeros.
+    scale: multiplies the logits; default 1/√d_k. `scale=1.0` is the unscaled
+      dot-product attention of footnote 4.
+    dropout_rate: dropout on the attention weights.
+    dropout_rng: PRNG key for that dropout.
+    deterministic: disables dropout.
+
+  Returns:
+    `[B, Q, H, d_v]`.
+  """
+  d_k = query.shape[-1]
+  if scale is None:
+    scale = 1.0 / np.sqrt(d_k)
+  # Scaling the query (Q·d_k values) is cheaper than scaling the Q·K logits.
+  query = query * jnp.asarray(scale, query.dtype)
+  # [B, Q, H, D] x [B, K, H, D] -> [B, H, Q, K]
+  logits = jnp.einsum("BQHD,BKHD->BHQK", query, key)
+  return _attend(logits, value, mask, dropout_rate, dropout_rng, deterministic)
+
+
+def dot_product_attention(query, key, value, mask=None, **kwargs) -> jax.Array:
+  """Unscaled dot-product attention softmax(QKᵀ)V (§3.2.1, footnote 4)."""
+  return scaled_dot_product_attention(query, key, value, mask, scale=1.0,
+                                      **kwargs)
+
+
+def additive_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    energy: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    deterministic: bool = True,
+) -> jax.Array:
+  """Additive attention (Bahdanau et al.), the other function of §3.2.1.
+
+  score(q, k) = vᵀ tanh(W_q q + W_k k), where `query` and `key` are already
+  projected by W_q and W_k (the heads' projections) and `energy` is v.
+
+  Args:
+    query: `[B, Q, H, D]`, i.e. W_q q per head.
+    key: `[B, K, H, D]`, i.e. W_k k per head.
+    value: `[B, K, H, d_v]`.
+    energy: `[H, D]`, the vector v of each head.
+    mask, dropout_rate, dropout_rng, deterministic: as in
+      `scaled_dot_product_attention`.
+
+  Returns:
+    `[B, Q, H, d_v]`.
+  """
+  # [B, Q, 1, H, D] + [B, 1, K, H, D] -> [B, Q, K, H, D]: memory grows as Q·K·D.
+  hidden = jnp.tanh(query[:, :, None] + key[:, None, :])
+  # [B, Q, K, H, D] x [H, D] -> [B, H, Q, K]
+  logits = jnp.einsum("BQKHD,HD->BHQK", hidden, energy.astype(hidden.dtype))
+  return _attend(logits, value, mask, dropout_rate, dropout_rng, deterministic)
+
+
+def _xla_attention(query, key, value, mask, scale):
+  """`jax.nn.dot_product_attention` with the same mask convention.
+
+  jax's kernel gives fully masked rows uniform weights instead of zeros; those
+  rows are zeroed here so both implementations agree everywhere.
+  """
+  out = jax.nn.dot_product_attention(query, key, value, mask=mask, scale=scale,
+                                     implementation="xla")
+  if mask is not None:
+    b, q, h = query.shape[:3]
+    any_key = jnp.any(jnp.broadcast_to(mask, (b, h, q, key.shape[1])), axis=-1)
+    out = jnp.where(jnp.transpose(any_key, (0, 2, 1))[..., None], out, 0)
+  return out
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (§3.2.2).
+
+  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V). The h projections of each of
+  Q, K and V are fused into one kernel (one matmul for all heads).
+
+  Attributes:
+    num_heads: h.
+    d_k: query/key size per head (default d_model / h).
+    d_v: value size per head (default d_model / h); Table 3 rows A and B set
+      d_k and d_v apart from d_model / h.
+    out_features: output size (default: the size of `inputs_q`, d_model).
+    attention_type: `scaled_dot` (eq. 1), `dot` (unscaled) or `additive`.
+    attention_impl: `einsum` (this module's own) or `xla`
+      (`jax.nn.dot_product_attention`); the latter only for `scaled_dot` and
+      without attention dropout.
+    dropout_rate: dropout on the attention weights.
+    deterministic: disables dropout.
+    decode: incremental decoding with a cache (see `__call__`).
+    dtype: computation dtype; parameters stay in float32.
+    kernel_init: initializer of the projections.
+  """
+  num_heads: int
+  d_k: int | None = None
+  d_v: int | None = None
+  out_features: int | None = None
+  attention_type: str = "scaled_dot"
+  attention_impl: str = "einsum"
+  dropout_rate: float = 0.0
+  deterministic: bool = True
+  decode: bool = False
+  dtype: jnp.dtype = jnp.float32
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+
+  def _projection(self, name: str, d_model: int, head_size: int):
+    """The fused kernel [d_model, h, head_size] and bias [h, head_size]."""
+    # W^Q = [W_1^Q, ..., W_h^Q] ∈ R^{d_model × h × d_k}; W_i^Q = kernel[:, i, :].
+    kernel = self.param(
+        f"{name}_kernel",
+        lambda rng, shape: self.kernel_init(
+            rng, (d_model, self.num_heads * head_size)).reshape(shape),
+        (d_model, self.num_heads, head_size))
+    bias = self.param(f"{name}_bias", nn.initializers.zeros,
+                      (self.num_heads, head_size))
+    return kernel.astype(self.dtype), bias.astype(self.dtype)
+
+  def _project(self, name: str, x: jax.Array, head_size: int) -> jax.Array:
+    """x [B, L, M] -> [B, L, H, head_size] through a fused kernel."""
+    kernel, bias = self._projection(name, x.shape[-1], head_size)
+    return _apply_projection(x.astype(self.dtype), kernel, bias)
+
+  @nn.compact
+  def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
+               mask: jax.Array | None = None, *,
+               cross_attention: bool = False) -> jax.Array:
+    """Attends from `inputs_q` to `inputs_kv`.
+
+    Args:
+      inputs_q: `[B, Q, d_model]`.
+      inputs_kv: `[B, K, d_model]`.
+      mask: boolean, broadcastable to `[B, H, Q, K]`; True = may attend.
+      cross_attention: with `decode=True`, marks encoder-decoder attention:
+        its keys and values are projected once, on the first decoding step,
+        and read from the cache afterwards. Self-attention with `decode=True`
+        appends one position per call to the key/value cache and attends to
+        every position written so far (`mask` is then ignored: causality comes
+        from the cache index).
+
+    Returns:
+      `[B, Q, out_features]`.
+    """
+    if self.attention_type not in ATTENTION_TYPES:
+      raise ValueError(f"attention_type must be one of {ATTENTION_TYPES}, got "
+                       f"{self.attention_type!r}.")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got "
+                       f"{self.attention_impl!r}.")
+    d_model = inputs_q.shape[-1]
+    d_k = self.d_k or d_model // self.num_heads
+    d_v = self.d_v or d_model // self.num_heads
+    out_features = self.out_features or d_model
+
+    query = self._project("query", inputs_q, d_k)  # [B, Q, H, d_k]
+    if self.decode and cross_attention:
+      key, value = self._cached_cross_kv(inputs_kv, d_k, d_v)
+    else:
+      key = self._project("key", inputs_kv, d_k)  # [B, K, H, d_k]
+      value = self._project("value", inputs_kv, d_v)  # [B, K, H, d_v]
+      if self.decode:
+        key, value, mask = self._append_to_cache(key, value)
+
+    dropout_rng = None
+    if not self.deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    kwargs = dict(dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
+                  deterministic=self.deterministic)
+    if self.attention_type == "additive":
+      energy = self.param("energy", nn.initializers.normal(d_k ** -0.5),
+                          (self.num_heads, d_k))
+      heads = additive_attention(query, key, value, energy, mask, **kwargs)
+    else:
+      scale = 1.0 / np.sqrt(d_k) if self.attention_type == "scaled_dot" else 1.0
+      if self.attention_impl == "xla":
+        if dropout_rng is not None:
+          raise ValueError("attention_impl='xla' has no attention dropout; set "
+                           "attention_dropout_rate=0 or attention_impl='einsum'.")
+        heads = _xla_attention(query, key, value, mask, scale)
+      else:
+        heads = scaled_dot_product_attention(query, key, value, mask,
+                                             scale=scale, **kwargs)
+    # heads [B, Q, H, d_v]; W^O ∈ R^{h·d_v × d_model}, stored as [H, d_v, M].
+    w_out = self.param(
+        "out_kernel",
+        lambda rng, shape: self.kernel_init(
+            rng, (self.num_heads * d_v, out_features)).reshape(shape),
+        (self.num_heads, d_v, out_features))
+    b_out = self.param("out_bias", nn.initializers.zeros, (out_features,))
+    # Concat(head_1..head_h) W^O: [B, Q, H, V] x [H, V, M] -> [B, Q, M]
+    out = jnp.einsum("BQHV,HVM->BQM", heads, w_out.astype(self.dtype))
+    return out + b_out.astype(self.dtype)
+
+  def _append_to_cache(self, key, value):
+    """Writes this step's key/value at the cache index; returns the cache.
+
+    The cache is created (zero-filled, sized by the length of `inputs_kv`)
+    when the module is initialised with `decode=True`, as in Flax.
+    """
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape,
+                               key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros,
+                                 value.shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index",
+                                lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return key, value, None
+    batch, max_length = cached_key.value.shape[:2]
+    if key.shape[1] != 1:
+      raise ValueError("Incremental decoding takes one position per call, got "
+                       f"{key.shape[1]}.")
+    index = cache_index.value
+    # [B, L, H, D] with this step's [B, 1, H, D] written at `index`.
+    cached_key.value = lax.dynamic_update_slice(
+        cached_key.value, key.astype(cached_key.value.dtype), (0, index, 0, 0))
+    cached_value.value = lax.dynamic_update_slice(
+        cached_value.value, value.astype(cached_value.value.dtype),
+        (0, index, 0, 0))
+    cache_index.value = index + 1
+    # The query at position `index` attends to positions 0..index.
+    mask = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1,1,1,L]
+    return cached_key.value, cached_value.value, mask
+
+  def _cached_cross_kv(self, inputs_kv, d_k, d_v):
+    """Encoder-decoder keys/values, projected on the first step only."""
+    initialized = self.has_variable("cache", "cached_key")
+    d_model = inputs_kv.shape[-1]
+    k_params = self._projection("key", d_model, d_k)
+    v_params = self._projection("value", d_model, d_v)
+    inputs_kv = inputs_kv.astype(self.dtype)
+
+    def project():
+      return (_apply_projection(inputs_kv, *k_params),   # [B, K, H, d_k]
+              _apply_projection(inputs_kv, *v_params))   # [B, K, H, d_v]
+
+    batch, length = inputs_kv.shape[:2]
+    cached_key = self.variable("cache", "cached_key", jnp.zeros,
+                               (batch, length, self.num_heads, d_k), self.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros,
+                                 (batch, length, self.num_heads, d_v),
+                                 self.dtype)
+    filled = self.variable("cache", "filled", lambda: jnp.array(False))
+    if not initialized:
+      return project()
+    # Only the branch taken runs: the projections cost nothing after step 1.
+    key, value = lax.cond(filled.value,
+                          lambda: (cached_key.value, cached_value.value),
+                          project)
+    cached_key.value, cached_value.value = key, value
+    filled.value = jnp.array(True)
+    return key, value
+
+
+def _apply_projection(x: jax.Array, kernel: jax.Array,
+                      bias: jax.Array) -> jax.Array:
+  # [B, L, M] x [M, H, D] -> [B, L, H, D]
+  return jnp.einsum("BLM,MHD->BLHD", x, kernel) + bias

@@ -1,0 +1,302 @@
+"""The encoder-decoder Transformer (§3 of Vaswani et al. 2017) in flax.linen.
+
+Token ids are int32 `[batch, length]` with 0 = padding. The decoder's input is
+the target shifted right by one with 0 as the start symbol. Packed rows (several
+sentences in one row) pass `*_segmentation` (1, 2, ... per sentence, 0 = pad)
+and `*_positions` (position within each sentence); the masks keep sentences
+apart.
+"""
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from mha.attention import MultiHeadAttention
+from mha.positional import AddPositionEncoding
+
+LAYER_NORMS = ("post", "pre")
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+           "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyperparameters of the model, with the paper's symbols.
+
+  Built from an ml_collections config by `TransformerConfig.from_config`;
+  evaluation and decoding variants by `.replace(deterministic=True,
+  decode=True)`.
+  """
+  vocab_size: int
+  num_encoder_layers: int = 6   # N
+  num_decoder_layers: int = 6   # N
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8            # h
+  d_k: int | None = None        # None: d_model // h
+  d_v: int | None = None        # None: d_model // h
+  dropout_rate: float = 0.1     # P_drop
+  attention_dropout_rate: float = 0.0
+  attention_type: str = "scaled_dot"
+  attention_impl: str = "einsum"
+  position_encoding: str = "sinusoidal"
+  layer_norm: str = "post"
+  share_embeddings: bool = True
+  dtype: Any = jnp.float32
+  max_len: int = 512
+  deterministic: bool = False
+  decode: bool = False
+
+  def replace(self, **changes) -> "TransformerConfig":
+    return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict,
+                  **changes) -> "TransformerConfig":
+    """Takes every field of this dataclass that `config` defines.
+
+    `num_encoder_layers` / `num_decoder_layers` default to `num_layers`, and
+    `dtype` is a name (`float32`, `bfloat16`).
+    """
+    values = {f.name: config[f.name] for f in dataclasses.fields(cls)
+              if f.name in config}
+    for side in ("num_encoder_layers", "num_decoder_layers"):
+      if values.get(side) is None:
+        values[side] = config.num_layers
+    if isinstance(values.get("dtype"), str):
+      if values["dtype"] not in _DTYPES:
+        raise ValueError(f"config.dtype must be one of {sorted(_DTYPES)}, got "
+                         f"{values['dtype']!r}.")
+      values["dtype"] = _DTYPES[values["dtype"]]
+    values.update(changes)
+    model_config = cls(**values)
+    model_config.validate()
+    return model_config
+
+  def validate(self) -> None:
+    if self.layer_norm not in LAYER_NORMS:
+      raise ValueError(f"config.layer_norm must be one of {LAYER_NORMS}, got "
+                       f"{self.layer_norm!r}.")
+    if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
+      raise ValueError(f"config.d_model={self.d_model} is not divisible by "
+                       f"config.num_heads={self.num_heads}; set d_k and d_v.")
+
+
+def create_model(config: ml_collections.ConfigDict, **changes) -> "Transformer":
+  """The Transformer for an ml_collections config (changes e.g. decode=True)."""
+  return Transformer(TransformerConfig.from_config(config, **changes))
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (eq. 2), inner size d_ff."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    init = nn.initializers.xavier_uniform()
+    h = nn.Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=init, name="w1")(x)
+    h = nn.relu(h)  # [B, L, d_ff]
+    return nn.Dense(x.shape[-1], dtype=cfg.dtype, kernel_init=init,
+                    name="w2")(h)
+
+
+class ResidualSublayer(nn.Module):
+  """Post-LN: LayerNorm(x + Dropout(Sublayer(x))) (§3.1, §5.4); or pre-LN:
+  x + Dropout(Sublayer(LayerNorm(x)))."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, sublayer, x: jax.Array, *args, **kwargs) -> jax.Array:
+    cfg = self.config
+    norm = nn.LayerNorm(dtype=cfg.dtype, name="layer_norm")
+    dropout = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)
+    if cfg.layer_norm == "pre":
+      return x + dropout(sublayer(norm(x), *args, **kwargs))
+    return norm(x + dropout(sublayer(x, *args, **kwargs)))
+
+
+def _attention(cfg: TransformerConfig, name: str) -> MultiHeadAttention:
+  return MultiHeadAttention(
+      num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v,
+      attention_type=cfg.attention_type, attention_impl=cfg.attention_impl,
+      dropout_rate=cfg.attention_dropout_rate,
+      deterministic=cfg.deterministic, decode=cfg.decode, dtype=cfg.dtype,
+      name=name)
+
+
+class EncoderLayer(nn.Module):
+  """Multi-head self-attention, then the feed-forward network."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    cfg = self.config
+    attention = _attention(cfg.replace(decode=False), "self_attention")
+    x = ResidualSublayer(cfg, name="attention_block")(
+        lambda y: attention(y, y, mask), x)
+    return ResidualSublayer(cfg, name="ffn_block")(
+        FeedForward(cfg, name="ffn"), x)
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention, feed-forward network."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, y: jax.Array, encoded: jax.Array,
+               self_mask: jax.Array | None,
+               cross_mask: jax.Array | None) -> jax.Array:
+    cfg = self.config
+    self_attention = _attention(cfg, "self_attention")
+    cross_attention = _attention(cfg, "cross_attention")
+    y = ResidualSublayer(cfg, name="self_attention_block")(
+        lambda z: self_attention(z, z, self_mask), y)
+    y = ResidualSublayer(cfg, name="cross_attention_block")(
+        lambda z: cross_attention(z, encoded, cross_mask,
+                                  cross_attention=True), y)
+    return ResidualSublayer(cfg, name="ffn_block")(
+        FeedForward(cfg, name="ffn"), y)
+
+
+class Embed(nn.Module):
+  """Token embeddings multiplied by √d_model (§3.4); `attend` is the
+  pre-softmax linear map with the same matrix."""
+  vocab_size: int
+  d_model: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    # stddev d_model^-0.5: the scaled embeddings start with unit variance.
+    self.embedding = self.param(
+        "embedding", nn.initializers.normal(stddev=self.d_model ** -0.5),
+        (self.vocab_size, self.d_model))
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    x = jnp.take(self.embedding, ids, axis=0)  # [B, L, M]
+    return (x * np.sqrt(self.d_model)).astype(self.dtype)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    # [B, L, M] x [V, M] -> [B, L, V]
+    return jnp.einsum("BLM,VM->BLV", x, self.embedding.astype(self.dtype))
+
+
+def _padding_mask(q_ids: jax.Array, k_ids: jax.Array) -> jax.Array:
+  """[B, 1, Q, K]: both positions are real tokens."""
+  return ((q_ids > 0)[:, None, :, None] & (k_ids > 0)[:, None, None, :])
+
+
+def _segment_mask(q_seg: jax.Array, k_seg: jax.Array) -> jax.Array:
+  """[B, 1, Q, K]: both positions belong to the same packed sentence."""
+  return q_seg[:, None, :, None] == k_seg[:, None, None, :]
+
+
+class Transformer(nn.Module):
+  """The encoder-decoder Transformer (Figure 1).
+
+  Attributes:
+    config: a `TransformerConfig`.
+  """
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.source_embed = Embed(cfg.vocab_size, cfg.d_model, cfg.dtype)
+    if cfg.share_embeddings:
+      self.target_embed = self.source_embed
+    else:
+      self.target_embed = Embed(cfg.vocab_size, cfg.d_model, cfg.dtype)
+      self.output_projection = nn.Dense(cfg.vocab_size, dtype=cfg.dtype)
+    self.source_positions = AddPositionEncoding(
+        cfg.max_len, cfg.position_encoding)
+    self.target_positions = AddPositionEncoding(
+        cfg.max_len, cfg.position_encoding, decode=cfg.decode)
+    self.dropout = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)
+    self.encoder_layers = [EncoderLayer(cfg)
+                           for _ in range(cfg.num_encoder_layers)]
+    self.decoder_layers = [DecoderLayer(cfg)
+                           for _ in range(cfg.num_decoder_layers)]
+    if cfg.layer_norm == "pre":
+      self.encoder_norm = nn.LayerNorm(dtype=cfg.dtype)
+      self.decoder_norm = nn.LayerNorm(dtype=cfg.dtype)
+
+  def encode(self, inputs: jax.Array,
+             inputs_positions: jax.Array | None = None,
+             inputs_segmentation: jax.Array | None = None) -> jax.Array:
+    """Encodes source ids `[B, S]` into `[B, S, d_model]`."""
+    mask = _padding_mask(inputs, inputs)  # [B, 1, S, S]
+    if inputs_segmentation is not None:
+      mask &= _segment_mask(inputs_segmentation, inputs_segmentation)
+    x = self.source_embed(inputs)
+    x = self.dropout(self.source_positions(x, inputs_positions))
+    for layer in self.encoder_layers:
+      x = layer(x, mask)
+    if self.config.layer_norm == "pre":
+      x = self.encoder_norm(x)
+    return x
+
+  def decode(self, encoded: jax.Array, inputs: jax.Array, targets: jax.Array,
+             targets_positions: jax.Array | None = None,
+             inputs_segmentation: jax.Array | None = None,
+             targets_segmentation: jax.Array | None = None) -> jax.Array:
+    """Logits `[B, T, vocab]` of the next token at each target position.
+
+    In training, `targets` `[B, T]` are the gold outputs; the decoder reads
+    them shifted right (start symbol 0) under a causal mask. With
+    `config.decode=True`, `targets` `[B, 1]` is the previous output token (0
+    at the first step), one position per call, with keys and values in the
+    `cache` collection.
+    """
+    cfg = self.config
+    if cfg.decode:
+      decoder_input = targets
+      self_mask = None  # causality from the cache index
+      cross_mask = (inputs > 0)[:, None, None, :]  # [B, 1, 1, S]
+    else:
+      decoder_input = _shift_right(targets, targets_segmentation)
+      length = targets.shape[1]
+      causal = jnp.tril(jnp.ones((length, length), jnp.bool_))
+      # A packed row's start tokens are 0 after the shift; use the segment ids
+      # for its padding mask, else non-pad targets.
+      target_real = (targets_segmentation if targets_segmentation is not None
+                     else targets)
+      self_mask = _padding_mask(target_real, target_real) & causal[None, None]
+      cross_mask = _padding_mask(target_real, inputs)
+      if targets_segmentation is not None:
+        self_mask &= _segment_mask(targets_segmentation, targets_segmentation)
+        cross_mask &= _segment_mask(targets_segmentation, inputs_segmentation)
+    y = self.target_embed(decoder_input)
+    y = self.dropout(self.target_positions(y, targets_positions))
+    for layer in self.decoder_layers:
+      y = layer(y, encoded, self_mask, cross_mask)
+    if cfg.layer_norm == "pre":
+      y = self.decoder_norm(y)
+    if cfg.share_embeddings:
+      logits = self.target_embed.attend(y)
+    else:
+      logits = self.output_projection(y)
+    return logits.astype(jnp.float32)
+
+  def __call__(self, inputs: jax.Array, targets: jax.Array,
+               inputs_positions: jax.Array | None = None,
+               targets_positions: jax.Array | None = None,
+               inputs_segmentation: jax.Array | None = None,
+               targets_segmentation: jax.Array | None = None) -> jax.Array:
+    """Teacher-forced logits `[B, T, vocab]` for source and target ids."""
+    encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
+    return self.decode(encoded, inputs, targets, targets_positions,
+                       inputs_segmentation, targets_segmentation)
+
+
+def _shift_right(targets: jax.Array,
+                 segmentation: jax.Array | None = None) -> jax.Array:
+  """[y1, y2, ...] -> [0, y1, y2, ...]; in packed rows, 0 at each start."""
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segmentation is not None:
+    previous = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segmentation == previous, shifted, 0)
+  return shifted

@@ -1,0 +1,198 @@
+"""Attention against NumPy implementations of the paper's equations."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mha
+
+
+def numpy_attention(q, k, v, mask=None, scale=None):
+  """Eq. 1 head by head in float64: softmax(q kᵀ · scale) v."""
+  b, nq, h, d_k = q.shape
+  scale = 1.0 / np.sqrt(d_k) if scale is None else scale
+  out = np.zeros((b, nq, h, v.shape[-1]))
+  for bi in range(b):
+    for hi in range(h):
+      logits = q[bi, :, hi] @ k[bi, :, hi].T * scale  # [Q, K]
+      if mask is not None:
+        m = np.broadcast_to(mask, (b, h, nq, k.shape[1]))[bi, hi]
+        logits = np.where(m, logits, -np.inf)
+      for qi in range(nq):
+        row = logits[qi]
+        if np.all(np.isneginf(row)):
+          continue  # fully masked: zeros
+        w = np.exp(row - row.max())
+        out[bi, qi, hi] = (w / w.sum()) @ v[bi, :, hi]
+  return out
+
+
+def _qkv(rng, b=2, nq=5, nk=7, h=3, d_k=4, d_v=6):
+  return (rng.normal(size=(b, nq, h, d_k)), rng.normal(size=(b, nk, h, d_k)),
+          rng.normal(size=(b, nk, h, d_v)))
+
+
+def test_matches_numpy_with_padding_mask_and_dk_ne_dv():
+  rng = np.random.default_rng(0)
+  q, k, v = _qkv(rng)
+  lengths = np.array([7, 4])
+  mask = (np.arange(7)[None, :] < lengths[:, None])[:, None, None, :]
+  got = mha.scaled_dot_product_attention(
+      jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
+      jnp.asarray(v, jnp.float32), jnp.asarray(mask))
+  assert got.shape == (2, 5, 3, 6)
+  np.testing.assert_allclose(got, numpy_attention(q, k, v, mask), atol=1e-5)
+
+
+def test_matches_numpy_with_causal_mask_and_fully_masked_rows_are_zero():
+  rng = np.random.default_rng(1)
+  q, k, v = _qkv(rng, nq=6, nk=6)
+  causal = np.tril(np.ones((6, 6), bool))
+  # Query rows 0 and 3 of batch 1 may attend to nothing.
+  mask = np.broadcast_to(causal, (2, 1, 6, 6)).copy()
+  mask[1, :, [0, 3]] = False
+  got = np.asarray(mha.scaled_dot_product_attention(
+      jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
+      jnp.asarray(v, jnp.float32), jnp.asarray(mask)))
+  assert np.all(np.isfinite(got))
+  np.testing.assert_array_equal(got[1, [0, 3]], 0.0)
+  np.testing.assert_allclose(got, numpy_attention(q, k, v, mask), atol=1e-5)
+
+
+def test_fully_masked_rows_have_finite_gradients():
+  rng = np.random.default_rng(2)
+  q, k, v = (jnp.asarray(a, jnp.float32) for a in _qkv(rng))
+  mask = jnp.zeros((2, 1, 5, 7), bool).at[0].set(True)
+
+  def loss(q, k, v):
+    return jnp.sum(mha.scaled_dot_product_attention(q, k, v, mask) ** 2)
+
+  grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+  for g in grads:
+    assert np.all(np.isfinite(np.asarray(g)))
+  np.testing.assert_array_equal(grads[0][1], 0.0)
+
+
+def test_unscaled_dot_product_is_eq1_without_the_scale():
+  rng = np.random.default_rng(3)
+  q, k, v = _qkv(rng)
+  got = mha.dot_product_attention(*(jnp.asarray(a, jnp.float32)
+                                    for a in (q, k, v)))
+  np.testing.assert_allclose(got, numpy_attention(q, k, v, scale=1.0),
+                             atol=1e-5)
+
+
+def test_additive_attention_matches_numpy():
+  rng = np.random.default_rng(4)
+  q, k, v = _qkv(rng, d_k=4)
+  energy = rng.normal(size=(3, 4))
+  mask = np.ones((2, 1, 5, 7), bool)
+  mask[0, :, :, 5:] = False
+  expected = np.zeros((2, 5, 3, 6))
+  for b in range(2):
+    for h in range(3):
+      for i in range(5):
+        scores = np.array([energy[h] @ np.tanh(q[b, i, h] + k[b, j, h])
+                           for j in range(7)])
+        scores = np.where(mask[b, 0, i], scores, -np.inf)
+        w = np.exp(scores - scores.max())
+        expected[b, i, h] = (w / w.sum()) @ v[b, :, h]
+  got = mha.additive_attention(*(jnp.asarray(a, jnp.float32)
+                                 for a in (q, k, v, energy)),
+                               mask=jnp.asarray(mask))
+  np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_attention_dropout_is_inverted_and_keyed():
+  rng = np.random.default_rng(5)
+  q, k, v = (jnp.asarray(a, jnp.float32) for a in _qkv(rng))
+  kwargs = dict(dropout_rate=0.5, deterministic=False)
+  a = mha.scaled_dot_product_attention(q, k, v, dropout_rng=jax.random.key(0),
+                                       **kwargs)
+  b = mha.scaled_dot_product_attention(q, k, v, dropout_rng=jax.random.key(0),
+                                       **kwargs)
+  c = mha.scaled_dot_product_attention(q, k, v, dropout_rng=jax.random.key(1),
+                                       **kwargs)
+  np.testing.assert_array_equal(a, b)
+  assert not np.allclose(a, c)
+  # The expectation over dropout masks is the deterministic output.
+  keys = jax.random.split(jax.random.key(2), 4000)
+  mean = jax.vmap(lambda r: mha.scaled_dot_product_attention(
+      q, k, v, dropout_rng=r, **kwargs))(keys).mean(0)
+  np.testing.assert_allclose(mean, mha.scaled_dot_product_attention(q, k, v),
+                             atol=0.1)
+
+
+def test_footnote4_dot_products_grow_with_dk_and_scaling_restores_unit_variance():
+  # q, k with independent unit-variance components: q·k has variance d_k.
+  rng = np.random.default_rng(6)
+  n = 20000
+  for d_k in (4, 64, 512):
+    q = rng.normal(size=(n, d_k))
+    k = rng.normal(size=(n, d_k))
+    dots = np.einsum("nd,nd->n", q, k)
+    assert dots.var() == pytest.approx(d_k, rel=0.05)
+    assert (dots / np.sqrt(d_k)).var() == pytest.approx(1.0, rel=0.05)
+  # The module's scale is exactly 1/sqrt(d_k): logits of one key scale so.
+  d_k = 64
+  q = jnp.asarray(rng.normal(size=(1, 1, 1, d_k)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(1, 2, 1, d_k)), jnp.float32)
+  v = jnp.eye(2, dtype=jnp.float32)[None, :, None, :]  # weights come out as-is
+  w = mha.scaled_dot_product_attention(q, k, v)[0, 0, 0]
+  logits = np.asarray(k[0, :, 0] @ q[0, 0, 0]) / np.sqrt(d_k)
+  np.testing.assert_allclose(w, np.exp(logits) / np.exp(logits).sum(),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("d_k,d_v", [(None, None), (4, 12)])
+def test_multi_head_equals_explicit_loop_over_heads(d_k, d_v):
+  d_model, h = 16, 4
+  module = mha.MultiHeadAttention(num_heads=h, d_k=d_k, d_v=d_v)
+  rng = np.random.default_rng(7)
+  x_q = jnp.asarray(rng.normal(size=(2, 5, d_model)), jnp.float32)
+  x_kv = jnp.asarray(rng.normal(size=(2, 6, d_model)), jnp.float32)
+  mask = jnp.asarray(rng.random((2, 1, 5, 6)) > 0.3)
+  params = module.init(jax.random.key(0), x_q, x_kv, mask)["params"]
+  # Random biases too, so that they are checked.
+  params = jax.tree_util.tree_map(
+      lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+  got = module.apply({"params": params}, x_q, x_kv, mask)
+
+  p = jax.tree_util.tree_map(np.asarray, params)
+  d_k = d_k or d_model // h
+  d_v = d_v or d_model // h
+  assert p["query_kernel"].shape == (d_model, h, d_k)
+  assert p["value_kernel"].shape == (d_model, h, d_v)
+  assert p["out_kernel"].shape == (h, d_v, d_model)
+  heads = []
+  for i in range(h):
+    w_q, w_k, w_v = (p[f"{n}_kernel"][:, i, :] for n in ("query", "key",
+                                                           "value"))
+    q = np.asarray(x_q) @ w_q + p["query_bias"][i]
+    k = np.asarray(x_kv) @ w_k + p["key_bias"][i]
+    v = np.asarray(x_kv) @ w_v + p["value_bias"][i]
+    heads.append(numpy_attention(q[:, :, None], k[:, :, None], v[:, :, None],
+                                 np.asarray(mask))[:, :, 0])
+  w_o = p["out_kernel"].reshape(h * d_v, d_model)  # W^O ∈ R^{h·d_v × d_model}
+  expected = np.concatenate(heads, axis=-1) @ w_o + p["out_bias"]
+  np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_xla_impl_equals_einsum_impl():
+  rng = np.random.default_rng(8)
+  x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
+  mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
+  mask = mask & jnp.asarray([True] * 6 + [True] * 3 + [False] * 3).reshape(
+      2, 1, 1, 6)
+  ours = mha.MultiHeadAttention(num_heads=4)
+  params = ours.init(jax.random.key(0), x, x, mask)
+  xla = mha.MultiHeadAttention(num_heads=4, attention_impl="xla")
+  np.testing.assert_allclose(ours.apply(params, x, x, mask),
+                             xla.apply(params, x, x, mask), atol=1e-5)
+
+
+def test_bad_attention_type_is_refused():
+  module = mha.MultiHeadAttention(num_heads=2, attention_type="cosine")
+  x = jnp.ones((1, 2, 4))
+  with pytest.raises(ValueError, match="attention_type"):
+    module.init(jax.random.key(0), x, x)

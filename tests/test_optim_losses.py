@@ -1,0 +1,90 @@
+"""The noam schedule (§5.3), Adam's settings and the smoothed loss (§5.4)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import mha
+from configs import base
+
+
+def formula(k, d_model=512, warmup=4000, scale=1.0):
+  return scale * d_model ** -0.5 * min(k ** -0.5, k * warmup ** -1.5)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4000, 16000, 100000])
+def test_schedule_values_against_formula(k):
+  schedule = mha.noam_schedule(512, 4000)
+  # optax passes the count of updates already done: k-1 for the k-th update.
+  assert float(schedule(k - 1)) == pytest.approx(formula(k), rel=1e-6)
+
+
+def test_schedule_golden_numbers():
+  schedule = mha.noam_schedule(512, 4000, scale=2.0)
+  assert float(schedule(0)) == pytest.approx(2 * 512 ** -0.5 * 4000 ** -1.5)
+  # The peak at k = warmup is d_model^-0.5 · warmup^-0.5 ≈ 7.0e-4.
+  assert float(mha.noam_schedule(512, 4000)(3999)) == pytest.approx(
+      6.98771e-4, rel=1e-5)
+  assert float(schedule(4 * 4000 - 1)) == pytest.approx(
+      2 * 512 ** -0.5 * (16000) ** -0.5)
+
+
+def test_first_updates_use_k_1_2_3():
+  # SGD on a constant gradient of 1: the k-th update is -lrate(k).
+  opt = optax.sgd(mha.noam_schedule(64, 10))
+  params = jnp.zeros(())
+  state = opt.init(params)
+  for k in (1, 2, 3):
+    updates, state = opt.update(jnp.ones(()), state, params)
+    assert float(updates) == pytest.approx(-formula(k, 64, 10), rel=1e-6)
+
+
+def test_optimizer_is_adam_with_the_papers_betas():
+  config = base.get_config("tiny")
+  opt = mha.create_optimizer(config)
+  params = {"w": jnp.array([1.0, -2.0])}
+  grads = [{"w": jnp.array([0.5, -1.0])}, {"w": jnp.array([-0.3, 0.2])}]
+  state = opt.init(params)
+  m = v = np.zeros(2)
+  for k, g in enumerate(grads, start=1):
+    updates, state = opt.update(g, state, params)
+    g = np.asarray(g["w"], np.float64)
+    m = 0.9 * m + 0.1 * g
+    v = 0.98 * v + 0.02 * g * g
+    m_hat, v_hat = m / (1 - 0.9 ** k), v / (1 - 0.98 ** k)
+    lr = formula(k, config.d_model, config.warmup_steps)
+    np.testing.assert_allclose(updates["w"], -lr * m_hat / (np.sqrt(v_hat) +
+                                                             1e-9), rtol=1e-5)
+
+
+def test_label_smoothing_against_hand_computation():
+  logits = jnp.array([[[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]]])
+  targets = jnp.array([[2, 0]])  # second position is padding
+  eps = 0.1
+  loss, tokens = mha.cross_entropy_with_label_smoothing(logits, targets, eps)
+  log_p = np.log(np.exp([2.0, 1, 0, -1]) / np.exp([2.0, 1, 0, -1]).sum())
+  q = np.array([eps / 3, eps / 3, 1 - eps, eps / 3])
+  expected = -(q * log_p).sum() + (q * np.log(q)).sum()  # KL(q || p)
+  assert float(tokens) == 1.0
+  assert float(loss) == pytest.approx(expected, rel=1e-5)
+  nll, _ = mha.negative_log_likelihood(logits, targets)
+  assert float(nll) == pytest.approx(-log_p[2], rel=1e-6)
+
+
+def test_smoothed_loss_is_minimal_at_the_smoothed_distribution():
+  eps, vocab = 0.1, 5
+  q = np.full(vocab, eps / (vocab - 1))
+  q[3] = 1 - eps
+  loss, _ = mha.cross_entropy_with_label_smoothing(
+      jnp.log(jnp.asarray(q))[None, None], jnp.array([[3]]), eps)
+  assert float(loss) == pytest.approx(0.0, abs=1e-6)
+  grad = jax.grad(lambda z: mha.cross_entropy_with_label_smoothing(
+      z, jnp.array([[3]]), eps)[0])(jnp.log(jnp.asarray(q))[None, None])
+  np.testing.assert_allclose(grad, 0.0, atol=1e-6)
+
+
+def test_accuracy_counts_non_pad_tokens():
+  logits = jnp.eye(4)[jnp.array([[1, 2, 3, 0]])] * 5
+  correct, tokens = mha.accuracy(logits, jnp.array([[1, 3, 3, 0]]))
+  assert (float(correct), float(tokens)) == (2.0, 3.0)

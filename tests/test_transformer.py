@@ -1,0 +1,204 @@
+"""The encoder-decoder model: masks, sharing, caching, sizes, packing."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mha
+from configs import base
+from configs import big
+from mha.transformer import EncoderLayer
+
+
+def tiny(**changes):
+  config = base.get_config("tiny")
+  config.update(changes)
+  return config
+
+
+def init(model, inputs, targets):
+  return model.init(jax.random.key(0), inputs, targets)["params"]
+
+
+SRC = jnp.array([[5, 6, 7, 8, 1, 0], [9, 10, 1, 0, 0, 0]], jnp.int32)
+TGT = jnp.array([[11, 12, 13, 1, 0], [14, 15, 16, 17, 1]], jnp.int32)
+
+
+@pytest.mark.parametrize("layer_norm", ["post", "pre"])
+def test_padding_does_not_change_encoder_output_or_loss(layer_norm):
+  model = mha.create_model(tiny(layer_norm=layer_norm), deterministic=True)
+  params = init(model, SRC, TGT)
+  more_pad_src = jnp.pad(SRC, ((0, 0), (0, 3)))
+  more_pad_tgt = jnp.pad(TGT, ((0, 0), (0, 4)))
+  enc = model.apply({"params": params}, SRC, method="encode")
+  enc_padded = model.apply({"params": params}, more_pad_src, method="encode")
+  real = np.asarray(SRC > 0)
+  np.testing.assert_allclose(np.asarray(enc)[real],
+                             np.asarray(enc_padded)[:, :6][real], atol=1e-5)
+
+  def loss(src, tgt):
+    logits = model.apply({"params": params}, src, tgt)
+    return mha.cross_entropy_with_label_smoothing(logits, tgt, 0.1)
+
+  (a, n_a), (b, n_b) = loss(SRC, TGT), loss(more_pad_src, more_pad_tgt)
+  assert float(n_a) == float(n_b) == 9.0
+  np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_future_targets_do_not_change_earlier_logits():
+  model = mha.create_model(tiny(), deterministic=True)
+  params = init(model, SRC, TGT)
+  logits = model.apply({"params": params}, SRC, TGT)
+  changed = TGT.at[:, 3:].set(jnp.array([20, 21], jnp.int32))
+  logits_changed = model.apply({"params": params}, SRC, changed)
+  # Logits at position t predict token t from tokens < t: positions 0..3 read
+  # targets 0..2 only, which are unchanged.
+  np.testing.assert_allclose(logits[:, :4], logits_changed[:, :4], atol=1e-5)
+  assert not np.allclose(logits[:, 4], logits_changed[:, 4])
+
+
+@pytest.mark.parametrize("changes", [
+    {}, {"layer_norm": "pre"}, {"position_encoding": "learned"},
+    {"attention_type": "additive"}, {"share_embeddings": False},
+    {"d_k": 4, "d_v": 12},
+])
+def test_incremental_decoding_equals_full_pass(changes):
+  config = tiny(**changes)
+  model = mha.create_model(config, deterministic=True)
+  params = init(model, SRC, TGT)
+  full = model.apply({"params": params}, SRC, TGT)  # [B, T, V]
+
+  decoder = mha.create_model(config, deterministic=True, decode=True)
+  length = TGT.shape[1]
+  cache = decoder.init(jax.random.key(0), SRC, jnp.ones((2, length),
+                                                        jnp.int32))["cache"]
+  encoded = decoder.apply({"params": params}, SRC, method="encode")
+  previous = jnp.zeros((2, 1), jnp.int32)  # start symbol
+  step = jax.jit(lambda cache, token: decoder.apply(
+      {"params": params, "cache": cache}, encoded, SRC, token,
+      mutable=["cache"], method="decode"))
+  for t in range(length):
+    logits, mutated = step(cache, previous)
+    cache = mutated["cache"]
+    real = np.asarray(TGT[:, t] > 0) | (t == 0)
+    np.testing.assert_allclose(np.asarray(logits[:, 0])[real],
+                               np.asarray(full[:, t])[real], atol=1e-4)
+    previous = TGT[:, t:t + 1]
+
+
+def test_packed_rows_equal_separate_rows():
+  model = mha.create_model(tiny(), deterministic=True)
+  params = init(model, SRC, TGT)
+  separate = model.apply({"params": params}, SRC, TGT)
+  # Sentence 0 then sentence 1 in one row of length 11 / 10.
+  src = jnp.array([[5, 6, 7, 8, 1, 9, 10, 1, 0, 0, 0]], jnp.int32)
+  src_seg = jnp.array([[1, 1, 1, 1, 1, 2, 2, 2, 0, 0, 0]], jnp.int32)
+  src_pos = jnp.array([[0, 1, 2, 3, 4, 0, 1, 2, 0, 0, 0]], jnp.int32)
+  tgt = jnp.array([[11, 12, 13, 1, 14, 15, 16, 17, 1, 0]], jnp.int32)
+  tgt_seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2, 2, 0]], jnp.int32)
+  tgt_pos = jnp.array([[0, 1, 2, 3, 0, 1, 2, 3, 4, 0]], jnp.int32)
+  packed = model.apply({"params": params}, src, tgt, src_pos, tgt_pos,
+                       src_seg, tgt_seg)
+  np.testing.assert_allclose(packed[0, :4], separate[0, :4], atol=1e-5)
+  np.testing.assert_allclose(packed[0, 4:9], separate[1, :5], atol=1e-5)
+
+
+def _layer_norm(x, eps=1e-6):
+  return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True)
+                                                   + eps)
+
+
+def test_encoder_layer_is_post_layer_norm_of_residuals():
+  # LayerNorm(x + Sublayer(x)) twice, composed by hand from the sublayers.
+  cfg = mha.TransformerConfig.from_config(tiny(), deterministic=True)
+  layer = EncoderLayer(cfg)
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 5, 32)),
+                  jnp.float32)
+  params = layer.init(jax.random.key(1), x, None)["params"]
+  attention = mha.MultiHeadAttention(num_heads=cfg.num_heads)
+  a = attention.apply({"params": params["self_attention"]}, x, x)
+  h = _layer_norm(np.asarray(x + a))
+  w1, w2 = params["ffn"]["w1"], params["ffn"]["w2"]
+  f = np.maximum(h @ w1["kernel"] + w1["bias"], 0) @ w2["kernel"] + w2["bias"]
+  expected = _layer_norm(h + f)
+  np.testing.assert_allclose(layer.apply({"params": params}, x, None),
+                             expected, atol=1e-4)
+
+
+def test_embeddings_shared_and_scaled_by_sqrt_d_model():
+  config = tiny()
+  model = mha.create_model(config, deterministic=True)
+  params = init(model, SRC, TGT)
+  embedding_tables = [k for k in jax.tree_util.tree_leaves_with_path(params)
+                      if "embedding" in jax.tree_util.keystr(k[0])]
+  assert len(embedding_tables) == 1  # source, target and pre-softmax
+  table = np.asarray(params["source_embed"]["embedding"])
+  embedded = model.apply({"params": params}, SRC,
+                         method=lambda m, ids: m.source_embed(ids))
+  np.testing.assert_allclose(embedded, table[np.asarray(SRC)] *
+                             np.sqrt(config.d_model), rtol=1e-6)
+  hidden = jnp.ones((1, 1, config.d_model))
+  logits = model.apply({"params": params}, hidden,
+                       method=lambda m, y: m.target_embed.attend(y))
+  np.testing.assert_allclose(logits[0, 0], table.sum(-1), rtol=1e-5)
+
+
+def test_dropout_only_in_training():
+  model = mha.create_model(tiny())
+  params = init(model, SRC, TGT)
+
+  def run(seed):
+    return model.apply({"params": params}, SRC, TGT,
+                       rngs={"dropout": jax.random.key(seed)})
+
+  np.testing.assert_array_equal(run(0), run(0))
+  assert not np.allclose(run(0), run(1))
+  evaluation = mha.create_model(tiny(), deterministic=True)
+  out = evaluation.apply({"params": params}, SRC, TGT)
+  np.testing.assert_array_equal(out, evaluation.apply({"params": params}, SRC,
+                                                      TGT))
+
+
+def test_bfloat16_compute_keeps_float32_params():
+  model = mha.create_model(tiny(dtype="bfloat16"), deterministic=True)
+  params = init(model, SRC, TGT)
+  assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(params))
+  logits = model.apply({"params": params}, SRC, TGT)
+  assert logits.dtype == jnp.float32 and np.all(np.isfinite(logits))
+
+
+def count_params(config) -> int:
+  config.vocab_size = 37000
+  model = mha.create_model(config)
+  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  shapes = jax.eval_shape(model.init, jax.random.key(0), ids, ids)
+  return sum(int(np.prod(p.shape))
+             for p in jax.tree_util.tree_leaves(shapes["params"]))
+
+
+def test_parameter_counts_match_table3():
+  assert 62e6 <= count_params(base.get_config()) <= 66e6  # paper: 65M
+  assert 210e6 <= count_params(big.get_config()) <= 216e6  # paper: 213M
+
+
+def test_table3_rows_as_config_arguments():
+  a1 = base.get_config("A1")
+  assert (a1.num_heads, a1.d_k, a1.d_v) == (1, 512, 512)
+  # Row A keeps the computation constant: h · d_k = d_model.
+  for row in ("A1", "A2", "A3", "A4"):
+    c = base.get_config(row)
+    assert c.num_heads * c.d_k == c.d_model
+  assert base.get_config("B1").d_k == 16
+  assert base.get_config("E").position_encoding == "learned"
+  assert base.get_config("D3").label_smoothing == 0.0
+  # A row changes the parameter count the way the paper's table does.
+  assert count_params(base.get_config("C6")) < count_params(base.get_config())
+  with pytest.raises(ValueError, match="Unknown config argument 'Z9'"):
+    base.get_config("Z9")
+
+
+def test_config_errors_name_the_field():
+  with pytest.raises(ValueError, match="layer_norm"):
+    mha.create_model(tiny(layer_norm="middle"))
+  with pytest.raises(ValueError, match="num_heads"):
+    mha.create_model(tiny(d_model=30, num_heads=4))
