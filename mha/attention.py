@@ -184,22 +184,26 @@ class MultiHeadAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
 
-  def _projection(self, name: str, d_model: int, head_size: int):
-    """The fused kernel [d_model, h, head_size] and bias [h, head_size]."""
+  def _projection(self, name: str, d_model: int, head_size: int) -> jax.Array:
+    """The fused kernel [d_model, h, head_size] of the h heads' projections.
+
+    As in §3.2.2 the projections are linear maps without bias. (A key bias
+    would add q·b, the same for every key, to a row of logits: the softmax
+    cancels it, its gradient is rounding noise, and Adam's normalisation
+    turns that noise into full-size updates.)
+    """
     # W^Q = [W_1^Q, ..., W_h^Q] ∈ R^{d_model × h × d_k}; W_i^Q = kernel[:, i, :].
     kernel = self.param(
         f"{name}_kernel",
         lambda rng, shape: self.kernel_init(
             rng, (d_model, self.num_heads * head_size)).reshape(shape),
         (d_model, self.num_heads, head_size))
-    bias = self.param(f"{name}_bias", nn.initializers.zeros,
-                      (self.num_heads, head_size))
-    return kernel.astype(self.dtype), bias.astype(self.dtype)
+    return kernel.astype(self.dtype)
 
   def _project(self, name: str, x: jax.Array, head_size: int) -> jax.Array:
     """x [B, L, M] -> [B, L, H, head_size] through a fused kernel."""
-    kernel, bias = self._projection(name, x.shape[-1], head_size)
-    return _apply_projection(x.astype(self.dtype), kernel, bias)
+    kernel = self._projection(name, x.shape[-1], head_size)
+    return _apply_projection(x.astype(self.dtype), kernel)
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
@@ -266,10 +270,8 @@ class MultiHeadAttention(nn.Module):
         lambda rng, shape: self.kernel_init(
             rng, (self.num_heads * d_v, out_features)).reshape(shape),
         (self.num_heads, d_v, out_features))
-    b_out = self.param("out_bias", nn.initializers.zeros, (out_features,))
     # Concat(head_1..head_h) W^O: [B, Q, H, V] x [H, V, M] -> [B, Q, M]
-    out = jnp.einsum("BQHV,HVM->BQM", heads, w_out.astype(self.dtype))
-    return out + b_out.astype(self.dtype)
+    return jnp.einsum("BQHV,HVM->BQM", heads, w_out.astype(self.dtype))
 
   def _append_to_cache(self, key, value):
     """Writes this step's key/value at the cache index; returns the cache.
@@ -306,13 +308,13 @@ class MultiHeadAttention(nn.Module):
     """Encoder-decoder keys/values, projected on the first step only."""
     initialized = self.has_variable("cache", "cached_key")
     d_model = inputs_kv.shape[-1]
-    k_params = self._projection("key", d_model, d_k)
-    v_params = self._projection("value", d_model, d_v)
+    w_key = self._projection("key", d_model, d_k)
+    w_value = self._projection("value", d_model, d_v)
     inputs_kv = inputs_kv.astype(self.dtype)
 
     def project():
-      return (_apply_projection(inputs_kv, *k_params),   # [B, K, H, d_k]
-              _apply_projection(inputs_kv, *v_params))   # [B, K, H, d_v]
+      return (_apply_projection(inputs_kv, w_key),     # [B, K, H, d_k]
+              _apply_projection(inputs_kv, w_value))   # [B, K, H, d_v]
 
     batch, length = inputs_kv.shape[:2]
     cached_key = self.variable("cache", "cached_key", jnp.zeros,
@@ -332,7 +334,6 @@ class MultiHeadAttention(nn.Module):
     return key, value
 
 
-def _apply_projection(x: jax.Array, kernel: jax.Array,
-                      bias: jax.Array) -> jax.Array:
+def _apply_projection(x: jax.Array, kernel: jax.Array) -> jax.Array:
   # [B, L, M] x [M, H, D] -> [B, L, H, D]
-  return jnp.einsum("BLM,MHD->BLHD", x, kernel) + bias
+  return jnp.einsum("BLM,MHD->BLHD", x, kernel)

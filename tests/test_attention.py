@@ -153,9 +153,8 @@ def test_multi_head_equals_explicit_loop_over_heads(d_k, d_v):
   x_kv = jnp.asarray(rng.normal(size=(2, 6, d_model)), jnp.float32)
   mask = jnp.asarray(rng.random((2, 1, 5, 6)) > 0.3)
   params = module.init(jax.random.key(0), x_q, x_kv, mask)["params"]
-  # Random biases too, so that they are checked.
-  params = jax.tree_util.tree_map(
-      lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+  assert sorted(params) == ["key_kernel", "out_kernel", "query_kernel",
+                            "value_kernel"]  # §3.2.2: no biases
   got = module.apply({"params": params}, x_q, x_kv, mask)
 
   p = jax.tree_util.tree_map(np.asarray, params)
@@ -168,13 +167,13 @@ def test_multi_head_equals_explicit_loop_over_heads(d_k, d_v):
   for i in range(h):
     w_q, w_k, w_v = (p[f"{n}_kernel"][:, i, :] for n in ("query", "key",
                                                            "value"))
-    q = np.asarray(x_q) @ w_q + p["query_bias"][i]
-    k = np.asarray(x_kv) @ w_k + p["key_bias"][i]
-    v = np.asarray(x_kv) @ w_v + p["value_bias"][i]
+    q = np.asarray(x_q) @ w_q
+    k = np.asarray(x_kv) @ w_k
+    v = np.asarray(x_kv) @ w_v
     heads.append(numpy_attention(q[:, :, None], k[:, :, None], v[:, :, None],
                                  np.asarray(mask))[:, :, 0])
   w_o = p["out_kernel"].reshape(h * d_v, d_model)  # W^O ∈ R^{h·d_v × d_model}
-  expected = np.concatenate(heads, axis=-1) @ w_o + p["out_bias"]
+  expected = np.concatenate(heads, axis=-1) @ w_o
   np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
