@@ -103,7 +103,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.max_target_length = 256
   c.max_tokens = 25_000           # per batch, source and target each (§5.1)
   c.pack_examples = False
-  c.seed = 0
+  c.seed = 0                      # init, dropout and data order
+  c.synthetic_seed = 0            # the language of dataset_name='synthetic'
 
   # Loop.
   c.num_train_steps = 100_000

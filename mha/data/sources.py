@@ -1,0 +1,189 @@
+"""Raw sentence pairs of a split, from the dataset the config names.
+
+`config.dataset_name` selects the source:
+
+* `'synthetic'`: the made-up language pair of `mha.data.synthetic` (languages
+  `src` and `tgt`; `config.synthetic_seed`, default 0, picks the language);
+* `'parallel_text'`: the folder `config.data_dir` of `{split}.{lang}[.gz]`
+  files, through the TFDS builder of `mha.data.parallel_text`;
+* anything else: a TFDS translation dataset by name, e.g.
+  `'wmt14_translate/de-en'`, read from the TFDS data dir `config.data_dir`
+  (None: the TFDS default), downloaded and prepared first if needed.
+
+`config.source_lang` and `config.target_lang` choose the direction. Splits
+of TFDS datasets (and of parallel_text folders) accept TFDS slicing, e.g.
+`'train[:1000]'`.
+"""
+import dataclasses
+import hashlib
+import re
+from typing import Callable, Iterator
+
+from absl import logging
+import ml_collections
+
+from mha.data import synthetic
+from mha.data.errors import DataError
+
+Chunk = tuple[list[str], list[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class TextSplit:
+  """One split of a dataset, in a given direction, not yet read.
+
+  Attributes:
+    key: identifies the split's content (dataset, version or file
+      fingerprint, languages, split) for caches.
+    description: a human-readable name for messages.
+    read: `read(chunk_size)` iterates over (sources, targets) chunks in the
+      split's order.
+  """
+  key: str
+  description: str
+  read: Callable[[int], Iterator[Chunk]]
+
+
+def _check_languages(config: ml_collections.ConfigDict,
+                     available: tuple[str, ...], dataset: str) -> None:
+  for field in ("source_lang", "target_lang"):
+    lang = config[field]
+    if lang not in available:
+      raise DataError(f"Dataset {dataset!r} has no language {lang!r} "
+                      f"(config.{field}); its languages: "
+                      f"{', '.join(sorted(available))}.")
+  if config.source_lang == config.target_lang:
+    raise DataError(f"config.source_lang and config.target_lang are both "
+                    f"{config.source_lang!r}.")
+
+
+def _split_names(split: str) -> list[str]:
+  """The split names of a TFDS split spec: 'train[:10%]+val' -> [train, val]."""
+  return [part.split("[")[0].strip() for part in split.split("+")]
+
+
+def _synthetic_split(config: ml_collections.ConfigDict, split: str
+                     ) -> TextSplit:
+  _check_languages(config, synthetic.LANGUAGES, "synthetic")
+  if split not in synthetic.SPLIT_SIZES:
+    raise DataError(f"The synthetic dataset has no split {split!r}; its "
+                    f"splits: {', '.join(synthetic.SPLIT_SIZES)}.")
+  seed = int(config.get("synthetic_seed", 0))
+
+  def read(chunk_size: int) -> Iterator[Chunk]:
+    columns = dict(zip(synthetic.LANGUAGES, synthetic.generate(seed)[split]))
+    sources, targets = columns[config.source_lang], columns[config.target_lang]
+    for start in range(0, len(sources), chunk_size):
+      yield (list(sources[start:start + chunk_size]),
+             list(targets[start:start + chunk_size]))
+
+  direction = f"{config.source_lang}-{config.target_lang}"
+  return TextSplit(key=f"synthetic/seed{seed}/v1/{direction}/{split}",
+                   description=f"synthetic {direction} {split}", read=read)
+
+
+def _tfds_reader(builder, split: str, source_lang: str, target_lang: str
+                 ) -> Callable[[int], Iterator[Chunk]]:
+  """Reads a Translation-featured TFDS split in its stored order."""
+
+  def read(chunk_size: int) -> Iterator[Chunk]:
+    ds = builder.as_dataset(split=split, shuffle_files=False)
+    for batch in ds.batch(chunk_size).as_numpy_iterator():
+      yield ([s.decode("utf-8") for s in batch[source_lang]],
+             [s.decode("utf-8") for s in batch[target_lang]])
+
+  return read
+
+
+def _parallel_text_split(config: ml_collections.ConfigDict, split: str
+                         ) -> TextSplit:
+  # Imports TFDS; kept out of module import time.
+  from mha.data import parallel_text  # pylint: disable=g-import-not-at-top
+  languages = (config.source_lang, config.target_lang)
+  if config.source_lang == config.target_lang:
+    _check_languages(config, languages, "parallel_text")
+  for name in _split_names(split):
+    parallel_text.split_files(config.data_dir, name, languages)
+  builder = parallel_text.make_builder(config.data_dir, languages)
+  direction = f"{config.source_lang}-{config.target_lang}"
+  return TextSplit(
+      key=f"parallel_text/{builder.builder_config.name}/{direction}/{split}",
+      description=f"{config.data_dir} {direction} {split}",
+      read=_tfds_reader(builder, split, *languages))
+
+
+def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  name = config.dataset_name
+  try:
+    builder = tfds.builder(name, data_dir=config.data_dir)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    raise DataError(f"Unknown TFDS dataset {name!r} (config.dataset_name): "
+                    f"{str(e).splitlines()[0]}. Use a TFDS translation "
+                    "dataset, 'parallel_text' or 'synthetic'.") from None
+  except (ValueError, KeyError) as e:
+    raise DataError(f"Cannot build TFDS dataset {name!r} "
+                    f"(config.dataset_name): {e}") from None
+  features = builder.info.features
+  available = tuple(getattr(features, "keys", lambda: ())())
+  _check_languages(config, available, name)
+  if not builder.is_prepared():
+    logging.info("Preparing TFDS dataset %s in %s (may download).", name,
+                 builder.data_dir)
+    builder.download_and_prepare()
+  known = list(builder.info.splits.keys())
+  for split_name in _split_names(split):
+    if known and split_name not in known:
+      raise DataError(f"TFDS dataset {name!r} has no split {split_name!r} "
+                      f"(from {split!r}); its splits: {', '.join(known)}.")
+  direction = f"{config.source_lang}-{config.target_lang}"
+  return TextSplit(
+      key=(f"tfds/{name}/{builder.version}/{config.data_dir}/{direction}/"
+           f"{split}"),
+      description=f"{name} {direction} {split}",
+      read=_tfds_reader(builder, split, config.source_lang,
+                        config.target_lang))
+
+
+def open_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
+  """The split `split` of the config's dataset, checked but not yet read.
+
+  Raises:
+    DataError: unknown dataset, language or split, or bad files.
+  """
+  if not split:
+    raise DataError("Empty split name.")
+  if config.dataset_name == "synthetic":
+    return _synthetic_split(config, split)
+  if config.dataset_name == "parallel_text":
+    return _parallel_text_split(config, split)
+  return _tfds_split(config, split)
+
+
+def load_text_pairs(config: ml_collections.ConfigDict, split: str
+                    ) -> tuple[list[str], list[str]]:
+  """The raw (sources, targets) of a split, in the split's order.
+
+  Raises:
+    DataError: unknown dataset, language or split, bad files, or an empty
+      split.
+  """
+  text_split = open_split(config, split)
+  sources, targets = [], []
+  for chunk_sources, chunk_targets in text_split.read(8192):
+    sources.extend(chunk_sources)
+    targets.extend(chunk_targets)
+  if not sources:
+    raise DataError(f"Split {text_split.description} is empty.")
+  return sources, targets
+
+
+def cache_key(text_split: TextSplit, *parts: str) -> str:
+  """A short file-name-safe hash of a split's key and extra parts."""
+  text = "|".join((text_split.key,) + parts)
+  return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def safe_name(split: str) -> str:
+  """`split` reduced to characters safe in a file name."""
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", split)[:60]
