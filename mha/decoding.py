@@ -1,0 +1,483 @@
+"""Greedy and beam search over a KV cache (the paper's §6.1).
+
+The searches are generic over a step function
+
+  tokens_to_logits(tokens, cache) -> (logits, new_cache)
+
+with `tokens` int32 `[n, 1]` (the last token of every hypothesis), `logits`
+`[n, V]` (raw logits or log-probabilities: they are normalised here with
+`log_softmax`) and `cache` any pytree. The step function keeps track of the
+position itself (flax's attention cache holds a `cache_index`). Decoding starts
+from token 0 (the pad id, the shift-right convention of the decoder).
+
+Cache leaves, judged by their shape when the search starts:
+
+* 0-d arrays, and arrays whose key ends in `index` (`cache_index` of a flax
+  attention layer, or the `[num_layers]` index of a scanned stack), are shared
+  by all rows and never gathered: every hypothesis is at the same position.
+* Every other leaf must have a leading row axis of size `batch_size *
+  beam_size` (rows ordered `[batch, beam]`, row `b * beam_size + k`), or of
+  size `batch_size`, in which case it is repeated for each beam. These are
+  gathered along that axis when beams are reordered.
+
+Scores follow Wu et al. (2016) as the paper uses them:
+`score(Y) = log P(Y | X) / lp(Y)`, `lp(Y) = ((5 + |Y|) / 6) ** alpha`, where
+`|Y|` counts the tokens of Y including its EOS.
+
+Maximum lengths: `max_decode_len` is the static length of the outputs (and of
+the cache); `max_lengths[b]` (default `max_decode_len`) is sentence b's limit
+on |Y| (the paper: input length + 50). A hypothesis that reaches its limit
+without emitting EOS is *forced to end*: it is finished there, without an EOS
+token, and scored like any finished hypothesis of that length,
+`log P(Y | X) / lp(|Y|)` with the probability of the tokens it has. (Forcing an
+EOS token instead would add the EOS probability and distort the score of the
+sentence that simply ran out of room.)
+
+Outputs hold the generated tokens only (not the start token), EOS included,
+padded with 0 after the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from mha import transformer as transformer_lib
+
+PyTree = Any
+TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
+
+PAD_ID = 0
+# Slots without a hypothesis have score -inf. Masking uses jnp.where, never
+# arithmetic with the infinity, so no NaN can appear.
+NEG_INF = -np.inf
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+  """Wu et al. (2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0)**alpha
+
+
+# ------------------------------------------------------------------ cache rows
+
+
+def _is_shared_leaf(path: tuple[Any, ...], x: jax.Array) -> bool:
+  """A cache leaf shared by all rows (scalar, or a `*index` entry)."""
+  if jnp.ndim(x) == 0:
+    return True
+  if path:
+    last = path[-1]
+    name = getattr(last, 'key', getattr(last, 'name', None))
+    if isinstance(name, str) and name.endswith('index'):
+      return True
+  return False
+
+
+def _expand_cache(cache: PyTree, batch_size: int, beam_size: int) -> PyTree:
+  """Brings every per-row leaf to `batch_size * beam_size` rows."""
+  num_rows = batch_size * beam_size
+
+  def expand(path, x):
+    if _is_shared_leaf(path, x):
+      return x
+    if x.shape[0] == num_rows:
+      return x
+    if x.shape[0] == batch_size:
+      return jnp.repeat(x, beam_size, axis=0)  # [batch * beam, ...]
+    raise ValueError(
+        f'Cache leaf {jax.tree_util.keystr(path)} has shape {x.shape}: '
+        f'expected a leading axis of batch_size * beam_size = {num_rows} or '
+        f'batch_size = {batch_size}, a 0-d array, or a key ending in "index".')
+
+  return jax.tree_util.tree_map_with_path(expand, cache)
+
+
+def _gather_rows(cache: PyTree, rows: jax.Array) -> PyTree:
+  """Gathers the per-row leaves of `cache` along axis 0 (`rows`: [n])."""
+
+  def gather(path, x):
+    if _is_shared_leaf(path, x):
+      return x
+    return jnp.take(x, rows, axis=0)
+
+  return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+def _max_lengths(max_lengths: jax.Array | None, batch_size: int,
+                 max_decode_len: int) -> jax.Array:
+  if max_lengths is None:
+    return jnp.full((batch_size,), max_decode_len, jnp.int32)
+  max_lengths = jnp.asarray(max_lengths, jnp.int32)
+  if max_lengths.shape != (batch_size,):
+    raise ValueError(f'max_lengths has shape {max_lengths.shape}, expected '
+                     f'({batch_size},).')
+  return jnp.clip(max_lengths, 1, max_decode_len)
+
+
+def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
+                   cache: PyTree) -> tuple[jax.Array, PyTree]:
+  logits, new_cache = tokens_to_logits(tokens, cache)
+  logits = jnp.asarray(logits, jnp.float32)
+  if logits.ndim == 3:  # [n, 1, V] from a decoder called on one position
+    logits = logits[:, 0]
+  return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
+
+
+# ---------------------------------------------------------------------- greedy
+
+
+class _GreedyState(NamedTuple):
+  step: jax.Array  # [] tokens generated so far
+  seqs: jax.Array  # [batch, max_decode_len]
+  last: jax.Array  # [batch] token fed at the next step
+  logprob: jax.Array  # [batch] log P(Y | X) of the tokens so far
+  length: jax.Array  # [batch] |Y|
+  finished: jax.Array  # [batch] bool
+  cache: PyTree
+
+
+def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
+            max_decode_len: int, eos_id: int, max_lengths: jax.Array | None,
+            alpha: float) -> tuple[jax.Array, jax.Array]:
+  """Greedy search; returns (tokens [batch, len], scores [batch])."""
+  limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
+  init = _GreedyState(
+      step=jnp.array(0, jnp.int32),
+      seqs=jnp.zeros((batch_size, max_decode_len), jnp.int32),
+      last=jnp.full((batch_size,), PAD_ID, jnp.int32),
+      logprob=jnp.zeros((batch_size,), jnp.float32),
+      length=jnp.zeros((batch_size,), jnp.int32),
+      finished=jnp.zeros((batch_size,), jnp.bool_),
+      cache=_expand_cache(cache, batch_size, 1),
+  )
+
+  def cond(state: _GreedyState) -> jax.Array:
+    return (state.step < max_decode_len) & ~jnp.all(state.finished)
+
+  def body(state: _GreedyState) -> _GreedyState:
+    log_probs, cache = _step_logprobs(tokens_to_logits, state.last[:, None],
+                                      state.cache)  # [batch, V]
+    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [batch]
+    token_logprob = jnp.take_along_axis(log_probs, token[:, None],
+                                        axis=-1)[:, 0]  # [batch]
+    alive = ~state.finished
+    token = jnp.where(alive, token, PAD_ID)
+    length = state.step + 1
+    return _GreedyState(
+        step=length,
+        seqs=state.seqs.at[:, state.step].set(token),
+        last=token,
+        logprob=state.logprob + jnp.where(alive, token_logprob, 0.0),
+        length=jnp.where(alive, length, state.length),
+        finished=state.finished | (token == eos_id) | (length >= limits),
+        cache=cache,
+    )
+
+  final = lax.while_loop(cond, body, init)
+  return final.seqs, final.logprob / length_penalty(final.length, alpha)
+
+
+def greedy_search(tokens_to_logits: TokensToLogits,
+                  cache: PyTree,
+                  batch_size: int,
+                  max_decode_len: int,
+                  eos_id: int,
+                  max_lengths: jax.Array | None = None) -> jax.Array:
+  """Greedy decoding: the most probable next token at every step.
+
+  Args:
+    tokens_to_logits: step function `(tokens [batch, 1], cache) -> (logits
+      [batch, V], new_cache)`.
+    cache: initial cache of the step function (see the module docstring).
+    batch_size: number of sentences.
+    max_decode_len: static output length; the step function is called at most
+      this many times.
+    eos_id: end-of-sentence token id.
+    max_lengths: optional int32 `[batch]` per-sentence limit on |Y|; a
+      sentence that reaches it without EOS ends there.
+
+  Returns:
+    int32 `[batch, max_decode_len]` tokens, EOS included, 0 after the end.
+  """
+  tokens, _ = _greedy(tokens_to_logits, cache, batch_size, max_decode_len,
+                      eos_id, max_lengths, alpha=0.0)
+  return tokens
+
+
+# ------------------------------------------------------------------------ beam
+
+
+class _BeamState(NamedTuple):
+  step: jax.Array  # [] tokens generated so far
+  live_seqs: jax.Array  # [batch, beam, max_decode_len]
+  live_logprobs: jax.Array  # [batch, beam] sorted, best first; -inf = empty
+  last: jax.Array  # [batch, beam] token fed at the next step
+  finished_seqs: jax.Array  # [batch, beam, max_decode_len]
+  finished_scores: jax.Array  # [batch, beam] sorted, best first; -inf = empty
+  finished_flags: jax.Array  # [batch, beam] bool: slot holds a hypothesis
+  cache: PyTree  # per-row leaves: [batch * beam, ...]
+
+
+def _take(x: jax.Array, indices: jax.Array) -> jax.Array:
+  """x [batch, n, ...], indices [batch, m] -> [batch, m, ...]."""
+  indices = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, indices, axis=1)
+
+
+def beam_search(tokens_to_logits: TokensToLogits,
+                cache: PyTree,
+                batch_size: int,
+                beam_size: int,
+                alpha: float,
+                max_decode_len: int,
+                eos_id: int,
+                max_lengths: jax.Array | None = None
+               ) -> tuple[jax.Array, jax.Array]:
+  """Beam search with the length penalty of Wu et al. (2016).
+
+  The step function sees the beams flattened into the batch:
+  `tokens [batch * beam_size, 1]`, rows ordered `[batch, beam]`. At each step
+  the best `2 * beam_size` extensions of the live hypotheses are scored; those
+  ending in EOS (or at their sentence's length limit) compete for the
+  `beam_size` finished slots, the others for the `beam_size` live slots, and
+  the cache rows follow their hypotheses. A sentence is done when it has no
+  live hypothesis, or when its `beam_size` finished slots are full and no live
+  hypothesis can beat the worst of them: a live prefix's log-probability only
+  decreases, so its best reachable score is `logprob / max(lp(t + 1),
+  lp(max_length))` (valid for any sign of alpha). The loop stops when every
+  sentence is done.
+
+  `beam_size == 1` is greedy search (as in Tensor2Tensor and Hugging Face): a
+  one-wide beam that also remembered hypotheses ending in a runner-up EOS would
+  be neither greedy nor a real beam.
+
+  Args:
+    tokens_to_logits: step function `(tokens [batch * beam_size, 1], cache) ->
+      (logits [batch * beam_size, V], new_cache)`.
+    cache: initial cache of the step function, per-row leaves with a leading
+      axis of `batch_size * beam_size` or `batch_size` (module docstring).
+    batch_size: number of sentences.
+    beam_size: number of hypotheses kept per sentence.
+    alpha: length-penalty exponent (the paper: 0.6).
+    max_decode_len: static output length; the step function is called at most
+      this many times.
+    eos_id: end-of-sentence token id.
+    max_lengths: optional int32 `[batch]` per-sentence limit on |Y|
+      (<= max_decode_len); hypotheses reaching it without EOS are finished
+      there (forced end, module docstring).
+
+  Returns:
+    `(tokens, scores)`: int32 `[batch, beam_size, max_decode_len]` and float32
+    `[batch, beam_size]`, best first. Slots left without a hypothesis (only
+    when fewer than beam_size hypotheses exist) have score -inf and tokens 0.
+  """
+  if beam_size == 1:
+    tokens, scores = _greedy(tokens_to_logits, cache, batch_size,
+                             max_decode_len, eos_id, max_lengths, alpha)
+    return tokens[:, None], scores[:, None]
+
+  limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
+  lp_limit = length_penalty(limits, alpha)  # [batch]
+  num_rows = batch_size * beam_size
+
+  init = _BeamState(
+      step=jnp.array(0, jnp.int32),
+      live_seqs=jnp.zeros((batch_size, beam_size, max_decode_len), jnp.int32),
+      # One live hypothesis (the empty one) per sentence to start with.
+      live_logprobs=jnp.tile(
+          jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32),
+          (batch_size, 1)),
+      last=jnp.full((batch_size, beam_size), PAD_ID, jnp.int32),
+      finished_seqs=jnp.zeros((batch_size, beam_size, max_decode_len),
+                              jnp.int32),
+      finished_scores=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
+      finished_flags=jnp.zeros((batch_size, beam_size), jnp.bool_),
+      cache=_expand_cache(cache, batch_size, beam_size),
+  )
+
+  def sentence_done(state: _BeamState) -> jax.Array:
+    best_live = state.live_logprobs[:, 0]  # [batch]
+    lp_next = length_penalty(state.step + 1, alpha)  # []
+    best_reachable = best_live / jnp.maximum(lp_next, lp_limit)  # [batch]
+    worst_finished = jnp.where(
+        jnp.all(state.finished_flags, axis=1),
+        state.finished_scores[:, -1], NEG_INF)  # [batch]
+    no_live = best_live == NEG_INF
+    return no_live | (worst_finished > best_reachable)  # [batch]
+
+  def cond(state: _BeamState) -> jax.Array:
+    return (state.step < max_decode_len) & ~jnp.all(sentence_done(state))
+
+  def body(state: _BeamState) -> _BeamState:
+    log_probs, cache = _step_logprobs(
+        tokens_to_logits, state.last.reshape(num_rows, 1), state.cache)
+    vocab_size = log_probs.shape[-1]
+    log_probs = log_probs.reshape(batch_size, beam_size, vocab_size)
+    candidates = state.live_logprobs[:, :, None] + log_probs  # [b, beam, V]
+    candidates = candidates.reshape(batch_size, beam_size * vocab_size)
+
+    # The best 2 * beam extensions: even if beam of them end, beam stay live.
+    num_candidates = min(2 * beam_size, beam_size * vocab_size)
+    cand_logprobs, cand_index = lax.top_k(candidates, num_candidates)  # [b, c]
+    cand_parent = cand_index // vocab_size  # [b, c]
+    cand_token = (cand_index % vocab_size).astype(jnp.int32)  # [b, c]
+    cand_seqs = _take(state.live_seqs, cand_parent)  # [b, c, len]
+    cand_seqs = cand_seqs.at[:, :, state.step].set(cand_token)
+    length = state.step + 1
+    real = cand_logprobs > NEG_INF  # [b, c]
+    ends = real & ((cand_token == eos_id) | (length >= limits)[:, None])
+
+    # Live: the best beam candidates that did not end.
+    live_logprobs, live_index = lax.top_k(
+        jnp.where(ends, NEG_INF, cand_logprobs), beam_size)  # [b, beam]
+    live_seqs = _take(cand_seqs, live_index)  # [b, beam, len]
+    live_parent = _take(cand_parent, live_index)  # [b, beam]
+    rows = (jnp.arange(batch_size)[:, None] * beam_size +
+            live_parent).reshape(num_rows)  # [batch * beam]
+    cache = _gather_rows(cache, rows)
+
+    # Finished: the best beam of the old finished ones and the new endings.
+    new_scores = jnp.where(ends, cand_logprobs / length_penalty(length, alpha),
+                           NEG_INF)  # [b, c]
+    all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)
+    all_flags = jnp.concatenate([state.finished_flags, ends], axis=1)
+    all_seqs = jnp.concatenate([state.finished_seqs, cand_seqs], axis=1)
+    finished_scores, finished_index = lax.top_k(all_scores, beam_size)
+
+    return _BeamState(
+        step=length,
+        live_seqs=live_seqs,
+        live_logprobs=live_logprobs,
+        last=_take(cand_token, live_index),
+        finished_seqs=_take(all_seqs, finished_index),
+        finished_scores=finished_scores,
+        finished_flags=_take(all_flags, finished_index),
+        cache=cache,
+    )
+
+  final = lax.while_loop(cond, body, init)
+  # Every sentence has a finished hypothesis: at the latest, its live ones are
+  # forced to end at its max_length.
+  return final.finished_seqs, final.finished_scores
+
+
+# ------------------------------------------------------------ model-level API
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return int(math.ceil(n / multiple) * multiple)
+
+
+def _model_fns(model: Any, params: PyTree, inputs: jax.Array,
+               num_rows: int, max_decode_len: int
+              ) -> tuple[TokensToLogits, PyTree]:
+  """The Transformer-specific part: the step function and its initial cache.
+
+  Written against `mha.transformer.Transformer` (flax examples/wmt style):
+  `encode(inputs)`, `decode(encoded, inputs, targets)` with a `cache`
+  collection when `config.decode` is set. `inputs` are already repeated per
+  beam (`[num_rows, s]`, rows ordered [batch, beam]).
+
+  Args:
+    model: the Transformer built with `decode=True, deterministic=True`.
+    params: its parameters.
+    inputs: int32 `[num_rows, s]` source tokens, 0 = pad.
+    num_rows: batch * beam.
+    max_decode_len: cache length.
+
+  Returns:
+    `(tokens_to_logits, cache)`.
+  """
+  encoded = model.apply({'params': params}, inputs, method='encode')
+  # Only the cache collection is kept: XLA drops the parameter initialisers.
+  cache = model.init(
+      jax.random.PRNGKey(0), inputs,
+      jnp.ones((num_rows, max_decode_len), jnp.int32))['cache']
+
+  def tokens_to_logits(tokens: jax.Array, cache: PyTree):
+    logits, mutated = model.apply({'params': params, 'cache': cache},
+                                  encoded,
+                                  inputs,
+                                  tokens,
+                                  mutable=['cache'],
+                                  method='decode')  # [num_rows, 1, V]
+    return logits[:, 0], mutated['cache']
+
+  return tokens_to_logits, cache
+
+
+@functools.lru_cache(maxsize=32)
+def _translate_fn(model_config: Any, beam_size: int, alpha: float,
+                  eos_id: int) -> Callable[..., jax.Array]:
+  """The jitted search for one model config; recompiles per input shape."""
+  model = transformer_lib.Transformer(
+      model_config.replace(decode=True, deterministic=True))
+
+  @functools.partial(jax.jit, static_argnames=('max_decode_len',))
+  def search(params: PyTree, inputs: jax.Array, max_lengths: jax.Array, *,
+             max_decode_len: int) -> jax.Array:
+    batch_size = inputs.shape[0]
+    rows = jnp.repeat(inputs, beam_size, axis=0)  # [batch * beam, s]
+    tokens_to_logits, cache = _model_fns(model, params, rows,
+                                         batch_size * beam_size,
+                                         max_decode_len)
+    tokens, _ = beam_search(tokens_to_logits, cache, batch_size, beam_size,
+                            alpha, max_decode_len, eos_id, max_lengths)
+    return tokens[:, 0]  # [batch, max_decode_len]
+
+  return search
+
+
+def translate(model_config: Any,
+              params: PyTree,
+              inputs: jax.Array | np.ndarray,
+              *,
+              beam_size: int,
+              alpha: float,
+              max_decode_extra: int,
+              eos_id: int,
+              length_multiple: int = 8) -> jax.Array:
+  """Translates a batch with the Transformer: beam search, best hypothesis.
+
+  Encodes once (the encoder output is repeated per beam inside the step
+  function's closure), initialises the decode cache at `batch * beam_size`
+  rows and runs the whole search as one jitted function, cached per
+  (config, beam_size, alpha, eos_id) and compiled per input shape and
+  `max_decode_len`.
+
+  Args:
+    model_config: the model's frozen `TransformerConfig` (training or eval
+      variant; `decode=True, deterministic=True` are set here).
+    params: the model parameters.
+    inputs: int32 `[batch, s]` source tokens, 0 = pad.
+    beam_size: beam width; 1 = greedy search.
+    alpha: length-penalty exponent.
+    max_decode_extra: per-sentence limit on the output length = number of
+      non-pad source tokens + max_decode_extra (the paper: 50), capped at the
+      model's `max_len` positions.
+    eos_id: end-of-sentence token id.
+    length_multiple: `max_decode_len` (longest limit in the batch) is rounded
+      up to a multiple of this, to limit the number of compilations.
+
+  Returns:
+    int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it.
+  """
+  inputs_np = np.asarray(inputs)
+  max_lengths = (inputs_np != PAD_ID).sum(axis=1).astype(
+      np.int32) + max_decode_extra  # [batch]
+  max_decode_len = _round_up(int(max_lengths.max()), length_multiple)
+  # The decoder cannot encode positions past its table (config.max_len).
+  model_max_len = getattr(model_config, 'max_len', None)
+  if model_max_len is not None and max_decode_len > model_max_len:
+    max_decode_len = int(model_max_len)
+    max_lengths = np.minimum(max_lengths, max_decode_len)
+  search = _translate_fn(model_config, int(beam_size), float(alpha),
+                         int(eos_id))
+  return search(params, jnp.asarray(inputs_np, jnp.int32),
+                jnp.asarray(max_lengths), max_decode_len=max_decode_len)

@@ -1,0 +1,215 @@
+"""Checkpoints: round trips, pruning, restoring params, averaging, errors."""
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from mha import checkpoints
+
+
+class Tiny(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(8, name='hidden')(x)
+    x = nn.LayerNorm(name='norm')(x)
+    return nn.Dense(3, name='out', param_dtype=jnp.bfloat16)(x)
+
+
+_OPTIMIZER = optax.adam(1e-2, b1=0.9, b2=0.98, eps=1e-9)
+
+
+@jax.jit
+def _update(params, opt_state, grads):
+  change, opt_state = _OPTIMIZER.update(grads, opt_state, params)
+  return optax.apply_updates(params, change), opt_state
+
+
+def make_state(seed: int, updates: int = 2):
+  """A training-state-like tree: flax params, adam state, step, rng."""
+  rng = np.random.default_rng(seed)
+  shapes = jax.eval_shape(Tiny().init, jax.random.PRNGKey(0),
+                          jnp.ones((2, 5)))['params']
+  params = jax.tree.map(
+      lambda s: jnp.asarray(rng.normal(size=s.shape), s.dtype), shapes)
+  opt_state = _OPTIMIZER.init(params)
+  for _ in range(updates):
+    grads = jax.tree.map(
+        lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+    params, opt_state = _update(params, opt_state, grads)
+  return {
+      'params': params,
+      'opt_state': opt_state,
+      'step': jnp.array(updates, jnp.int32),
+      'rng': jax.random.PRNGKey(seed + 100),
+  }
+
+
+def assert_trees_equal(a, b):
+  leaves_a, treedef_a = jax.tree.flatten(a)
+  leaves_b, treedef_b = jax.tree.flatten(b)
+  assert treedef_a == treedef_b
+  for x, y in zip(leaves_a, leaves_b):
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_save_restore_round_trip_is_bit_exact(tmp_path):
+  state = make_state(0)
+  meta = {'epoch': 3, 'examples_seen': 12345, 'dataset': 'multi30k'}
+  manager = checkpoints.make_manager(tmp_path, keep=3)
+  assert checkpoints.save(manager, 7, state, meta)
+  # Finalised when save returns: visible to a fresh reader straight away.
+  assert checkpoints.all_steps(tmp_path) == [7]
+  assert [p.name for p in (tmp_path / 'checkpoints').iterdir()] == ['7']
+
+  target = jax.tree.map(jnp.zeros_like, make_state(1))
+  restored, restored_meta = checkpoints.restore(manager, 7, target)
+  assert_trees_equal(restored, state)
+  assert isinstance(restored['opt_state'][0], optax.ScaleByAdamState)
+  assert restored_meta == meta
+  manager.close()
+
+  # A new manager (a restarted run) with an abstract target and step=None.
+  manager = checkpoints.make_manager(tmp_path, keep=3)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          state)
+  restored, _ = checkpoints.restore(manager, None, abstract)
+  assert_trees_equal(restored, state)
+  manager.close()
+
+
+def test_keeps_the_last_n(tmp_path):
+  manager = checkpoints.make_manager(tmp_path, keep=2)
+  state = make_state(0)
+  for step in (10, 20, 30, 40):
+    checkpoints.save(manager, step, state, {'step': step})
+  manager.close()
+  assert checkpoints.all_steps(tmp_path) == [30, 40]
+  assert checkpoints.latest_step(tmp_path) == 40
+  assert checkpoints.latest_step(tmp_path / 'elsewhere') is None
+  assert checkpoints.all_steps(tmp_path / 'elsewhere') == []
+
+
+@pytest.fixture(scope='module')
+def three_checkpoints(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp('run')
+  manager = checkpoints.make_manager(workdir, keep=5)
+  states = {}
+  for i, step in enumerate((100, 200, 300)):
+    states[step] = make_state(i)
+    checkpoints.save(manager, step, states[step], {'step': step})
+  manager.close()
+  return workdir, states
+
+
+def test_restore_params_latest_and_given_step(three_checkpoints):
+  workdir, states = three_checkpoints
+  params, step = checkpoints.restore_params(workdir)
+  assert step == 300
+  assert_trees_equal(params, states[300]['params'])
+  params, step = checkpoints.restore_params(workdir, step=100)
+  assert step == 100
+  assert_trees_equal(params, states[100]['params'])
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(params))
+
+
+def numpy_mean(trees):
+  """Reference: mean in float32 of each leaf, cast back to its dtype."""
+  return jax.tree.map(
+      lambda *xs: np.mean(np.stack([np.asarray(x, np.float32) for x in xs]),
+                          axis=0).astype(np.asarray(xs[0]).dtype), *trees)
+
+
+def assert_trees_close(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert x.dtype == y.dtype
+    tol = 1e-2 if x.dtype == jnp.bfloat16 else 1e-6
+    np.testing.assert_allclose(np.asarray(x, np.float32),
+                               np.asarray(y, np.float32), rtol=tol, atol=tol)
+
+
+def test_average_checkpoints_is_the_mean_of_the_params(three_checkpoints):
+  workdir, states = three_checkpoints
+  params, used = checkpoints.average_checkpoints(workdir, num_last=2)
+  assert used == [200, 300]
+  assert_trees_close(params,
+                     numpy_mean([states[200]['params'],
+                                 states[300]['params']]))
+
+  params, used = checkpoints.average_checkpoints(workdir, steps=[300, 100])
+  assert used == [100, 300]
+  assert_trees_close(params,
+                     numpy_mean([states[100]['params'],
+                                 states[300]['params']]))
+
+  params, used = checkpoints.average_checkpoints(workdir)
+  assert used == [100, 200, 300]
+  assert_trees_close(params, numpy_mean([s['params'] for s in
+                                         states.values()]))
+
+  one, used = checkpoints.average_checkpoints(workdir, num_last=1)
+  assert used == [300]
+  assert_trees_equal(one, states[300]['params'])
+
+
+def test_average_params_in_float32_cast_back():
+  trees = [{'w': np.full((3,), v, np.float32),
+            'b': np.full((2,), v, jnp.bfloat16),
+            'count': np.array(4, np.int32)} for v in (1.0, 2.0, 4.0)]
+  mean = checkpoints.average_params(iter(trees))
+  np.testing.assert_array_equal(mean['w'], np.full((3,), 7 / 3, np.float32))
+  assert mean['b'].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(mean['b'].astype(np.float32),
+                                np.full((2,), 7 / 3, jnp.bfloat16)
+                                .astype(np.float32))
+  assert mean['count'] == 4 and mean['count'].dtype == np.int32
+  # bfloat16 accumulation would round 1 + 2**-8 * k; float32 does not.
+  small = [{'b': np.array([1.0 if i == 0 else 2**-8], jnp.bfloat16)}
+           for i in range(256)]
+  mean = checkpoints.average_params(small)['b'].astype(np.float32)
+  np.testing.assert_allclose(mean, (1 + 255 * 2**-8) / 256, rtol=1e-2)
+
+
+def test_average_params_errors():
+  with pytest.raises(ValueError, match='at least one'):
+    checkpoints.average_params([])
+  with pytest.raises(ValueError, match='structure'):
+    checkpoints.average_params([{'a': np.ones(2)}, {'b': np.ones(2)}])
+  with pytest.raises(ValueError, match='shape'):
+    checkpoints.average_params([{'a': np.ones(2)}, {'a': np.ones(3)}])
+  with pytest.raises(ValueError, match='cannot be averaged'):
+    checkpoints.average_params([{'a': np.array(1)}, {'a': np.array(2)}])
+
+
+def test_errors_name_the_folder_and_the_steps(tmp_path, three_checkpoints):
+  empty = tmp_path / 'empty_run'
+  folder = re.escape(str(empty / 'checkpoints'))
+  with pytest.raises(FileNotFoundError, match=f'No checkpoint in {folder}'):
+    checkpoints.restore_params(empty)
+  with pytest.raises(FileNotFoundError, match=f'No checkpoint in {folder}'):
+    checkpoints.average_checkpoints(empty, num_last=1)
+
+  workdir, states = three_checkpoints
+  available = re.escape('available steps: [100, 200, 300]')
+  with pytest.raises(FileNotFoundError, match=f'step 150 .*{available}'):
+    checkpoints.restore_params(workdir, step=150)
+  with pytest.raises(FileNotFoundError, match=f'step 150 .*{available}'):
+    checkpoints.average_checkpoints(workdir, steps=[100, 150])
+  with pytest.raises(ValueError, match=r'last 5 checkpoints.*holds 3 '
+                     r'\(steps \[100, 200, 300\]\)'):
+    checkpoints.average_checkpoints(workdir, num_last=5)
+  with pytest.raises(ValueError, match='not both'):
+    checkpoints.average_checkpoints(workdir, num_last=1, steps=[100])
+  with pytest.raises(ValueError, match='keep must be >= 1'):
+    checkpoints.make_manager(tmp_path, keep=0)
+
+  manager = checkpoints.make_manager(workdir, keep=5)
+  with pytest.raises(FileNotFoundError, match=f'step 7 .*{available}'):
+    checkpoints.restore(manager, 7, states[100])
+  manager.close()
