@@ -4,10 +4,17 @@ The flag must be set before jax is imported anywhere, hence at conftest import.
 """
 import os
 import pathlib
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Many tests compile the same tiny train step, in this process and in the
+# subprocesses they start (which inherit the environment): a persistent
+# compilation cache for this session saves most of those compiles.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      tempfile.mkdtemp(prefix="mha_jax_cache_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import pytest  # noqa: E402
 

@@ -1,0 +1,88 @@
+"""Metrics of a run: TensorBoard (clu writers) and `<workdir>/metrics.jsonl`.
+
+Only process 0 writes files; the other processes only log. Each JSONL line is
+`{"step": k, "name": value, ...}`, one line per `write` call.
+"""
+import json
+import math
+import os
+import time
+
+from absl import logging
+from clu import metric_writers
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsWriter:
+  """Writes scalars to TensorBoard event files and to metrics.jsonl.
+
+  Attributes:
+    path: the JSONL file (None on processes other than 0).
+  """
+
+  def __init__(self, workdir: str, is_primary: bool = True):
+    self._writer = metric_writers.create_default_writer(
+        workdir, just_logging=not is_primary)
+    self.path = os.path.join(workdir, METRICS_FILE) if is_primary else None
+
+  def truncate_after(self, step: int) -> None:
+    """Drops lines of steps > `step`: a resumed run rewrites them."""
+    if self.path is None or not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      lines = [line for line in f if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(kept)
+      os.replace(tmp, self.path)
+
+  def write(self, step: int, scalars: dict[str, float]) -> None:
+    scalars = {k: float(v) for k, v in scalars.items()}
+    self._writer.write_scalars(step, scalars)
+    if self.path is not None:
+      record = {"step": int(step), "time": time.time()}
+      record.update({k: (v if math.isfinite(v) else str(v))
+                     for k, v in scalars.items()})
+      with open(self.path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The records of `<workdir>/metrics.jsonl`, in order."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class Progress:
+  """A console line with steps/s and the ETA, every `every` steps."""
+
+  def __init__(self, first_step: int, num_steps: int):
+    self._num_steps = num_steps
+    self._last_step = first_step
+    self._last_time = time.perf_counter()
+
+  def report(self, step: int, loss: float) -> float:
+    now = time.perf_counter()
+    rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
+    eta = (self._num_steps - step) / max(rate, 1e-9)
+    logging.info("step %d/%d  loss %.4f  %.2f steps/s  ETA %s", step,
+                 self._num_steps, loss, rate, _format_seconds(eta))
+    self._last_step, self._last_time = step, now
+    return rate
+
+
+def _format_seconds(seconds: float) -> str:
+  seconds = int(seconds)
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

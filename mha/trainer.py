@@ -1,0 +1,424 @@
+"""Training loop: `train_and_evaluate(config, workdir)`.
+
+The train step is `pmap`ped over the local devices of every process; each
+device holds a slice of the global batch, and gradients are summed over all
+devices and divided by the global number of target tokens, so the update
+does not depend on how the batch is split. A run resumes exactly from the
+workdir's latest checkpoint: the step, parameters, optimizer state and RNG are
+restored, and the input pipeline restarts at the saved position.
+"""
+import dataclasses
+import functools
+import json
+import os
+import signal
+import time
+from typing import Any, Callable
+
+from absl import logging
+import flax
+import jax
+import jax.numpy as jnp
+from jax import lax
+import ml_collections
+import numpy as np
+import optax
+
+from mha import checkpoints
+from mha import data
+from mha import losses
+from mha import metrics as metrics_lib
+from mha import optim
+from mha.transformer import Transformer
+from mha.transformer import TransformerConfig
+
+# Fields that change the shapes of the parameters or the vocabulary: a workdir
+# trained with other values cannot be resumed with these.
+MODEL_SHAPE_FIELDS = (
+    "vocab_size", "num_layers", "num_encoder_layers", "num_decoder_layers",
+    "d_model", "d_ff", "num_heads", "d_k", "d_v", "attention_type",
+    "position_encoding", "layer_norm", "share_embeddings", "max_len",
+)
+CONFIG_FILE = "config.json"
+AXIS = "batch"
+
+State = dict[str, Any]  # {'step', 'params', 'opt_state', 'rng'}
+
+
+def check_workdir_config(config: ml_collections.ConfigDict,
+                         workdir: str) -> None:
+  """Refuses a workdir whose saved config differs in a model-shape field.
+
+  Raises:
+    ValueError naming the field, the saved and the given value.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  given = json.loads(config.to_json())
+  for field in MODEL_SHAPE_FIELDS:
+    if field in saved and saved[field] != given.get(field):
+      raise ValueError(
+          f"{path} was written with {field}={saved[field]!r} but the config "
+          f"gives {field}={given.get(field)!r}; a workdir holds one model. "
+          f"Use another --workdir or --config.{field}={saved[field]!r}.")
+
+
+def write_workdir_config(config: ml_collections.ConfigDict,
+                         workdir: str) -> None:
+  path = os.path.join(workdir, CONFIG_FILE)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(config.to_json(indent=2))
+  os.replace(tmp, path)
+
+
+def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config a training run stored in `workdir`."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: is {workdir} a workdir "
+                            "written by train.py?")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def init_state(config: ml_collections.ConfigDict, model: Transformer,
+               tx: optax.GradientTransformation) -> State:
+  """Step 0: initial parameters, optimizer state and the run's RNG key."""
+  rng = jax.random.key(config.seed)
+  init_rng, dropout_rng = jax.random.split(rng)
+  ids = jnp.ones((1, 8), jnp.int32)
+
+  @jax.jit
+  def _init():
+    params = model.init(init_rng, ids, ids)["params"]
+    return {"step": jnp.array(0, jnp.int32), "params": params,
+            "opt_state": tx.init(params),
+            "rng": jax.random.key_data(dropout_rng)}
+
+  return _init()
+
+
+def _loss_sums(model: Transformer, config: ml_collections.ConfigDict,
+               params, batch: dict[str, jax.Array],
+               dropout_rng: jax.Array | None):
+  """Sums over this device's target tokens: (smoothed loss, metrics)."""
+  rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
+  logits = model.apply(
+      {"params": params}, batch["inputs"], batch["targets"],
+      batch.get("inputs_position"), batch.get("targets_position"),
+      batch.get("inputs_segmentation"), batch.get("targets_segmentation"),
+      rngs=rngs)
+  targets = batch["targets"]
+  loss, tokens = losses.cross_entropy_with_label_smoothing(
+      logits, targets, config.label_smoothing)
+  nll, _ = losses.negative_log_likelihood(logits, targets)
+  correct, _ = losses.accuracy(logits, targets)
+  sums = {"loss": loss, "nll": nll, "correct": correct, "tokens": tokens,
+          "source_tokens": jnp.sum(batch["inputs"] > 0).astype(jnp.float32)}
+  return loss, sums
+
+
+def _dropout_rng(state: State, micro_step) -> jax.Array:
+  """fold_in(rng, step), then the micro-batch and the global device index."""
+  rng = jax.random.wrap_key_data(state["rng"])
+  rng = jax.random.fold_in(rng, state["step"])
+  rng = jax.random.fold_in(rng, micro_step)
+  return jax.random.fold_in(rng, lax.axis_index(AXIS))
+
+
+def make_grad_step(model: Transformer, config: ml_collections.ConfigDict):
+  """(state, batch, micro_step) -> (gradient of the loss sum, metric sums)."""
+
+  def grad_step(state, batch, micro_step):
+    grad_fn = jax.grad(functools.partial(_loss_sums, model, config),
+                       has_aux=True)
+    return grad_fn(state["params"], batch, _dropout_rng(state, micro_step))
+
+  return grad_step
+
+
+def make_apply_step(tx: optax.GradientTransformation,
+                    config: ml_collections.ConfigDict):
+  """(state, grad sums, metric sums, stop flag) -> (new state, metrics).
+
+  Sums over all devices of all processes, divides by the global token count
+  (a token-weighted mean, independent of the device split), applies Adam.
+  """
+  schedule = optim.noam_schedule(config.d_model, config.warmup_steps,
+                                 config.learning_rate_scale)
+
+  def apply_step(state, grads, sums, stop):
+    grads, sums = lax.psum((grads, sums), AXIS)
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = {
+        "loss": sums["loss"] / tokens,
+        "nll": sums["nll"] / tokens,
+        "accuracy": sums["correct"] / tokens,
+        "target_tokens": sums["tokens"],
+        "tokens": sums["tokens"] + sums["source_tokens"],
+        "learning_rate": schedule(state["step"]),
+        "grad_norm": optax.global_norm(grads),
+        "stop": lax.psum(stop, AXIS),
+    }
+    new_state = dict(state, step=state["step"] + 1, params=params,
+                     opt_state=opt_state)
+    return new_state, metrics
+
+  return apply_step
+
+
+def make_train_step(model: Transformer, tx: optax.GradientTransformation,
+                    config: ml_collections.ConfigDict):
+  """One fused update on one batch: (state, batch, stop) -> (state, metrics)."""
+  grad_step = make_grad_step(model, config)
+  apply_step = make_apply_step(tx, config)
+
+  def train_step(state, batch, stop):
+    grads, sums = grad_step(state, batch, 0)
+    return apply_step(state, grads, sums, stop)
+
+  return train_step
+
+
+def make_eval_step(model: Transformer, config: ml_collections.ConfigDict):
+  """(params, batch) -> metric sums over all devices."""
+
+  def eval_step(params, batch):
+    _, sums = _loss_sums(model, config, params, batch, None)
+    return lax.psum(sums, AXIS)
+
+  return eval_step
+
+
+def shard(batch: dict[str, np.ndarray], num_devices: int):
+  """[B, L] -> [devices, B / devices, L] for pmap."""
+  def split(x):
+    if x.shape[0] % num_devices:
+      raise ValueError(f"Batch of {x.shape[0]} rows does not split over "
+                       f"{num_devices} local devices.")
+    return x.reshape((num_devices, -1) + x.shape[1:])
+  return jax.tree_util.tree_map(split, batch)
+
+
+def replicate(tree, devices):
+  """Copies of `tree` on `devices`, laid out as the pmapped step's outputs
+  (same mesh axis name), so the first and later calls share one compile."""
+  return flax.jax_utils.replicate(tree, devices, axis_name=AXIS)
+
+
+def unreplicate(tree):
+  """Host copy of the first local device's value of each replicated leaf.
+
+  (flax.jax_utils.unreplicate keeps the device axis when there is one device.)
+  """
+  def first(x):
+    if hasattr(x, "addressable_shards"):
+      return np.asarray(x.addressable_shards[0].data)[0]
+    return np.asarray(x)[0]
+  return jax.tree_util.tree_map(first, tree)
+
+
+@dataclasses.dataclass
+class _Updater:
+  """The compiled update functions for `grad_accum_steps` micro-batches."""
+  model: Transformer
+  tx: optax.GradientTransformation
+  config: ml_collections.ConfigDict
+  devices: list | None = None  # None: every device of every process
+
+  def __post_init__(self):
+    # Explicit `devices` restrict the collectives to them: only for tests on
+    # a subset of one process's devices. Multi-process runs need None.
+    pmap = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devices)
+    self._num_local = len(self.devices or jax.local_devices())
+    if self.config.grad_accum_steps == 1:
+      self._train_step = pmap(make_train_step(self.model, self.tx, self.config),
+                              donate_argnums=(0,))
+    else:
+      self._grad_step = pmap(make_grad_step(self.model, self.config))
+      self._apply_step = pmap(make_apply_step(self.tx, self.config),
+                              donate_argnums=(0,))
+      self._add = jax.pmap(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b),
+                           devices=self.devices, donate_argnums=(0,))
+
+  def __call__(self, state, micro_batches: list, stop: np.ndarray):
+    if self.config.grad_accum_steps == 1:
+      return self._train_step(state, micro_batches[0], stop)
+    total = None
+    for i, batch in enumerate(micro_batches):
+      micro = np.full((self._num_local,), i, np.int32)
+      result = self._grad_step(state, batch, micro)
+      total = result if total is None else self._add(total, result)
+    grads, sums = total
+    return self._apply_step(state, grads, sums, stop)
+
+
+class _StopSignal:
+  """Records SIGTERM (preemption) so the loop can save and exit cleanly."""
+
+  def __init__(self):
+    self.received = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread: no preemption handling
+      self._previous = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    logging.warning("SIGTERM: saving a checkpoint at the next step boundary.")
+    self.received = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def evaluate_loss(p_eval_step: Callable, params, batches: list,
+                  num_devices: int) -> dict[str, float]:
+  """Token-weighted loss, perplexity and accuracy over `batches`."""
+  totals: dict[str, float] = {}
+  for batch in batches:
+    sums = unreplicate(p_eval_step(params, shard(batch, num_devices)))
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  tokens = max(totals.get("tokens", 0.0), 1.0)
+  return {"eval_loss": totals["loss"] / tokens,
+          "eval_nll": totals["nll"] / tokens,
+          "eval_perplexity": float(np.exp(totals["nll"] / tokens)),
+          "eval_accuracy": totals["correct"] / tokens}
+
+
+def _check_finite(step: int, metrics: dict[str, float]) -> None:
+  if not np.isfinite(metrics["loss"]):
+    raise FloatingPointError(
+        f"Training loss is {metrics['loss']} at step {step}; stopping. The "
+        "checkpoints saved before this step are intact.")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: str) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint.
+
+  A SIGTERM (preemption) makes the run save a checkpoint at the next step
+  boundary and return. A non-finite loss raises FloatingPointError naming the
+  step; checkpoints saved before it are left as they are.
+
+  Returns:
+    The metrics of the last logged step and evaluation, and `step`.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  is_primary = jax.process_index() == 0
+  check_workdir_config(config, workdir)
+  tokenizer = data.get_tokenizer(config, workdir)
+  if is_primary:
+    write_workdir_config(config, workdir)
+
+  devices = jax.local_devices()
+  num_devices = len(devices)
+  model = Transformer(TransformerConfig.from_config(config))
+  eval_model = Transformer(TransformerConfig.from_config(config,
+                                                         deterministic=True))
+  tx = optim.create_optimizer(config)
+  state = init_state(config, model, tx)
+
+  manager = checkpoints.make_manager(workdir, config.keep_checkpoints)
+  start_step = checkpoints.latest_step(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, is_primary)
+  if start_step is not None:
+    state, meta = checkpoints.restore(manager, start_step, jax.device_get(state))
+    logging.info("Resumed from %s at step %d.", workdir, start_step)
+    writer.truncate_after(start_step)
+  else:
+    start_step = 0
+    logging.info("Starting a new run in %s.", workdir)
+  state = replicate(state, devices)
+
+  accum = config.grad_accum_steps
+  update = _Updater(model, tx, config)
+  p_eval_step = jax.pmap(make_eval_step(eval_model, config), axis_name=AXIS)
+  eval_batches = None
+
+  batches = data.train_batches(config, tokenizer, start_step=start_step * accum)
+  batches = (shard(b, num_devices) for b in batches)
+
+  def save(step, state):
+    host_state = unreplicate(state)
+    checkpoints.save(manager, step, host_state,
+                     {"step": step, "data_position": step * accum,
+                      "grad_accum_steps": accum}, force=True)
+    logging.info("Saved checkpoint at step %d.", step)
+
+  progress = metrics_lib.Progress(start_step, config.num_train_steps)
+  last: dict[str, float] = {}
+  pending = None  # (step, device metrics) of the update in flight
+  window: list[dict[str, float]] = []
+  window_start = time.perf_counter()
+  step = start_step
+  stop_now = False
+
+  def finish(pending):
+    """Fetches an update's metrics: NaN check, logging, preemption flag."""
+    nonlocal last, window, window_start, stop_now
+    done_step, device_metrics = pending
+    m = {k: float(v) for k, v in unreplicate(device_metrics).items()}
+    _check_finite(done_step, m)
+    window.append(m)
+    stop_now = stop_now or m.pop("stop") > 0
+    if done_step % config.log_every_steps == 0 or done_step == config.num_train_steps:
+      elapsed = time.perf_counter() - window_start
+      tokens = sum(w["tokens"] for w in window)
+      summary = {k: float(np.mean([w[k] for w in window]))
+                 for k in ("loss", "nll", "accuracy", "learning_rate",
+                           "grad_norm")}
+      summary["tokens_per_sec"] = tokens / max(elapsed, 1e-9)
+      summary["steps_per_sec"] = len(window) / max(elapsed, 1e-9)
+      summary["perplexity"] = float(np.exp(summary["nll"]))
+      writer.write(done_step, summary)
+      progress.report(done_step, summary["loss"])
+      last.update(summary)
+      window, window_start = [], time.perf_counter()
+
+  with _StopSignal() as sigterm:
+    while step < config.num_train_steps:
+      micro = [next(batches) for _ in range(accum)]
+      stop = np.full((num_devices,), int(sigterm.received), np.int32)
+      state, device_metrics = update(state, micro, stop)
+      if pending is not None:
+        finish(pending)  # overlaps with the update just dispatched
+      step += 1
+      pending = (step, device_metrics)
+      need_save = (step % config.checkpoint_every_steps == 0 or
+                   step == config.num_train_steps)
+      need_eval = (step % config.eval_every_steps == 0 or
+                   step == config.num_train_steps)
+      if need_save or need_eval or stop_now:
+        finish(pending)
+        pending = None
+      if need_save or stop_now:
+        save(step, state)
+      if need_eval:
+        if eval_batches is None:
+          eval_batches = data.eval_batches(config, tokenizer,
+                                           config.eval_split)
+        eval_metrics = evaluate_loss(p_eval_step, state["params"],
+                                     eval_batches, num_devices)
+        writer.write(step, eval_metrics)
+        last.update(eval_metrics)
+      if stop_now:
+        logging.warning("Preempted: saved step %d; exiting.", step)
+        break
+  manager.wait_until_finished()
+  writer.flush()
+  last["step"] = step
+  return last

@@ -1,0 +1,267 @@
+"""train_and_evaluate end to end on a tiny config: resume, preemption, NaN."""
+import json
+import os
+import re
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import quickstart
+from mha import checkpoints
+from mha import metrics as metrics_lib
+from mha import trainer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# A 512-piece vocabulary keeps synthetic sentences short (about 10 pieces), so
+# three bucket shapes (lengths 8, 16, 24) hold them: few compiles.
+TINY_OVERRIDES = dict(vocab_size=512, max_source_length=24,
+                      max_target_length=24, max_tokens=768, max_len=64)
+
+
+def tiny_config(**changes):
+  config = quickstart.get_config("tiny")
+  config.update(TINY_OVERRIDES)
+  config.update(changes)
+  return config
+
+
+def _flags(**changes) -> list[str]:
+  overrides = dict(TINY_OVERRIDES, **changes)
+  return ["--config=configs/quickstart.py:tiny"] + [
+      f"--config.{k}={v}" for k, v in overrides.items()]
+
+
+def _env(num_devices: int) -> dict[str, str]:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={num_devices}"
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def _train_cmd(workdir, *flags) -> list[str]:
+  return [sys.executable, "train.py", f"--workdir={workdir}", *flags]
+
+
+def _params(workdir, step=None):
+  params, _ = checkpoints.restore_params(str(workdir), step)
+  return params
+
+
+def _assert_trees_equal(a, b):
+  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory):
+  """A tiny run of 12 steps, checkpoints every 4: shared, never modified."""
+  workdir = tmp_path_factory.mktemp("trained") / "run"
+  config = tiny_config(num_train_steps=12, checkpoint_every_steps=4,
+                       eval_every_steps=6, log_every_steps=2)
+  result = trainer.train_and_evaluate(config, str(workdir))
+  return workdir, result
+
+
+def test_end_to_end_loss_falls_and_workdir_layout(trained_workdir):
+  workdir, result = trained_workdir
+  assert result["step"] == 12
+  records = metrics_lib.read_metrics(str(workdir))
+  train = [r for r in records if "loss" in r]
+  assert [r["step"] for r in train] == [2, 4, 6, 8, 10, 12]
+  assert train[-1]["loss"] < train[0]["loss"]
+  for key in ("accuracy", "learning_rate", "tokens_per_sec", "steps_per_sec",
+              "perplexity"):
+    assert key in train[-1]
+  evals = [r for r in records if "eval_loss" in r]
+  assert [r["step"] for r in evals] == [6, 12]
+  assert checkpoints.all_steps(str(workdir)) == [4, 8, 12]
+  assert (workdir / "spm.model").exists()
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["d_model"] == 32 and saved["num_train_steps"] == 12
+  assert list(workdir.glob("events.out.tfevents.*"))
+  # The learning rate logged at step 2 is the noam value of update 2.
+  lr = [r["learning_rate"] for r in train if r["step"] == 2][0]
+  config = tiny_config()
+  k = np.array([1.0, 2.0])  # the mean over the window of updates 1 and 2
+  expected = (config.learning_rate_scale * config.d_model ** -0.5 *
+              np.minimum(k ** -0.5, k * config.warmup_steps ** -1.5)).mean()
+  assert lr == pytest.approx(expected, rel=1e-5)
+
+
+def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  result = trainer.train_and_evaluate(
+      tiny_config(num_train_steps=16, checkpoint_every_steps=4,
+                  eval_every_steps=100, log_every_steps=2), str(copy))
+  assert result["step"] == 16
+  assert checkpoints.all_steps(str(copy))[-1] == 16
+  steps = [r["step"] for r in metrics_lib.read_metrics(str(copy))
+           if "loss" in r]
+  assert steps == [2, 4, 6, 8, 10, 12, 14, 16]
+
+
+def test_conflicting_model_field_is_refused(trained_workdir, tmp_path):
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  before = checkpoints.all_steps(str(copy))
+  with pytest.raises(ValueError, match=r"d_model=32 .* d_model=48"):
+    trainer.train_and_evaluate(tiny_config(d_model=48), str(copy))
+  assert checkpoints.all_steps(str(copy)) == before
+
+
+def test_nan_stops_with_step_named_and_checkpoints_intact(trained_workdir,
+                                                          tmp_path):
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  before = _params(copy, 12)
+  # An absurd learning rate makes the parameters overflow after one update.
+  config = tiny_config(num_train_steps=24, checkpoint_every_steps=1,
+                       learning_rate_scale=1e30, log_every_steps=100)
+  with pytest.raises(FloatingPointError, match=r"at step \d+") as error:
+    trainer.train_and_evaluate(config, str(copy))
+  bad_step = int(re.search(r"at step (\d+)", str(error.value)).group(1))
+  assert 12 < bad_step <= 24
+  steps = checkpoints.all_steps(str(copy))
+  assert max(steps) < bad_step
+  _assert_trees_equal(_params(copy, 12), before)
+
+
+def test_no_retrace_for_a_batch_shape_seen_before(tmp_path, monkeypatch):
+  traced_shapes = []
+  make = trainer.make_train_step
+
+  def counting(*args, **kwargs):
+    step = make(*args, **kwargs)
+
+    def traced(state, batch, stop):
+      traced_shapes.append(tuple(sorted(
+          (k, v.shape) for k, v in batch.items())))
+      return step(state, batch, stop)
+
+    return traced
+
+  monkeypatch.setattr(trainer, "make_train_step", counting)
+  trainer.train_and_evaluate(
+      tiny_config(num_train_steps=30, checkpoint_every_steps=100,
+                  eval_every_steps=100, log_every_steps=10),
+      str(tmp_path / "run"))
+  assert traced_shapes, "the train step was never traced"
+  assert len(traced_shapes) == len(set(traced_shapes)), traced_shapes
+  assert len(traced_shapes) <= 3
+
+
+def _wait_for(predicate, process, timeout=240.0):
+  end = time.time() + timeout
+  while time.time() < end:
+    if predicate():
+      return True
+    if process.poll() is not None:
+      return predicate()
+    time.sleep(0.02)
+  return False
+
+
+def test_sigkill_and_resume_is_bit_identical(tmp_path):
+  flags = _flags(num_train_steps=40, checkpoint_every_steps=10,
+                 keep_checkpoints=10, eval_every_steps=1000,
+                 log_every_steps=5)
+  straight = tmp_path / "straight"
+  subprocess.run(_train_cmd(straight, *flags), cwd=REPO, env=_env(2),
+                 check=True, capture_output=True)
+
+  interrupted = tmp_path / "interrupted"
+  process = subprocess.Popen(_train_cmd(interrupted, *flags), cwd=REPO,
+                             env=_env(2), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  try:
+    assert _wait_for(lambda: checkpoints.all_steps(str(interrupted)),
+                     process), "no checkpoint appeared"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+  finally:
+    process.kill()
+  killed_at = checkpoints.latest_step(str(interrupted))
+  assert killed_at < 40, "the run finished before it could be killed"
+  subprocess.run(_train_cmd(interrupted, *flags), cwd=REPO, env=_env(2),
+                 check=True, capture_output=True)
+  assert checkpoints.latest_step(str(interrupted)) == 40
+  _assert_trees_equal(_params(interrupted, 40), _params(straight, 40))
+
+
+def test_sigterm_saves_a_checkpoint_where_it_stopped(tmp_path):
+  workdir = tmp_path / "run"
+  flags = _flags(num_train_steps=100000, checkpoint_every_steps=10,
+                 eval_every_steps=100000, log_every_steps=1)
+  process = subprocess.Popen(_train_cmd(workdir, *flags), cwd=REPO,
+                             env=_env(2), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+  try:
+    assert _wait_for(lambda: checkpoints.all_steps(str(workdir)), process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+  finally:
+    process.kill()
+  assert process.returncode == 0, stderr[-2000:]
+  last_logged = max(r["step"] for r in metrics_lib.read_metrics(str(workdir)))
+  saved = checkpoints.latest_step(str(workdir))
+  assert saved == last_logged
+  assert saved % 10 != 0 or saved > 10  # a save outside the regular interval
+  assert "Preempted" in stderr
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_train_like_one(tmp_path):
+  flags = _flags(num_train_steps=6, checkpoint_every_steps=6,
+                 eval_every_steps=6, log_every_steps=1, dropout_rate=0.0)
+  single = tmp_path / "single"
+  subprocess.run(_train_cmd(single, *flags), cwd=REPO, env=_env(4),
+                 check=True, capture_output=True)
+
+  multi = tmp_path / "multi"
+  address = f"localhost:{_free_port()}"
+  processes = [
+      subprocess.Popen(
+          _train_cmd(multi, *flags, f"--coordinator_address={address}",
+                     "--num_processes=2", f"--process_id={i}"),
+          cwd=REPO, env=_env(2), stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  outputs = []
+  for p in processes:
+    try:
+      outputs.append(p.communicate(timeout=300)[0])
+    finally:
+      p.kill()
+  for p, out in zip(processes, outputs):
+    assert p.returncode == 0, out[-3000:]
+  assert "Process 1 of 2" in outputs[1]
+
+  def losses(workdir):
+    return [r["loss"] for r in metrics_lib.read_metrics(str(workdir))
+            if "loss" in r]
+
+  np.testing.assert_allclose(losses(multi), losses(single), rtol=1e-5)
+  assert len(losses(single)) == 6
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+      _params(multi, 6), _params(single, 6))

@@ -1,0 +1,75 @@
+"""The pmapped update: device-count invariance and token weighting."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mha
+from configs import base
+from mha import trainer
+
+
+def _config():
+  config = base.get_config("tiny")
+  config.dropout_rate = 0.0  # dropout masks depend on the device split
+  return config
+
+
+def _batch(rng, rows=8, src_len=9, tgt_len=7, vocab=64):
+  """Random ids with random lengths (padding at the end of each row)."""
+  def ids(length):
+    x = rng.integers(3, vocab, size=(rows, length))
+    lengths = rng.integers(2, length + 1, size=rows)
+    x[np.arange(length)[None, :] >= lengths[:, None]] = 0
+    return x.astype(np.int32)
+  return {"inputs": ids(src_len), "targets": ids(tgt_len)}
+
+
+def _run(config, num_devices, batches):
+  devices = jax.local_devices()[:num_devices]
+  model = mha.create_model(config)
+  tx = mha.create_optimizer(config)
+  state = trainer.replicate(trainer.init_state(config, model, tx), devices)
+  step = jax.pmap(trainer.make_train_step(model, tx, config),
+                  axis_name=trainer.AXIS, devices=devices)
+  losses = []
+  for batch in batches:
+    stop = np.zeros((num_devices,), np.int32)
+    state, metrics = step(state, trainer.shard(batch, num_devices), stop)
+    losses.append(float(metrics["loss"][0]))
+  return losses, trainer.unreplicate(state)
+
+
+def test_one_and_four_devices_give_the_same_updates():
+  assert jax.local_device_count() >= 4, "conftest sets 4 CPU devices"
+  config = _config()
+  rng = np.random.default_rng(0)
+  batches = [_batch(rng) for _ in range(4)]
+  losses_1, state_1 = _run(config, 1, batches)
+  losses_4, state_4 = _run(config, 4, batches)
+  np.testing.assert_allclose(losses_1, losses_4, rtol=1e-5)
+  assert losses_1[-1] < losses_1[0]
+  jax.tree_util.tree_map(
+      functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
+      state_1["params"], state_4["params"])
+  assert int(state_1["step"]) == int(state_4["step"]) == 4
+
+
+def test_loss_is_token_weighted_mean_over_devices():
+  # One device holds a long row, the others short ones: the reported loss is
+  # the mean over all target tokens, as computed without pmap.
+  config = _config()
+  rng = np.random.default_rng(1)
+  batch = _batch(rng)
+  batch["targets"][:4, 2:] = 0
+  model = mha.create_model(config)
+  tx = mha.create_optimizer(config)
+  state = trainer.init_state(config, model, tx)
+  logits = model.apply({"params": state["params"]}, batch["inputs"],
+                       batch["targets"], rngs={"dropout": jax.random.key(0)})
+  loss, tokens = mha.cross_entropy_with_label_smoothing(
+      logits, jnp.asarray(batch["targets"]), config.label_smoothing)
+  losses, _ = _run(config, 4, [batch])
+  assert losses[0] == pytest.approx(float(loss / tokens), rel=1e-5)
