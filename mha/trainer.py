@@ -9,7 +9,6 @@ restored, and the input pipeline restarts at the saved position.
 """
 import dataclasses
 import functools
-import json
 import os
 import signal
 import time
@@ -26,63 +25,17 @@ import optax
 
 from mha import checkpoints
 from mha import data
+from mha import evaluator
 from mha import losses
 from mha import metrics as metrics_lib
 from mha import optim
+from mha import workdir as workdir_lib
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
 
-# Fields that change the shapes of the parameters or the vocabulary: a workdir
-# trained with other values cannot be resumed with these.
-MODEL_SHAPE_FIELDS = (
-    "vocab_size", "num_layers", "num_encoder_layers", "num_decoder_layers",
-    "d_model", "d_ff", "num_heads", "d_k", "d_v", "attention_type",
-    "position_encoding", "layer_norm", "share_embeddings", "max_len",
-)
-CONFIG_FILE = "config.json"
 AXIS = "batch"
 
 State = dict[str, Any]  # {'step', 'params', 'opt_state', 'rng'}
-
-
-def check_workdir_config(config: ml_collections.ConfigDict,
-                         workdir: str) -> None:
-  """Refuses a workdir whose saved config differs in a model-shape field.
-
-  Raises:
-    ValueError naming the field, the saved and the given value.
-  """
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    return
-  with open(path) as f:
-    saved = json.load(f)
-  given = json.loads(config.to_json())
-  for field in MODEL_SHAPE_FIELDS:
-    if field in saved and saved[field] != given.get(field):
-      raise ValueError(
-          f"{path} was written with {field}={saved[field]!r} but the config "
-          f"gives {field}={given.get(field)!r}; a workdir holds one model. "
-          f"Use another --workdir or --config.{field}={saved[field]!r}.")
-
-
-def write_workdir_config(config: ml_collections.ConfigDict,
-                         workdir: str) -> None:
-  path = os.path.join(workdir, CONFIG_FILE)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(config.to_json(indent=2))
-  os.replace(tmp, path)
-
-
-def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a training run stored in `workdir`."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} does not exist: is {workdir} a workdir "
-                            "written by train.py?")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
 
 
 def init_state(config: ml_collections.ConfigDict, model: Transformer,
@@ -299,6 +252,19 @@ def evaluate_loss(p_eval_step: Callable, params, batches: list,
           "eval_accuracy": totals["correct"] / tokens}
 
 
+def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
+                  sources: list[str], references: list[str],
+                  config: ml_collections.ConfigDict) -> dict[str, float]:
+  """BLEU of the config's beam search on `sources` (the evaluator's code)."""
+  with jax.default_device(jax.local_devices()[0]):
+    result = evaluator.evaluate_bleu(
+        model_config, params, tokenizer, sources, references,
+        beam_size=config.beam_size, alpha=config.alpha,
+        max_decode_extra=config.max_decode_extra)
+  return {"eval_bleu": result["bleu"], "eval_chrf": result["chrf"],
+          "eval_decode_sentences_per_sec": result["sentences_per_second"]}
+
+
 def _check_finite(step: int, metrics: dict[str, float]) -> None:
   if not np.isfinite(metrics["loss"]):
     raise FloatingPointError(
@@ -319,10 +285,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """
   os.makedirs(workdir, exist_ok=True)
   is_primary = jax.process_index() == 0
-  check_workdir_config(config, workdir)
+  workdir_lib.check_config(config, workdir)
   tokenizer = data.get_tokenizer(config, workdir)
   if is_primary:
-    write_workdir_config(config, workdir)
+    workdir_lib.write_config(config, workdir)
 
   devices = jax.local_devices()
   num_devices = len(devices)
@@ -348,6 +314,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   update = _Updater(model, tx, config)
   p_eval_step = jax.pmap(make_eval_step(eval_model, config), axis_name=AXIS)
   eval_batches = None
+  bleu_pairs = None  # (sources, references) of the eval split's first lines
 
   batches = data.train_batches(config, tokenizer, start_step=start_step * accum)
   batches = (shard(b, num_devices) for b in batches)
@@ -413,6 +380,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                                            config.eval_split)
         eval_metrics = evaluate_loss(p_eval_step, state["params"],
                                      eval_batches, num_devices)
+        if config.eval_bleu_sentences > 0:
+          if bleu_pairs is None:
+            sources, references = data.load_text_pairs(config,
+                                                       config.eval_split)
+            bleu_pairs = (sources[:config.eval_bleu_sentences],
+                          references[:config.eval_bleu_sentences])
+          eval_metrics.update(evaluate_bleu(
+              eval_model.config, unreplicate(state["params"]), tokenizer,
+              *bleu_pairs, config))
         writer.write(step, eval_metrics)
         last.update(eval_metrics)
       if stop_now:

@@ -23,7 +23,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # A 512-piece vocabulary keeps synthetic sentences short (about 10 pieces), so
 # three bucket shapes (lengths 8, 16, 24) hold them: few compiles.
 TINY_OVERRIDES = dict(vocab_size=512, max_source_length=24,
-                      max_target_length=24, max_tokens=768, max_len=64)
+                      max_target_length=24, max_tokens=768, max_len=64,
+                      eval_bleu_sentences=0)
 
 
 def tiny_config(**changes):
@@ -68,7 +69,8 @@ def trained_workdir(tmp_path_factory):
   """A tiny run of 12 steps, checkpoints every 4: shared, never modified."""
   workdir = tmp_path_factory.mktemp("trained") / "run"
   config = tiny_config(num_train_steps=12, checkpoint_every_steps=4,
-                       eval_every_steps=6, log_every_steps=2)
+                       eval_every_steps=6, log_every_steps=2,
+                       eval_bleu_sentences=8)
   result = trainer.train_and_evaluate(config, str(workdir))
   return workdir, result
 
@@ -85,6 +87,8 @@ def test_end_to_end_loss_falls_and_workdir_layout(trained_workdir):
     assert key in train[-1]
   evals = [r for r in records if "eval_loss" in r]
   assert [r["step"] for r in evals] == [6, 12]
+  assert 0.0 <= evals[-1]["eval_bleu"] <= 100.0  # beam search on 8 sentences
+  assert evals[-1]["eval_decode_sentences_per_sec"] > 0
   assert checkpoints.all_steps(str(workdir)) == [4, 8, 12]
   assert (workdir / "spm.model").exists()
   saved = json.loads((workdir / "config.json").read_text())

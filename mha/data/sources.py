@@ -65,14 +65,20 @@ def _split_names(split: str) -> list[str]:
 def _synthetic_split(config: ml_collections.ConfigDict, split: str
                      ) -> TextSplit:
   _check_languages(config, synthetic.LANGUAGES, "synthetic")
-  if split not in synthetic.SPLIT_SIZES:
+  # A split name, optionally sliced as in TFDS with example counts: 'test[:40]'.
+  match = re.fullmatch(r"(\w+)(?:\[(-?\d*):(-?\d*)\])?", split.strip())
+  if not match or match.group(1) not in synthetic.SPLIT_SIZES:
     raise DataError(f"The synthetic dataset has no split {split!r}; its "
-                    f"splits: {', '.join(synthetic.SPLIT_SIZES)}.")
+                    f"splits: {', '.join(synthetic.SPLIT_SIZES)} (sliced as "
+                    "e.g. 'test[:40]').")
+  name = match.group(1)
+  rows = slice(*(int(x) if x else None for x in match.group(2, 3)))
   seed = int(config.get("synthetic_seed", 0))
 
   def read(chunk_size: int) -> Iterator[Chunk]:
-    columns = dict(zip(synthetic.LANGUAGES, synthetic.generate(seed)[split]))
-    sources, targets = columns[config.source_lang], columns[config.target_lang]
+    columns = dict(zip(synthetic.LANGUAGES, synthetic.generate(seed)[name]))
+    sources = columns[config.source_lang][rows]
+    targets = columns[config.target_lang][rows]
     for start in range(0, len(sources), chunk_size):
       yield (list(sources[start:start + chunk_size]),
              list(targets[start:start + chunk_size]))

@@ -1,0 +1,72 @@
+r"""Evaluates a workdir's checkpoints: beam search, then sacreBLEU and chrF.
+
+    python eval.py --workdir=/tmp/run                       # latest, test split
+    python eval.py --workdir=/tmp/run --average_last=5 --split=validation
+    python eval.py --workdir=/tmp/run --source_file=src.txt --reference_file=ref.txt
+    echo "a sentence" | python eval.py --workdir=/tmp/run --source_file=-
+
+Uses the config and vocabulary stored in the workdir. Writes translations.txt
+and metrics.json into --output_dir (default <workdir>/eval/<split>_<step>/);
+with --source_file=- it prints one translation per input line instead.
+"""
+import sys
+
+from absl import app
+from absl import flags
+
+from mha import evaluator
+
+flags.DEFINE_string("workdir", None, "A training workdir.")
+flags.DEFINE_string("split", None, "Dataset split (default: test_split).")
+flags.DEFINE_integer("checkpoint_step", None, "Step (default: the latest).")
+flags.DEFINE_integer("average_last", None,
+                     "Average the last N checkpoints' parameters.")
+flags.DEFINE_integer("beam_size", None, "Beam size (default: config).")
+flags.DEFINE_float("alpha", None, "Length penalty (default: config).")
+flags.DEFINE_integer("max_decode_extra", None,
+                     "Output length limit = input length + this.")
+flags.DEFINE_integer("batch_size", 64, "Sentences per decoding batch.")
+flags.DEFINE_string("source_file", None,
+                    "Plain text to translate, one sentence a line; '-' = "
+                    "standard input to standard output.")
+flags.DEFINE_string("reference_file", None, "References of --source_file.")
+flags.DEFINE_string("output_dir", None, "Where to write the outputs.")
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  piped = FLAGS.source_file == "-"
+  try:
+    result = evaluator.evaluate(
+        FLAGS.workdir, split=FLAGS.split,
+        checkpoint_step=FLAGS.checkpoint_step,
+        average_last=FLAGS.average_last, beam_size=FLAGS.beam_size,
+        alpha=FLAGS.alpha, max_decode_extra=FLAGS.max_decode_extra,
+        batch_size=FLAGS.batch_size, source_file=FLAGS.source_file,
+        reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
+        write=not piped)
+  except evaluator.EvalError as e:
+    print(f"eval.py: {e}", file=sys.stderr)
+    return 1
+  if piped:
+    sys.stdout.writelines(t + "\n" for t in result["translations"])
+    return 0
+  steps = result["averaged_steps"]
+  what = (f"average of steps {steps}" if len(steps) > 1
+          else f"step {result['checkpoint_step']}")
+  print(f"{result['split']}, {what}, beam {result['beam_size']}, "
+        f"alpha {result['alpha']}: {result['num_sentences']} sentences in "
+        f"{result['decode_seconds']:.1f} s "
+        f"({result['sentences_per_second']:.1f} sentences/s)")
+  if "bleu" in result:
+    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
+          f"({result['sacrebleu_signature']})")
+  print(f"Wrote {result['output_dir']}")
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))

@@ -1,0 +1,52 @@
+"""The workdir's resolved config: written by training, read by evaluation."""
+import json
+import os
+
+import ml_collections
+
+# Fields that change the shapes of the parameters or the vocabulary: a workdir
+# trained with other values cannot be resumed with these.
+MODEL_SHAPE_FIELDS = (
+    "vocab_size", "num_layers", "num_encoder_layers", "num_decoder_layers",
+    "d_model", "d_ff", "num_heads", "d_k", "d_v", "attention_type",
+    "position_encoding", "layer_norm", "share_embeddings", "max_len",
+)
+CONFIG_FILE = "config.json"
+
+
+def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses a workdir whose saved config differs in a model-shape field.
+
+  Raises:
+    ValueError naming the field, the saved and the given value.
+  """
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  given = json.loads(config.to_json())
+  for field in MODEL_SHAPE_FIELDS:
+    if field in saved and saved[field] != given.get(field):
+      raise ValueError(
+          f"{path} was written with {field}={saved[field]!r} but the config "
+          f"gives {field}={given.get(field)!r}; a workdir holds one model. "
+          f"Use another --workdir or --config.{field}={saved[field]!r}.")
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  path = os.path.join(workdir, CONFIG_FILE)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(config.to_json(indent=2))
+  os.replace(tmp, path)
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config a training run stored in `workdir`."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: is {workdir} a workdir "
+                            "written by train.py?")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
