@@ -34,8 +34,11 @@ META = 'meta'
 
 
 def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
-  """`<workdir>/checkpoints`."""
-  return epath.Path(workdir) / CHECKPOINTS_SUBDIR
+  """`<workdir>/checkpoints`, absolute (Orbax refuses relative paths)."""
+  path = epath.Path(workdir)
+  if not path.is_absolute() and "://" not in os.fspath(workdir):
+    path = epath.Path(os.path.abspath(os.fspath(workdir)))
+  return path / CHECKPOINTS_SUBDIR
 
 
 def make_manager(workdir: str | os.PathLike[str],

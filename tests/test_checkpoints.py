@@ -213,3 +213,15 @@ def test_errors_name_the_folder_and_the_steps(tmp_path, three_checkpoints):
   with pytest.raises(FileNotFoundError, match=f'step 7 .*{available}'):
     checkpoints.restore(manager, 7, states[100])
   manager.close()
+
+
+def test_relative_workdir(tmp_path, monkeypatch):
+  # Orbax needs absolute paths; users pass relative workdirs.
+  monkeypatch.chdir(tmp_path)
+  manager = checkpoints.make_manager("run", keep=2)
+  state = {"params": {"w": np.arange(3, dtype=np.float32)}}
+  checkpoints.save(manager, 1, state, {"step": 1})
+  assert checkpoints.all_steps("run") == [1]
+  params, step = checkpoints.restore_params("run")
+  np.testing.assert_array_equal(params["w"], state["params"]["w"])
+  assert step == 1

@@ -31,19 +31,24 @@ def test_quickstart_command_shortened(tmp_path):
               s[1].endswith(".py")]
   assert [p[1] for p in programs] == ["train.py", "eval.py"]
   assert steps[0][:3] == ["python3", "-m", "venv"]
-  workdir = tmp_path / "quickstart"
+  # Run from another folder, keeping the README's relative workdir (and so
+  # checking relative paths), with the scripts and configs made absolute.
   shorten = ["--config.num_train_steps=30", "--config.eval_every_steps=30",
              "--config.checkpoint_every_steps=30"]
   outputs = []
+  workdir = None
   for program in programs:
-    args = [a if not a.startswith("--workdir=") else f"--workdir={workdir}"
+    args = [a.replace("--config=configs/", f"--config={REPO}/configs/")
             for a in program[2:]]
+    workdir = tmp_path / [a for a in args if a.startswith("--workdir=")][0][
+        len("--workdir="):]
     if program[1] == "train.py":
       args += shorten
     else:
       args += ["--split=test[:40]"]
-    result = subprocess.run([sys.executable, program[1], *args], cwd=REPO,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, str(REPO / program[1]), *args],
+                            cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     outputs.append(result.stdout + result.stderr)
   assert re.search(r"BLEU", outputs[-1])
