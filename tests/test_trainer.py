@@ -169,6 +169,14 @@ def test_no_retrace_for_a_batch_shape_seen_before(tmp_path, monkeypatch):
   assert len(traced_shapes) <= 3
 
 
+def _seed_vocabulary(source: pathlib.Path, target: pathlib.Path) -> None:
+  """Copies a finished run's vocabulary and tokenized splits into a new
+  workdir: the same files its own first start would write, minus the time."""
+  target.mkdir(parents=True)
+  shutil.copy(source / "spm.model", target / "spm.model")
+  shutil.copytree(source / "tokenized", target / "tokenized")
+
+
 def _wait_for(predicate, process, timeout=240.0):
   end = time.time() + timeout
   while time.time() < end:
@@ -189,6 +197,7 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path):
                  check=True, capture_output=True)
 
   interrupted = tmp_path / "interrupted"
+  _seed_vocabulary(straight, interrupted)
   process = subprocess.Popen(_train_cmd(interrupted, *flags), cwd=REPO,
                              env=_env(2), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -242,6 +251,7 @@ def test_two_processes_train_like_one(tmp_path):
                  check=True, capture_output=True)
 
   multi = tmp_path / "multi"
+  _seed_vocabulary(single, multi)
   address = f"localhost:{_free_port()}"
   processes = [
       subprocess.Popen(

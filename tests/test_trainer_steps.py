@@ -73,3 +73,34 @@ def test_loss_is_token_weighted_mean_over_devices():
       logits, jnp.asarray(batch["targets"]), config.label_smoothing)
   losses, _ = _run(config, 4, [batch])
   assert losses[0] == pytest.approx(float(loss / tokens), rel=1e-5)
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+  # Two micro-batches of 8 rows accumulated = one update on the 16 rows.
+  rng = np.random.default_rng(2)
+  batches = [_batch(rng) for _ in range(4)]
+  config = _config()
+  model = mha.create_model(config)
+  tx = mha.create_optimizer(config)
+  devices = jax.local_devices()[:2]
+
+  def run(accum, groups):
+    config.grad_accum_steps = accum
+    update = trainer._Updater(model, tx, config, devices)
+    state = trainer.replicate(trainer.init_state(config, model, tx), devices)
+    losses = []
+    for group in groups:
+      state, metrics = update(state, [trainer.shard(b, 2) for b in group],
+                              np.zeros((2,), np.int32))
+      losses.append(float(metrics["loss"][0]))
+    return losses, trainer.unreplicate(state)
+
+  big = [[{k: np.concatenate([a[k], b[k]]) for k in a}]
+         for a, b in (batches[:2], batches[2:])]
+  losses_1, state_1 = run(1, big)
+  losses_2, state_2 = run(2, [batches[:2], batches[2:]])
+  np.testing.assert_allclose(losses_1, losses_2, rtol=1e-5)
+  jax.tree_util.tree_map(
+      functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5),
+      state_1["params"], state_2["params"])
+  assert int(state_2["step"]) == 2
