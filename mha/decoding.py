@@ -375,26 +375,29 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _model_fns(model: Any, params: PyTree, inputs: jax.Array,
-               num_rows: int, max_decode_len: int
+               beam_size: int, max_decode_len: int
               ) -> tuple[TokensToLogits, PyTree]:
   """The Transformer-specific part: the step function and its initial cache.
 
-  Written against `mha.transformer.Transformer` (flax examples/wmt style):
-  `encode(inputs)`, `decode(encoded, inputs, targets)` with a `cache`
-  collection when `config.decode` is set. `inputs` are already repeated per
-  beam (`[num_rows, s]`, rows ordered [batch, beam]).
+  Written against `mha.transformer.Transformer`: `encode(inputs)`,
+  `decode(encoded, inputs, targets)` with a `cache` collection when
+  `config.decode` is set. The source is encoded once per sentence, then the
+  encoder output is repeated for each beam (rows ordered [batch, beam]).
 
   Args:
     model: the Transformer built with `decode=True, deterministic=True`.
     params: its parameters.
-    inputs: int32 `[num_rows, s]` source tokens, 0 = pad.
-    num_rows: batch * beam.
+    inputs: int32 `[batch, s]` source tokens, 0 = pad.
+    beam_size: hypotheses per sentence.
     max_decode_len: cache length.
 
   Returns:
-    `(tokens_to_logits, cache)`.
+    `(tokens_to_logits, cache)` for `batch * beam_size` rows.
   """
   encoded = model.apply({'params': params}, inputs, method='encode')
+  encoded = jnp.repeat(encoded, beam_size, axis=0)  # [batch * beam, s, d]
+  inputs = jnp.repeat(inputs, beam_size, axis=0)  # [batch * beam, s]
+  num_rows = inputs.shape[0]
   # Only the cache collection is kept: XLA drops the parameter initialisers.
   cache = model.init(
       jax.random.PRNGKey(0), inputs,
@@ -423,9 +426,7 @@ def _translate_fn(model_config: Any, beam_size: int, alpha: float,
   def search(params: PyTree, inputs: jax.Array, max_lengths: jax.Array, *,
              max_decode_len: int) -> jax.Array:
     batch_size = inputs.shape[0]
-    rows = jnp.repeat(inputs, beam_size, axis=0)  # [batch * beam, s]
-    tokens_to_logits, cache = _model_fns(model, params, rows,
-                                         batch_size * beam_size,
+    tokens_to_logits, cache = _model_fns(model, params, inputs, beam_size,
                                          max_decode_len)
     tokens, _ = beam_search(tokens_to_logits, cache, batch_size, beam_size,
                             alpha, max_decode_len, eos_id, max_lengths)
