@@ -5,9 +5,15 @@ r"""Evaluates a workdir's checkpoints: beam search, then sacreBLEU and chrF.
     python eval.py --workdir=/tmp/run --source_file=src.txt --reference_file=ref.txt
     echo "a sentence" | python eval.py --workdir=/tmp/run --source_file=-
 
-Uses the config and vocabulary stored in the workdir. Writes translations.txt
-and metrics.json into --output_dir (default <workdir>/eval/<split>_<step>/);
-with --source_file=- it prints one translation per input line instead.
+Uses the config and vocabulary stored in the workdir; beam size, alpha and
+the output limit default to the config's (the paper: 4, 0.6, input + 50).
+Writes translations.txt and metrics.json into --output_dir (default
+<workdir>/eval/<split>_<step>/, <split>_avg<N>_<step>/ for averages,
+file_<step>/ for --source_file) and prints BLEU with its sacrebleu signature.
+With --source_file=- it writes one translation per input line to standard
+output, in order, and everything else to standard error. Bad input (no
+checkpoint, unknown step, mismatched files, ...) prints one message and exits
+with status 1.
 """
 import sys
 
@@ -30,7 +36,10 @@ flags.DEFINE_string("source_file", None,
                     "Plain text to translate, one sentence a line; '-' = "
                     "standard input to standard output.")
 flags.DEFINE_string("reference_file", None, "References of --source_file.")
-flags.DEFINE_string("output_dir", None, "Where to write the outputs.")
+flags.DEFINE_string("output_dir", None,
+                    "Where to write translations.txt and metrics.json "
+                    "(default <workdir>/eval/<split>_<step>/; with "
+                    "--source_file=- nothing is written unless given).")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -47,24 +56,28 @@ def main(argv):
         alpha=FLAGS.alpha, max_decode_extra=FLAGS.max_decode_extra,
         batch_size=FLAGS.batch_size, source_file=FLAGS.source_file,
         reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
-        write=not piped)
+        write=not piped or FLAGS.output_dir is not None)
   except evaluator.EvalError as e:
     print(f"eval.py: {e}", file=sys.stderr)
     return 1
+  # With --source_file=- standard output holds the translations only.
+  report = sys.stderr if piped else sys.stdout
   if piped:
-    sys.stdout.writelines(t + "\n" for t in result["translations"])
-    return 0
+    sys.stdout.buffer.write(
+        "".join(t + "\n" for t in result["translations"]).encode("utf-8"))
+    sys.stdout.flush()
   steps = result["averaged_steps"]
   what = (f"average of steps {steps}" if len(steps) > 1
           else f"step {result['checkpoint_step']}")
   print(f"{result['split']}, {what}, beam {result['beam_size']}, "
         f"alpha {result['alpha']}: {result['num_sentences']} sentences in "
         f"{result['decode_seconds']:.1f} s "
-        f"({result['sentences_per_second']:.1f} sentences/s)")
+        f"({result['sentences_per_second']:.1f} sentences/s)", file=report)
+  if "output_dir" in result:
+    print(f"Wrote {result['output_dir']}", file=report)
   if "bleu" in result:
     print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
-          f"({result['sacrebleu_signature']})")
-  print(f"Wrote {result['output_dir']}")
+          f"({result['sacrebleu_signature']})", file=report)
   return 0
 
 

@@ -6,13 +6,24 @@
 
 Follows §6.1 of the paper: beam size 4, length penalty α = 0.6, outputs of at
 most input length + 50 tokens, optionally the average of the last
-checkpoints. BLEU and chrF are sacrebleu's (cased, on detokenized text, the
-13a tokenizer), with their signatures, never a hand-written BLEU. Evaluation
-writes only into its own output folder.
+checkpoints. BLEU and chrF are sacrebleu's metric objects (cased, on
+detokenized text, BLEU with the 13a tokenizer), reported with their
+signatures, never a hand-written BLEU. Evaluation writes only into its own
+output folder.
+
+Decoding sorts the sentences by length (longest first), cuts them into
+batches of `batch_size`, pads each batch's sources to one of a few bucket
+lengths (`LENGTH_BUCKETS`) and its rows to a multiple of 8, decodes with a
+cache of bucket length + `max_decode_extra` positions, and puts the
+translations back in the input order. A split therefore compiles the search
+a handful of times, and repeated calls on the same sentences (BLEU during
+training) reuse the compiled search.
 """
+import dataclasses
 import json
 import os
 import re
+import sys
 import time
 from typing import Any, Sequence
 
@@ -24,17 +35,123 @@ from mha import checkpoints
 from mha import data
 from mha import decoding
 from mha import workdir as workdir_lib
+from mha.data import files
+from mha.data import tokenizer as tokenizer_lib
 from mha.transformer import TransformerConfig
 
 EVAL_DIR = "eval"
+TRANSLATIONS_FILE = "translations.txt"
+METRICS_FILE = "metrics.json"
+# Padded source lengths. Few sizes = few compilations of the search; the
+# decode cache is bucket + max_decode_extra long whatever the batch holds.
+LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+ROW_MULTIPLE = 8
 
 
 class EvalError(ValueError):
-  """Bad input to an evaluation: the message names the file, step or flag."""
+  """Bad input to an evaluation: the message names the workdir, file or step."""
 
 
-def _bucket(n: int, multiple: int = 8) -> int:
-  return max(multiple, -(-n // multiple) * multiple)
+# ----------------------------------------------------------------- translate
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeBatch:
+  """Sentences decoded together.
+
+  Attributes:
+    indices: int `[n]` positions of the batch's sentences in the input list.
+    inputs: int32 `[rows, length]` source ids with EOS, 0 = padding; rows
+      past `n` are all padding.
+    length_multiple: passed to `decoding.translate` so that the decode cache
+      holds `length + max_decode_extra` positions (capped at the model's
+      `max_len`), whatever the longest sentence of the batch.
+  """
+  indices: np.ndarray
+  inputs: np.ndarray
+  length_multiple: int
+
+  @property
+  def shape_key(self) -> tuple[int, int]:
+    """Batches with equal keys share one compiled search."""
+    return self.inputs.shape
+
+
+def bucket_length(n: int, max_len: int) -> int:
+  """The smallest bucket >= n (multiples of 256 past the last), <= max_len."""
+  for b in LENGTH_BUCKETS:
+    if b >= n:
+      return min(b, max_len)
+  return min(-(-n // 256) * 256, max_len)
+
+
+def encode_sources(tokenizer: data.Tokenizer, sources: Sequence[str],
+                   max_len: int) -> list[list[int]]:
+  """Source ids with EOS; sentences longer than `max_len` are truncated.
+
+  Truncation (the model cannot encode more positions) is logged as a warning
+  naming the first affected lines (1-based); it never raises.
+  """
+  encoded = tokenizer.encode_batch(list(sources))
+  too_long = [i for i, ids in enumerate(encoded) if len(ids) + 1 > max_len]
+  if too_long:
+    logging.warning(
+        "%d source sentence(s) have more than max_len - 1 = %d tokens and "
+        "were truncated (lines %s%s).", len(too_long), max_len - 1,
+        ", ".join(str(i + 1) for i in too_long[:10]),
+        ", ..." if len(too_long) > 10 else "")
+  return [list(ids[:max_len - 1]) + [data.EOS_ID] for ids in encoded]
+
+
+def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
+                 max_len: int, max_decode_extra: int) -> list[DecodeBatch]:
+  """Length-sorted, bucket-padded batches covering every sentence once.
+
+  Args:
+    encoded: source ids of each sentence (EOS included, at most max_len).
+    batch_size: sentences per batch.
+    max_len: the model's number of positions.
+    max_decode_extra: output limit = source length + this.
+
+  Returns:
+    Batches, longest sentences first.
+  """
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+  longest = max((len(ids) for ids in encoded), default=0)
+  if longest > max_len:
+    raise ValueError(f"A sentence has {longest} ids, more than max_len="
+                     f"{max_len}: encode it with encode_sources.")
+  order = np.argsort([-len(ids) for ids in encoded], kind="stable")
+  batches = []
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    length = bucket_length(max(len(encoded[i]) for i in chunk), max_len)
+    rows = min(-(-len(chunk) // ROW_MULTIPLE) * ROW_MULTIPLE,
+               max(batch_size, len(chunk)))
+    inputs = np.zeros((rows, length), np.int32)
+    for row, i in enumerate(chunk):
+      inputs[row, :len(encoded[i])] = encoded[i]
+    # translate() rounds the longest limit (<= length + extra) up to this.
+    batches.append(DecodeBatch(chunk, inputs, length + max_decode_extra))
+  return batches
+
+
+def decode_batches(model_config: TransformerConfig, params: Any,
+                   batches: Sequence[DecodeBatch], *, beam_size: int,
+                   alpha: float, max_decode_extra: int,
+                   eos_id: int = data.EOS_ID) -> list[np.ndarray]:
+  """Output ids of each batch (`[rows, max_decode_len]`, EOS included).
+
+  All batches are dispatched before the first result is fetched, so the host
+  work overlaps with the device's. `eos_id=-1` disables early ends (every
+  output runs to its length limit: decoding benchmarks of random models).
+  """
+  outputs = [decoding.translate(
+      model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
+      max_decode_extra=max_decode_extra, eos_id=eos_id,
+      length_multiple=batch.length_multiple) for batch in batches]
+  return [np.asarray(o) for o in outputs]
 
 
 def translate_texts(model_config: TransformerConfig, params: Any,
@@ -43,43 +160,54 @@ def translate_texts(model_config: TransformerConfig, params: Any,
                     batch_size: int = 64) -> list[str]:
   """Detokenized translations of `sources`, in their order.
 
-  Sentences are decoded longest first in batches of `batch_size`, padded to
-  lengths and row counts rounded up to multiples of 8, so a split compiles
-  the search a few times only. A source longer than the model's positions
-  (`max_len`, EOS included) is truncated, with a warning.
+  Args:
+    model_config: the model's `TransformerConfig` (eval variant or not).
+    params: its parameters.
+    tokenizer: the workdir's vocabulary.
+    sources: plain sentences (an empty one gets a translation too).
+    beam_size: beam width; 1 = greedy search.
+    alpha: length-penalty exponent.
+    max_decode_extra: output limit = source tokens (EOS included) + this,
+      capped at the model's `max_len`.
+    batch_size: sentences per decoding batch.
+
+  Returns:
+    One translation per source, without newlines.
   """
   if not sources:
     return []
-  encoded = []
-  truncated = 0
-  for text in sources:
-    ids = tokenizer.encode(text)[:model_config.max_len - 1] + [data.EOS_ID]
-    truncated += len(tokenizer.encode(text)) + 1 > model_config.max_len
-    encoded.append(ids)
-  if truncated:
-    logging.warning("%d source sentences were longer than max_len=%d "
-                    "tokens and were truncated.", truncated,
-                    model_config.max_len)
-  order = np.argsort([-len(ids) for ids in encoded], kind="stable")
-  translations: list[str] = [""] * len(sources)
-  for start in range(0, len(order), batch_size):
-    chunk = order[start:start + batch_size]
-    length = min(_bucket(max(len(encoded[i]) for i in chunk)),
-                 model_config.max_len)
-    rows = np.zeros((_bucket(len(chunk)), length), np.int32)
-    for row, i in enumerate(chunk):
-      rows[row, :len(encoded[i])] = encoded[i]
-    outputs = np.asarray(decoding.translate(
-        model_config, params, rows, beam_size=beam_size, alpha=alpha,
-        max_decode_extra=max_decode_extra, eos_id=data.EOS_ID))
-    for row, i in enumerate(chunk):
-      translations[i] = tokenizer.decode(outputs[row].tolist())
+  encoded = encode_sources(tokenizer, sources, model_config.max_len)
+  batches = make_batches(encoded, batch_size=batch_size,
+                         max_len=model_config.max_len,
+                         max_decode_extra=max_decode_extra)
+  outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
+                           alpha=alpha, max_decode_extra=max_decode_extra)
+  translations = [""] * len(sources)
+  for batch, tokens in zip(batches, outputs):
+    for row, i in enumerate(batch.indices):
+      text = tokenizer.decode(tokens[row])
+      # One line per sentence in translations.txt and on standard output.
+      translations[i] = text.replace("\r", " ").replace("\n", " ")
   return translations
+
+
+# --------------------------------------------------------------------- score
 
 
 def score(hypotheses: Sequence[str],
           references: Sequence[str]) -> dict[str, Any]:
-  """sacreBLEU BLEU and chrF of detokenized hypotheses, with signatures."""
+  """sacreBLEU's BLEU and chrF of detokenized hypotheses, with signatures.
+
+  Both are corpus scores with one reference per sentence, cased, BLEU with
+  the default 13a tokenizer and exponential smoothing (sacrebleu defaults).
+
+  Returns:
+    `bleu`, `chrf` (0-100), `sacrebleu_signature`, `chrf_signature`, and
+    `bleu_details` (sacrebleu's line with the n-gram precisions and BP).
+  """
+  if len(hypotheses) != len(references):
+    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} "
+                     "references.")
   bleu = sacrebleu.metrics.BLEU()
   chrf = sacrebleu.metrics.CHRF()
   bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
@@ -88,7 +216,8 @@ def score(hypotheses: Sequence[str],
           "chrf": float(chrf_score.score),
           "sacrebleu_signature": str(bleu.get_signature()),
           "chrf_signature": str(chrf.get_signature()),
-          "bleu_details": str(bleu_score)}
+          "bleu_details": bleu_score.format(signature=str(
+              bleu.get_signature()))}
 
 
 def evaluate_bleu(model_config: TransformerConfig, params: Any,
@@ -96,7 +225,15 @@ def evaluate_bleu(model_config: TransformerConfig, params: Any,
                   references: Sequence[str], *, beam_size: int, alpha: float,
                   max_decode_extra: int, batch_size: int = 64
                   ) -> dict[str, float]:
-  """BLEU, chrF and speed of translating `sources` (used during training)."""
+  """BLEU, chrF and speed of translating `sources` (called during training).
+
+  Cheap to call repeatedly on the same sentences: nothing is read from disk
+  and the compiled searches (cached per model config, beam size, alpha and
+  batch shape in `mha.decoding`) are reused.
+
+  Returns:
+    `bleu`, `chrf`, `decode_seconds`, `sentences_per_second`.
+  """
   start = time.perf_counter()
   hypotheses = translate_texts(
       model_config, params, tokenizer, sources, beam_size=beam_size,
@@ -108,58 +245,141 @@ def evaluate_bleu(model_config: TransformerConfig, params: Any,
           "sentences_per_second": len(sources) / max(seconds, 1e-9)}
 
 
-def read_lines(path: str, what: str) -> list[str]:
-  """Lines of a UTF-8 text file ('-' = standard input), without newlines."""
+# ------------------------------------------------------------------- inputs
+
+
+def read_lines(path: str, what: str = "File") -> list[str]:
+  """Lines of a UTF-8 text file ('-' = standard input), without newlines.
+
+  Only '\\n' (and a '\\r' before it) ends a line, so line numbers agree with
+  `wc -l`; a last line without a newline counts.
+
+  Raises:
+    EvalError: the file does not exist or is not UTF-8.
+  """
   try:
     if path == "-":
-      import sys  # pylint: disable=g-import-not-at-top
-      text = sys.stdin.read()
+      raw = sys.stdin.buffer.read()
     else:
-      with open(path, encoding="utf-8") as f:
-        text = f.read()
-  except FileNotFoundError:
+      with open(path, "rb") as f:
+        raw = f.read()
+    text = raw.decode("utf-8")
+  except (FileNotFoundError, IsADirectoryError):
     raise EvalError(f"{what} {path} does not exist.") from None
   except UnicodeDecodeError as e:
     raise EvalError(f"{what} {path} is not valid UTF-8: {e}.") from None
+  if not text:
+    return []
   lines = text.split("\n")
-  if lines and lines[-1] == "":
+  if lines[-1] == "":
     lines.pop()  # the newline that ends the last line
-  return [line.rstrip("\r") for line in lines]
+  return [line.removesuffix("\r") for line in lines]
+
+
+def _available_steps(workdir: str) -> list[int]:
+  if not checkpoints.checkpoint_dir(workdir).exists():
+    return []
+  return checkpoints.all_steps(workdir)
+
+
+def resolve_steps(workdir: str, checkpoint_step: int | None = None,
+                  average_last: int | None = None) -> list[int]:
+  """The checkpoint steps an evaluation uses (ascending), without reading them.
+
+  Args:
+    workdir: the training workdir.
+    checkpoint_step: the step to evaluate; None = the latest.
+    average_last: average the last N checkpoints up to `checkpoint_step`.
+
+  Raises:
+    EvalError: no checkpoint, no checkpoint `checkpoint_step` (the message
+      lists the available ones) or fewer than `average_last` checkpoints.
+  """
+  if average_last is not None and average_last < 1:
+    raise EvalError(f"--average_last must be >= 1, got {average_last}.")
+  steps = _available_steps(workdir)
+  directory = checkpoints.checkpoint_dir(workdir)
+  if not steps:
+    raise EvalError(f"No checkpoint in {directory}: has {workdir} been "
+                    "trained (train.py saves checkpoints/<step>/)?")
+  if checkpoint_step is None:
+    checkpoint_step = steps[-1]
+  elif checkpoint_step not in steps:
+    raise EvalError(f"No checkpoint for step {checkpoint_step} in "
+                    f"{directory}; available steps: {steps}.")
+  upto = [s for s in steps if s <= checkpoint_step]
+  num = average_last or 1
+  if len(upto) < num:
+    raise EvalError(
+        f"--average_last={num} but {directory} holds {len(upto)} "
+        f"checkpoint(s) up to step {checkpoint_step}: {upto}.")
+  return upto[-num:]
 
 
 def load_params(workdir: str, checkpoint_step: int | None = None,
                 average_last: int | None = None) -> tuple[Any, int, list[int]]:
-  """(params, checkpoint step, averaged steps) of a workdir's checkpoints.
+  """The parameters to evaluate: one checkpoint or the mean of the last N.
+
+  Args:
+    workdir: the training workdir.
+    checkpoint_step: None = the latest.
+    average_last: average the last N checkpoints up to `checkpoint_step`
+      (`checkpoints.average_checkpoints`: the element-wise mean).
+
+  Returns:
+    `(params, checkpoint step, averaged steps)`; params as NumPy arrays.
 
   Raises:
-    EvalError: no checkpoint, an unknown step, or too few checkpoints.
+    EvalError: as `resolve_steps`.
   """
+  steps = resolve_steps(workdir, checkpoint_step, average_last)
   try:
-    if average_last:
-      steps = checkpoints.all_steps(workdir)
-      if checkpoint_step is not None:
-        if checkpoint_step not in steps:
-          raise EvalError(f"No checkpoint at step {checkpoint_step} in "
-                          f"{checkpoints.checkpoint_dir(workdir)}; available: "
-                          f"{steps}.")
-        steps = [s for s in steps if s <= checkpoint_step]
-      if len(steps) < average_last:
-        raise EvalError(
-            f"--average_last={average_last} but {workdir} holds "
-            f"{len(steps)} checkpoint(s) up to that step: {steps}.")
-      params, used = checkpoints.average_checkpoints(
-          workdir, steps=steps[-average_last:])
-      return params, max(used), list(used)
-    params, step = checkpoints.restore_params(workdir, checkpoint_step)
-    return params, step, [step]
+    if len(steps) > 1:
+      params, steps = checkpoints.average_checkpoints(workdir, steps=steps)
+    else:
+      params, _ = checkpoints.restore_params(workdir, steps[0])
   except (FileNotFoundError, ValueError) as e:
-    if isinstance(e, EvalError):
-      raise
+    raise EvalError(f"Cannot restore {workdir} steps {steps}: {e}") from None
+  return params, steps[-1], list(steps)
+
+
+def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
+  """(config, tokenizer) stored in a workdir, read without modifying it.
+
+  Raises:
+    EvalError: the workdir, its config.json or its spm.model is missing.
+  """
+  if not files.exists(workdir):
+    raise EvalError(f"Workdir {workdir} does not exist.")
+  try:
+    config = workdir_lib.load_config(workdir)
+  except (FileNotFoundError, json.JSONDecodeError) as e:
+    raise EvalError(f"Workdir {workdir}: {e}") from None
+  path = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
+  if not files.exists(path):
+    # get_tokenizer would train and write a new vocabulary: refuse instead.
+    raise EvalError(f"{path} does not exist: the workdir has no vocabulary.")
+  try:
+    tokenizer = data.get_tokenizer(config, workdir)
+  except data.DataError as e:
     raise EvalError(str(e)) from None
+  return config, tokenizer
 
 
 def _safe(name: str) -> str:
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "split"
+
+
+def default_output_dir(workdir: str, split_name: str, steps: Sequence[int]
+                       ) -> str:
+  """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages."""
+  name = _safe(split_name)
+  if len(steps) > 1:
+    name += f"_avg{len(steps)}"
+  return os.path.join(workdir, EVAL_DIR, f"{name}_{steps[-1]}")
+
+
+# ------------------------------------------------------------------ evaluate
 
 
 def evaluate(workdir: str, *, split: str | None = None,
@@ -172,40 +392,58 @@ def evaluate(workdir: str, *, split: str | None = None,
              write: bool = True) -> dict[str, Any]:
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
+  Uses the config (`config.json`) and vocabulary (`spm.model`) stored in the
+  workdir. Every input is checked (workdir, steps, files) before any
+  checkpoint is read.
+
   Args:
     workdir: a training workdir (config.json, spm.model, checkpoints/).
-    split: dataset split; default the config's `test_split`.
+    split: dataset split, TFDS slicing allowed; default the config's
+      `test_split`.
     checkpoint_step: default the latest.
     average_last: average the parameters of the last N checkpoints (up to
       `checkpoint_step` if given).
-    beam_size, alpha, max_decode_extra: default the config's values.
+    beam_size: default the config's (the paper: 4); 1 = greedy.
+    alpha: length penalty; default the config's (the paper: 0.6).
+    max_decode_extra: output limit = input length + this; default the
+      config's (the paper: 50).
     batch_size: sentences per decoding batch.
-    source_file: plain text, one sentence a line, instead of a split.
-    reference_file: its references (optional: without them no scores).
-    output_dir: default `<workdir>/eval/<split>_<step>` (`..._avgN_<step>`
-      for averages, `file_<step>` for files).
-    write: write translations.txt and metrics.json.
+    source_file: plain text, one sentence a line, instead of a split; '-' =
+      standard input.
+    reference_file: its references, one a line (without them: no scores).
+    output_dir: default `<workdir>/eval/<split>_<step>` (`<split>_avgN_<step>`
+      for averages, `file_<step>` for a source file).
+    write: write `translations.txt` and `metrics.json` into `output_dir`.
 
   Returns:
-    The metrics (also in `<output_dir>/metrics.json`) and `translations`.
+    The metrics written to metrics.json (`bleu`, `chrf`,
+    `sacrebleu_signature`, `chrf_signature`, `bleu_details` when there are
+    references; `split`, `num_sentences`, `checkpoint_step`,
+    `averaged_steps`, `beam_size`, `alpha`, `max_decode_extra`,
+    `batch_size`, `decode_seconds` (compilation included),
+    `sentences_per_second`), plus `translations` and `output_dir` (when
+    written).
 
   Raises:
     EvalError: bad input, with a message naming it.
   """
-  if not os.path.isdir(workdir):
-    raise EvalError(f"Workdir {workdir} does not exist.")
-  try:
-    config = workdir_lib.load_config(workdir)
-  except FileNotFoundError as e:
-    raise EvalError(str(e)) from None
+  config, tokenizer = load_workdir(workdir)
   beam_size = config.beam_size if beam_size is None else beam_size
   alpha = config.alpha if alpha is None else alpha
   max_decode_extra = (config.max_decode_extra if max_decode_extra is None
                       else max_decode_extra)
   if beam_size < 1:
     raise EvalError(f"--beam_size must be >= 1, got {beam_size}.")
+  if max_decode_extra < 0:
+    raise EvalError(f"--max_decode_extra must be >= 0, got "
+                    f"{max_decode_extra}.")
+  if batch_size < 1:
+    raise EvalError(f"--batch_size must be >= 1, got {batch_size}.")
   if reference_file and not source_file:
     raise EvalError("--reference_file needs --source_file.")
+  if source_file and split:
+    raise EvalError("Give --split or --source_file, not both.")
+  steps = resolve_steps(workdir, checkpoint_step, average_last)
 
   if source_file:
     sources = read_lines(source_file, "Source file")
@@ -219,49 +457,51 @@ def evaluate(workdir: str, *, split: str | None = None,
           f"file {reference_file} has {len(references)}.")
     split_name = "file"
   else:
-    split = split or config.test_split
+    split_name = split or config.test_split
     try:
-      sources, references = data.load_text_pairs(config, split)
+      sources, references = data.load_text_pairs(config, split_name)
     except data.DataError as e:
-      raise EvalError(str(e)) from None
+      raise EvalError(f"Split {split_name!r} of {workdir}'s dataset: "
+                      f"{e}") from None
     if not sources:
-      raise EvalError(f"Split {split!r} of {config.dataset_name} is empty.")
-    split_name = split
+      raise EvalError(f"Split {split_name!r} of {config.dataset_name} is "
+                      "empty.")
 
-  params, step, averaged = load_params(workdir, checkpoint_step, average_last)
-  tokenizer_path = os.path.join(workdir, data.tokenizer.MODEL_FILENAME)
-  if not os.path.exists(tokenizer_path):
-    raise EvalError(f"{tokenizer_path} does not exist: the workdir has no "
-                    "vocabulary.")
-  tokenizer = data.get_tokenizer(config, workdir)
+  params, step, averaged = load_params(workdir, steps[-1], len(steps))
   model_config = TransformerConfig.from_config(config, deterministic=True)
-
+  logging.info("Evaluating %s step(s) %s on %s (%d sentences), beam %d, "
+               "alpha %s.", workdir, averaged, split_name, len(sources),
+               beam_size, alpha)
   start = time.perf_counter()
   hypotheses = translate_texts(
       model_config, params, tokenizer, sources, beam_size=beam_size,
       alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size)
   seconds = time.perf_counter() - start
-  result: dict[str, Any] = {
+  result: dict[str, Any] = {}
+  if references is not None:
+    result.update(score(hypotheses, references))
+  result.update({
       "split": split_name, "num_sentences": len(sources),
       "checkpoint_step": step, "averaged_steps": averaged,
       "beam_size": beam_size, "alpha": alpha,
-      "max_decode_extra": max_decode_extra, "decode_seconds": seconds,
+      "max_decode_extra": max_decode_extra, "batch_size": batch_size,
+      "decode_seconds": seconds,
       "sentences_per_second": len(sources) / max(seconds, 1e-9),
-  }
-  if references is not None:
-    result.update(score(hypotheses, references))
+  })
+  if source_file:
+    result.update(source_file=source_file, reference_file=reference_file)
   if write:
-    if output_dir is None:
-      name = _safe(split_name)
-      if len(averaged) > 1:
-        name += f"_avg{len(averaged)}"
-      output_dir = os.path.join(workdir, EVAL_DIR, f"{name}_{step}")
+    output_dir = output_dir or default_output_dir(workdir, split_name,
+                                                  averaged)
     os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, "translations.txt"), "w",
+    with open(os.path.join(output_dir, TRANSLATIONS_FILE), "w",
               encoding="utf-8") as f:
       f.writelines(h + "\n" for h in hypotheses)
-    with open(os.path.join(output_dir, "metrics.json"), "w") as f:
-      json.dump(result, f, indent=2)
+    with open(os.path.join(output_dir, METRICS_FILE), "w",
+              encoding="utf-8") as f:
+      json.dump(result, f, indent=2, ensure_ascii=False)
+      f.write("\n")
     result["output_dir"] = output_dir
+    logging.info("Wrote %s.", output_dir)
   result["translations"] = hypotheses
   return result

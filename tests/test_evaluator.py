@@ -1,6 +1,7 @@
 """eval.py and mha.evaluator on a workdir trained for a few steps."""
 import hashlib
 import json
+import logging
 import pathlib
 import shutil
 import subprocess
@@ -14,28 +15,60 @@ import sacrebleu
 from configs import quickstart
 from mha import checkpoints
 from mha import data
+from mha import decoding
 from mha import evaluator
 from mha import trainer
 from mha.transformer import TransformerConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SPLIT = "test[:12]"
-FIELDS = ("bleu", "chrf", "sacrebleu_signature", "num_sentences",
-          "checkpoint_step", "averaged_steps", "beam_size", "alpha",
-          "decode_seconds", "sentences_per_second")
+FIELDS = ("bleu", "chrf", "sacrebleu_signature", "chrf_signature", "split",
+          "num_sentences", "checkpoint_step", "averaged_steps", "beam_size",
+          "alpha", "decode_seconds", "sentences_per_second")
+
+
+def _snapshot(path: pathlib.Path) -> dict[str, tuple[str, int] | None]:
+  """Hash and mtime of every file of a workdir outside eval/ (dirs: None)."""
+  snapshot = {}
+  for p in sorted(path.rglob("*")):
+    relative = p.relative_to(path)
+    if relative.parts[0] == evaluator.EVAL_DIR:
+      continue
+    snapshot[str(relative)] = (
+        (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        if p.is_file() else None)
+  return snapshot
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> pathlib.Path:
-  """Checkpoints at steps 2, 4, 6 of a tiny run (never modified by tests)."""
+def trained(tmp_path_factory) -> tuple[pathlib.Path, dict]:
+  """Checkpoints at steps 2, 4, 6 of a tiny run, and the workdir's snapshot.
+
+  Tests only evaluate it (writing under eval/); the last test checks that
+  nothing else changed.
+  """
   path = tmp_path_factory.mktemp("evaluator") / "run"
   config = quickstart.get_config("tiny")
   config.update(vocab_size=512, max_source_length=24, max_target_length=24,
                 max_tokens=768, num_train_steps=6, checkpoint_every_steps=2,
                 eval_every_steps=100, eval_bleu_sentences=0, keep_checkpoints=5,
-                max_decode_extra=8)
+                max_decode_extra=8, eval_split="validation[:16]")
   trainer.train_and_evaluate(config, str(path))
-  return path
+  return path, _snapshot(path)
+
+
+@pytest.fixture(scope="module")
+def workdir(trained) -> pathlib.Path:
+  return trained[0]
+
+
+@pytest.fixture(scope="module")
+def model(workdir):
+  """(config, tokenizer, model_config, params of the last step)."""
+  config, tokenizer = evaluator.load_workdir(str(workdir))
+  params, _ = checkpoints.restore_params(str(workdir))
+  return (config, tokenizer,
+          TransformerConfig.from_config(config, deterministic=True), params)
 
 
 def _run_eval(*args, stdin=None):
@@ -44,117 +77,210 @@ def _run_eval(*args, stdin=None):
                         timeout=300)
 
 
-def _snapshot(path: pathlib.Path) -> dict[str, str]:
-  """Hashes of every file of a workdir outside eval/."""
-  return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted(path.rglob("*"))
-          if p.is_file() and p.relative_to(path).parts[0] != "eval"}
+def _references(split: str) -> tuple[list[str], list[str]]:
+  return data.load_text_pairs(quickstart.get_config(), split)
 
 
 def test_eval_py_writes_metrics_and_bleu_recomputes(workdir):
-  before = _snapshot(workdir)
   result = _run_eval(f"--workdir={workdir}", f"--split={SPLIT}")
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "BLEU" in result.stdout
   out = workdir / "eval" / "test_12_6"
   metrics = json.loads((out / "metrics.json").read_text())
   for field in FIELDS:
     assert field in metrics, field
   assert metrics["checkpoint_step"] == 6 and metrics["averaged_steps"] == [6]
   assert (metrics["beam_size"], metrics["alpha"]) == (4, 0.6)
-  assert metrics["num_sentences"] == 12
+  assert metrics["num_sentences"] == 12 and metrics["split"] == SPLIT
+  assert metrics["sentences_per_second"] > 0
   assert "tok:13a" in metrics["sacrebleu_signature"]
-  hypotheses = (out / "translations.txt").read_text().split("\n")[:-1]
-  config = quickstart.get_config()
-  _, references = data.load_text_pairs(config, SPLIT)
+  assert "case:mixed" in metrics["sacrebleu_signature"]
+  hypotheses = (out / "translations.txt").read_text().split("\n")
+  assert hypotheses.pop() == ""  # the last line's newline
+  _, references = _references(SPLIT)
   assert len(hypotheses) == len(references) == 12
-  recomputed = sacrebleu.corpus_bleu(hypotheses, [references]).score
-  assert metrics["bleu"] == pytest.approx(recomputed)
-  assert _snapshot(workdir) == before  # only eval/ was written
+  bleu = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references])
+  chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
+  assert metrics["bleu"] == pytest.approx(bleu.score)
+  assert metrics["chrf"] == pytest.approx(chrf.score)
+  # The last line printed: BLEU and its signature.
+  last = result.stdout.strip().split("\n")[-1]
+  assert f"BLEU {metrics['bleu']:.2f}" in last
+  assert metrics["sacrebleu_signature"] in last
 
 
-def test_average_last_is_the_mean_of_the_last_checkpoints(workdir, tmp_path):
+def test_average_last_is_the_mean_of_the_last_checkpoints(workdir):
   params, step, averaged = evaluator.load_params(str(workdir), average_last=2)
   assert (step, averaged) == (6, [4, 6])
   p4, _ = checkpoints.restore_params(str(workdir), 4)
   p6, _ = checkpoints.restore_params(str(workdir), 6)
   jax.tree_util.tree_map(
-      lambda got, a, b: np.testing.assert_allclose(got, (a + b) / 2,
-                                                   rtol=1e-6),
+      lambda got, a, b: np.testing.assert_allclose(
+          got, (np.asarray(a, np.float32) + b) / 2, rtol=1e-6),
       params, p4, p6)
-  result = evaluator.evaluate(str(workdir), split=SPLIT, average_last=2,
-                              output_dir=str(tmp_path / "out"))
+  # Up to a given step.
+  assert evaluator.resolve_steps(str(workdir), 4, 2) == [2, 4]
+  result = evaluator.evaluate(str(workdir), split=SPLIT, average_last=2)
   assert result["averaged_steps"] == [4, 6]
-  assert json.loads((tmp_path / "out" / "metrics.json").read_text())[
+  assert result["checkpoint_step"] == 6
+  out = workdir / "eval" / "test_12_avg2_6"
+  assert result["output_dir"] == str(out)
+  assert json.loads((out / "metrics.json").read_text())[
       "averaged_steps"] == [4, 6]
 
 
-def test_stdin_to_stdout_one_line_per_line(workdir):
-  sources, _ = data.load_text_pairs(quickstart.get_config(), "test[:3]")
+def test_source_and_reference_files(workdir, tmp_path):
+  sources, references = _references(SPLIT)
+  source = tmp_path / "src.txt"
+  source.write_text("\n".join(sources) + "\n", encoding="utf-8")
+  reference = tmp_path / "ref.txt"
+  reference.write_text("\n".join(references), encoding="utf-8")  # no final \n
+  result = evaluator.evaluate(str(workdir), source_file=str(source),
+                              reference_file=str(reference))
+  out = workdir / "eval" / "file_6"
+  assert result["output_dir"] == str(out)
+  metrics = json.loads((out / "metrics.json").read_text())
+  assert metrics["split"] == "file" and metrics["num_sentences"] == 12
+  hypotheses = (out / "translations.txt").read_text().split("\n")[:-1]
+  assert metrics["bleu"] == pytest.approx(
+      sacrebleu.corpus_bleu(hypotheses, [references]).score)
+  # The same sentences as the split (if eval.py ran): the same translations.
+  split_out = workdir / "eval" / "test_12_6" / "translations.txt"
+  if split_out.exists():
+    assert split_out.read_text().split("\n")[:-1] == hypotheses
+
+
+def test_stdin_to_stdout_one_line_per_line(workdir, model):
+  config, tokenizer, model_config, params = model
+  sources, _ = _references("test[:3]")
   lines = [sources[0], "", sources[1], sources[2]]
   result = _run_eval(f"--workdir={workdir}", "--source_file=-",
                      "--beam_size=1", stdin="\n".join(lines) + "\n")
   assert result.returncode == 0, result.stderr[-3000:]
   out = result.stdout.split("\n")
-  assert out[-1] == "" and len(out) - 1 == 4
-  # In order: the same sentences translated one by one give the same lines.
-  config = quickstart.get_config("tiny")
-  saved = json.loads((workdir / "config.json").read_text())
-  config.update(saved)
-  tokenizer = data.get_tokenizer(config, str(workdir))
-  params, _ = checkpoints.restore_params(str(workdir))
-  model_config = TransformerConfig.from_config(config, deterministic=True)
-  for line, translated in zip(lines, out):
-    expected = evaluator.translate_texts(
-        model_config, params, tokenizer, [line], beam_size=1, alpha=0.6,
-        max_decode_extra=config.max_decode_extra)
-    assert translated == expected[0]
+  assert out.pop() == "" and len(out) == 4
+  # In order (batching does not change translations: the next test).
+  assert out == evaluator.translate_texts(
+      model_config, params, tokenizer, lines, beam_size=1, alpha=0.6,
+      max_decode_extra=config.max_decode_extra)
 
 
-def test_batching_and_order_do_not_change_translations(workdir):
-  config = quickstart.get_config("tiny")
-  config.update(json.loads((workdir / "config.json").read_text()))
-  tokenizer = data.get_tokenizer(config, str(workdir))
-  params, _ = checkpoints.restore_params(str(workdir))
-  model_config = TransformerConfig.from_config(config, deterministic=True)
-  sources, _ = data.load_text_pairs(config, "test[:10]")
-  kwargs = dict(beam_size=2, alpha=0.6, max_decode_extra=8)
+def test_make_batches_sorts_buckets_and_covers_every_sentence():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 65, 200)
+  encoded = [[5] * (n - 1) + [data.EOS_ID] for n in lengths]
+  batches = evaluator.make_batches(encoded, batch_size=32, max_len=64,
+                                   max_decode_extra=50)
+  indices = np.concatenate([b.indices for b in batches])
+  assert sorted(indices.tolist()) == list(range(200))
+  longest = [max(lengths[b.indices]) for b in batches]
+  assert longest == sorted(longest, reverse=True)
+  for b in batches:
+    rows, length = b.inputs.shape
+    assert length in evaluator.LENGTH_BUCKETS or length == 64
+    assert rows in (32, 8) and b.length_multiple == length + 50
+    for row, i in enumerate(b.indices):
+      n = lengths[i]
+      assert (b.inputs[row, :n] != 0).all() and (b.inputs[row, n:] == 0).all()
+    assert (b.inputs[len(b.indices):] == 0).all()
+  assert len({b.shape_key for b in batches}) <= 5
+  with pytest.raises(ValueError, match="65 ids"):
+    evaluator.make_batches([[5] * 65], batch_size=4, max_len=64,
+                           max_decode_extra=0)
+
+
+def test_batching_order_truncation_and_no_recompilation(workdir, model,
+                                                        caplog):
+  config, tokenizer, model_config, params = model
+  sources, references = _references("test[:10]")
+  kwargs = dict(beam_size=1, alpha=0.6, max_decode_extra=8)
   whole = evaluator.translate_texts(model_config, params, tokenizer, sources,
                                     batch_size=64, **kwargs)
-  small = evaluator.translate_texts(model_config, params, tokenizer, sources,
-                                    batch_size=3, **kwargs)
   reversed_ = evaluator.translate_texts(model_config, params, tokenizer,
                                         sources[::-1], batch_size=4, **kwargs)
-  assert whole == small == reversed_[::-1]
+  assert whole == reversed_[::-1]
+
+  # A source longer than the model's positions is truncated, with a warning.
+  too_long = " ".join(sources) * 3
+  assert len(tokenizer.encode(too_long)) > model_config.max_len
+  with caplog.at_level(logging.WARNING):
+    out = evaluator.translate_texts(model_config, params, tokenizer,
+                                    [sources[0], too_long], **kwargs)
+  assert len(out) == 2 and out[0] == whole[0]
+  assert "truncated (lines 2)" in caplog.text
+
+  # BLEU during training: repeated calls with new parameters compile nothing.
+  # pylint: disable=protected-access
+  search = decoding._translate_fn(model_config, 1, 0.6, data.EOS_ID)
+  p4, _ = checkpoints.restore_params(str(workdir), 4)
+  first = evaluator.evaluate_bleu(model_config, p4, tokenizer, sources,
+                                  references, **kwargs)
+  compiled = search._cache_size()
+  second = evaluator.evaluate_bleu(model_config, params, tokenizer, sources,
+                                   references, **kwargs)
+  assert compiled >= 1 and search._cache_size() == compiled
+  # pylint: enable=protected-access
+  assert set(first) == {"bleu", "chrf", "decode_seconds",
+                        "sentences_per_second"}
+  assert second["bleu"] == pytest.approx(
+      evaluator.score(whole, references)["bleu"])
 
 
 def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
-  empty = tmp_path / "empty"
-  empty.mkdir()
-  shutil.copy(workdir / "config.json", empty)
-  shutil.copy(workdir / "spm.model", empty)
+  no_checkpoint = tmp_path / "no_checkpoint"
+  no_checkpoint.mkdir()
+  shutil.copy(workdir / "config.json", no_checkpoint)
+  shutil.copy(workdir / "spm.model", no_checkpoint)
+  no_config = tmp_path / "no_config"
+  no_config.mkdir()
+  no_vocab = tmp_path / "no_vocab"
+  no_vocab.mkdir()
+  shutil.copy(workdir / "config.json", no_vocab)
   source = tmp_path / "src.txt"
   source.write_text("a\nb\nc\n")
   reference = tmp_path / "ref.txt"
   reference.write_text("a\nb\n")
   blank = tmp_path / "blank.txt"
   blank.write_text("")
+  w = str(workdir)
   cases = [
-      (dict(workdir=str(tmp_path / "missing")), "does not exist"),
-      (dict(workdir=str(empty)), "checkpoint"),
-      (dict(workdir=str(workdir), checkpoint_step=5), r"\[2, 4, 6\]"),
-      (dict(workdir=str(workdir), average_last=4), "3 checkpoint"),
-      (dict(workdir=str(workdir), source_file=str(source),
-            reference_file=str(reference)), "3 lines .* 2"),
-      (dict(workdir=str(workdir), source_file=str(blank)), "is empty"),
-      (dict(workdir=str(workdir), split="nonexistent"), "nonexistent"),
+      (dict(workdir=str(tmp_path / "missing")), "missing does not exist"),
+      (dict(workdir=str(no_config)), "no_config/config.json does not exist"),
+      (dict(workdir=str(no_vocab)), "no_vocab/spm.model does not exist"),
+      (dict(workdir=str(no_checkpoint)), "No checkpoint in .*no_checkpoint"),
+      (dict(workdir=w, checkpoint_step=5), r"step 5 .*steps: \[2, 4, 6\]"),
+      (dict(workdir=w, average_last=4),
+       r"--average_last=4 .* holds 3 checkpoint\(s\) up to step 6"),
+      (dict(workdir=w, checkpoint_step=2, average_last=2),
+       r"holds 1 checkpoint\(s\) up to step 2: \[2\]"),
+      (dict(workdir=w, average_last=0), "--average_last must be >= 1"),
+      (dict(workdir=w, source_file=str(source),
+            reference_file=str(reference)),
+       "src.txt has 3 lines but reference file .*ref.txt has 2"),
+      (dict(workdir=w, source_file=str(blank)), "blank.txt is empty"),
+      (dict(workdir=w, source_file=str(tmp_path / "nope.txt")),
+       "nope.txt does not exist"),
+      (dict(workdir=w, reference_file=str(reference)), "needs --source_file"),
+      (dict(workdir=w, split="test", source_file=str(source)), "not both"),
+      (dict(workdir=w, split="nonexistent"), "nonexistent"),
+      (dict(workdir=w, beam_size=0), "--beam_size must be >= 1"),
   ]
   for kwargs, message in cases:
     with pytest.raises(evaluator.EvalError, match=message):
-      evaluator.evaluate(**kwargs, write=False)
+      evaluator.evaluate(**kwargs)
+  assert not (no_checkpoint / "eval").exists()
+  assert sorted(p.name for p in no_vocab.iterdir()) == ["config.json"]
   # eval.py prints just the message and fails.
   result = _run_eval(f"--workdir={workdir}", "--checkpoint_step=5")
-  assert result.returncode != 0
-  assert "No checkpoint for step 5" in result.stderr
-  assert "available steps: [2, 4, 6]" in result.stderr
-  assert "Traceback" not in result.stderr
+  assert result.returncode == 1
+  assert ("eval.py: No checkpoint for step 5 in "
+          f"{checkpoints.checkpoint_dir(workdir)}; available steps: [2, 4, 6]."
+          in result.stderr)
+  assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_workdir_unchanged_except_eval(trained):
+  """Runs last: every evaluation above wrote under eval/ only."""
+  workdir, before = trained
+  assert _snapshot(workdir) == before
+  written = sorted(p.name for p in (workdir / "eval").iterdir())
+  assert set(written) <= {"test_12_6", "test_12_avg2_6", "file_6"}
