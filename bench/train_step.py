@@ -1,0 +1,511 @@
+r"""Training speed: tokens/s, FLOP/s and MFU of the pmapped train step.
+
+    python bench/train_step.py                       # both shapes, < 5 min
+    python bench/train_step.py --shapes=reference --breakdown
+    python bench/train_step.py --batching=synthetic  # no Multi30k needed
+
+Two model shapes, each timed with the trainer's own update function
+(`trainer._Updater`: `trainer.make_train_step` pmapped over the local devices,
+state donated), after a warm-up call that compiles each batch shape:
+
+* `reference`: the google/flax examples/wmt shape (configs/multi30k.py): 3+3
+  layers, d_model 256, 4 heads, d_ff 1024, one shared 8,000-piece vocabulary,
+  ~7.6M parameters, on real Multi30k token-budget batches
+  (`data.train_batches`, `max_tokens` 4,480 per side: ~6,700 non-padding
+  source + target tokens per step) from $MHA_MULTI30K_DIR or
+  ../shared/data/multi30k. The batch plan has one shape per length bucket;
+  the `--num_shapes` most frequent buckets (about 85% of an epoch's batches)
+  are timed and their figures combined with the epoch's bucket frequencies.
+  Reference point: flax examples/wmt on this machine, 3.9 s/step, ~1,700
+  non-padding tokens/s. Target: >= 2,300 non-padding tokens/s.
+* `base`: the paper's base model (6+6 layers, d_model 512, 8 heads, d_ff 2048,
+  37,000 shared vocabulary, ~63M parameters) on one synthetic batch of 64
+  rows x 32 tokens per side (2,048 tokens each side, no padding). Target: >=
+  50% model-FLOP utilisation (MFU).
+
+Model FLOPs per step are counted analytically from the padded shapes (every
+matrix product, 2 FLOPs per multiply-add; the backward pass costs twice the
+forward, hence the factor 3). For B rows, source length S, target length T,
+N_s = B·S and N_t = B·T padded tokens, d = d_model, f = d_ff, h heads of
+key size d_k and value size d_v, L_e / L_d layers and vocabulary V:
+
+    forward = 2·N_s·L_e·(2·d·h·d_k + 2·d·h·d_v + 2·d·f)   encoder Q K V O, FFN
+            + 2·N_t·L_d·(4·d·h·d_k + 2·d·h·d_v + 2·d·f)   decoder self Q K V
+                                                          O, cross Q O, FFN
+            + 2·N_s·L_d·(d·h·d_k + d·h·d_v)               cross K, V
+            + 2·N_t·d·V                                   output logits
+            + 2·B·h·(d_k + d_v)·(L_e·S² + L_d·(T² + T·S)) QKᵀ and AV
+    FLOPs/step = 3 · forward
+
+i.e. 6·(non-embedding parameters)·tokens plus the vocabulary projection and
+the attention products, each ×3. The embedding lookup is a gather (0 FLOPs);
+softmax, layer norm, the loss and Adam are not counted (as in MFU
+conventions). The figure is cross-checked against XLA's own count
+(`lower(...).cost_analysis()['flops']` of the pmapped step, which also counts
+element-wise work). Achieved FLOP/s = model FLOPs / median step time; MFU =
+achieved / the measured float32 peak of this process (a jitted 2048 x 2048
+`jnp.dot` on the same device, best of 9 runs, measured at the start and after
+each shape; the best of all is used, since other processes only slow it
+down). "MFU best step" uses the fastest timed step instead of the median.
+
+`--breakdown` also times the step's parts for the most frequent shape: the
+forward pass with the loss, forward + backward (`make_grad_step`), and the
+optimizer update (`make_apply_step`), each pmapped alone. `--profile` traces
+two steps with `jax.profiler` and sums XLA's op times by category (attention
+projections, feed-forward, vocabulary projection, loss, layer norm, dropout,
+...), from each op's source metadata in the optimized HLO.
+"""
+import argparse
+import collections
+import dataclasses
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import base as base_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import multi30k  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import data  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.transformer import Transformer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+REFERENCE_TOKENS_PER_SEC = 1700   # flax examples/wmt, this machine
+REFERENCE_SECONDS_PER_STEP = 3.9  # flax examples/wmt, this machine
+TARGET_TOKENS_PER_SEC = 2300      # reference shape, non-padding
+TARGET_MFU = 0.5                  # base shape
+
+
+def model_flops(cfg: TransformerConfig, rows: int, source_len: int,
+                target_len: int) -> float:
+  """Matmul FLOPs of one training step (forward + backward), module docstring.
+  """
+  d, f, h, v = cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.vocab_size
+  d_k = cfg.d_k or d // h
+  d_v = cfg.d_v or d // h
+  n_s, n_t = rows * source_len, rows * target_len
+  le, ld = cfg.num_encoder_layers, cfg.num_decoder_layers
+  forward = (2 * n_s * le * (2 * d * h * d_k + 2 * d * h * d_v + 2 * d * f)
+             + 2 * n_t * ld * (4 * d * h * d_k + 2 * d * h * d_v + 2 * d * f)
+             + 2 * n_s * ld * (d * h * d_k + d * h * d_v)
+             + 2 * n_t * d * v
+             + 2 * rows * h * (d_k + d_v) * (
+                 le * source_len ** 2
+                 + ld * (target_len ** 2 + target_len * source_len)))
+  return 3.0 * forward
+
+
+def _met(ok: bool) -> str:
+  return "met" if ok else "NOT met"
+
+
+def count_params(params) -> tuple[int, int]:
+  """(all parameters, parameters outside the embedding matrix)."""
+  total = embed = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    total += leaf.size
+    if any(getattr(k, "key", None) == "embedding" for k in path):
+      embed += leaf.size
+  return total, total - embed
+
+
+class Peak:
+  """The float32 matmul peak, measured again after each shape: the best
+  of all measurements is used, since other processes only slow it down."""
+
+  def __init__(self, size: int):
+    self.size = size
+    self.best = 0.0
+
+  def measure(self, when: str) -> None:
+    best, median = common.matmul_peak_flops(self.size)
+    self.best = max(self.best, best)
+    print(f"float32 matmul peak {when} ({self.size}x{self.size} jnp.dot, "
+          f"9 runs): best {common.fmt_si(best, 'FLOP/s')}, median "
+          f"{common.fmt_si(median, 'FLOP/s')}; load average "
+          f"{common.load_average():.2f}")
+
+
+@dataclasses.dataclass
+class ShapeResult:
+  """Figures of one batch shape."""
+  shape: tuple[int, int, int]   # rows, source length, target length
+  frequency: float              # share of the epoch's batches
+  seconds: float                # median step time
+  times: list[float]
+  first_call: float             # compile + first step
+  nonpad: float                 # mean non-padding tokens per timed step
+  padded: int                   # padded tokens per step (both sides)
+  flops: float                  # analytic model FLOPs per step
+  xla_flops: float              # XLA cost analysis of the pmapped step
+
+
+def reference_config(args) -> tuple:
+  """(config, [batch dicts] of one epoch, description) of the reference."""
+  config = multi30k.get_config()
+  config.update(max_tokens=args.max_tokens, seed=0)
+  if args.data_dir:
+    config.data_dir = args.data_dir
+  have_data = os.path.exists(os.path.join(config.data_dir, "train.de.gz"))
+  if args.batching == "synthetic" or not have_data:
+    if args.batching != "synthetic":
+      print(f"No Multi30k at {config.data_dir}: synthetic packed batches.")
+    return config, synthetic_batches(config, 64, 64, 64, seed=0,
+                                     fill=0.82), "synthetic 64x64, 82% full"
+  config.pack_examples = args.batching == "pack"
+  os.makedirs(args.workdir, exist_ok=True)
+  start = time.perf_counter()
+  tok = data.get_tokenizer(config, args.workdir)
+  batches = data.train_batches(config, tok, process_index=0, process_count=1,
+                               num_global_devices=jax.device_count())
+  # The plan of epoch 0; the iterator is infinite.
+  plan = data.pipeline.make_train_plan(
+      config, data.tokenized.tokenize_split(config, tok, config.train_split),
+      jax.device_count())
+  epoch = [next(batches) for _ in range(plan.batches_per_epoch)]
+  print(f"Multi30k {config.data_dir}: {len(epoch)} batches per epoch "
+        f"(max_tokens {config.max_tokens}, "
+        f"{'packed' if config.pack_examples else 'bucketed'}), tokenizer and "
+        f"plan in {time.perf_counter() - start:.1f} s")
+  return config, epoch, ("Multi30k " + ("packed" if config.pack_examples
+                                        else "token-budget buckets"))
+
+
+def synthetic_batches(config, rows: int, source_len: int, target_len: int,
+                      seed: int, fill: float = 1.0, count: int = 8):
+  """`count` batches of random ids; rows are `fill` full (rest padding)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(count):
+    batch = {}
+    for side, length in (("inputs", source_len), ("targets", target_len)):
+      ids = rng.integers(3, config.vocab_size, (rows, length), dtype=np.int32)
+      keep = np.arange(length)[None, :] < rng.integers(
+          max(1, int(length * (2 * fill - 1))), length + 1, (rows, 1))
+      batch[side] = np.where(keep if fill < 1 else True, ids, 0).astype(
+          np.int32)
+    out.append(batch)
+  return out
+
+
+def nonpad(batch) -> int:
+  return int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
+
+
+def padded(batch) -> int:
+  return int(batch["inputs"].size + batch["targets"].size)
+
+
+def measure_shape(update, state, batches, model_cfg, frequency, args):
+  """Times `update` on `batches` (all of one shape); returns the new state."""
+  num_devices = jax.local_device_count()
+  stop = np.zeros((num_devices,), np.int32)
+  sharded = [trainer.shard(b, num_devices) for b in batches]
+  rows, s = batches[0]["inputs"].shape
+  t = batches[0]["targets"].shape[1]
+  p_step = update._train_step  # pylint: disable=protected-access
+  xla = p_step.lower(state, sharded[0], stop).cost_analysis()
+  xla = xla[0] if isinstance(xla, list) else xla
+  start = time.perf_counter()
+  state, metrics = update(state, [sharded[0]], stop)
+  common.block(metrics)
+  first = time.perf_counter() - start
+  for i in range(1, args.warmup):
+    state, metrics = update(state, [sharded[i % len(sharded)]], stop)
+    common.block(metrics)
+  times, tokens = [], []
+  for i in range(args.steps):
+    batch = sharded[(args.warmup + i) % len(sharded)]
+    start = time.perf_counter()
+    state, metrics = update(state, [batch], stop)
+    common.block((state, metrics))
+    times.append(time.perf_counter() - start)
+    tokens.append(nonpad(batches[(args.warmup + i) % len(batches)]))
+  result = ShapeResult(
+      shape=(rows, s, t), frequency=frequency,
+      seconds=statistics.median(times), times=times, first_call=first,
+      nonpad=float(np.mean(tokens)), padded=rows * (s + t),
+      flops=model_flops(model_cfg, rows, s, t),
+      xla_flops=float(xla.get("flops", float("nan"))) * num_devices)
+  return state, result
+
+
+def breakdown(model, tx, config, state, batch, args):
+  """Median seconds of the forward pass + loss, forward + backward, and the
+  optimizer update, each pmapped alone on `batch` (one shape)."""
+  num_devices = jax.local_device_count()
+  sharded = trainer.shard(batch, num_devices)
+  grad_step = trainer.make_grad_step(model, config)
+  apply_step = trainer.make_apply_step(tx, config)
+
+  def forward(state, batch):
+    loss, _ = trainer._loss_sums(  # pylint: disable=protected-access
+        model, config, state["params"], batch,
+        trainer._dropout_rng(state, 0))  # pylint: disable=protected-access
+    return loss
+
+  p_forward = jax.pmap(forward, axis_name=trainer.AXIS)
+  p_grad = jax.pmap(grad_step, axis_name=trainer.AXIS)
+  p_apply = jax.pmap(apply_step, axis_name=trainer.AXIS)
+  micro = np.zeros((num_devices,), np.int32)
+  stop = np.zeros((num_devices,), np.int32)
+  grads, sums = p_grad(state, sharded, micro)
+  parts = {"forward + loss": lambda: p_forward(state, sharded),
+           "forward + backward": lambda: p_grad(state, sharded, micro),
+           "optimizer (psum, Adam)": lambda: p_apply(state, grads, sums,
+                                                     stop)}
+  return {name: common.median_seconds(fn, repeats=max(args.steps, 5))
+          for name, fn in parts.items()}
+
+
+# Categories of the profile: the first rule whose words occur in an op's
+# `op_name` metadata (its jax source: module path and primitive) wins.
+_CATEGORIES = (
+    ("vocabulary projection (logits)", ("attend",)),
+    ("loss: log_softmax, smoothing", ("log_softmax", "losses")),
+    ("optimizer (Adam, psum)", ("adam", "apply_updates", "psum", "global_norm",
+                                "scale_by", "noam")),
+    ("layer norm", ("layer_norm",)),
+    ("residual / embedding dropout", ("Dropout",)),
+    ("feed-forward matmuls", ("ffn",)),
+    ("attention QKᵀ, AV", ("BQHD,BKHD", "BHQK,BKHV")),
+    ("attention Q, K, V, O projections", ("BLM,MHD", "BQHV,HVM")),
+    ("attention softmax and mask", ("attention",)),
+    ("embedding gather, positions", ("embed", "positions", "gather")),
+)
+
+
+def _category(op_name: str, name: str) -> str:
+  for category, words in _CATEGORIES:
+    if any(w in op_name for w in words):
+      return category
+  if not op_name:
+    return "unattributed (" + re.sub(r"[.\d]+$", "", name) + ")"
+  # e.g. the accuracy's argmax: jit(_fun)/jvp()/reduce
+  return "other: " + op_name.rsplit("/", 1)[-1]
+
+
+def profile(update, state, batch, steps: int = 2) -> None:
+  """Traces `steps` train steps (jax.profiler, Perfetto JSON) and prints the
+  time of XLA's ops summed by category (op metadata of the optimized HLO)."""
+  num_devices = jax.local_device_count()
+  sharded = trainer.shard(batch, num_devices)
+  stop = np.zeros((num_devices,), np.int32)
+  compiled = update._train_step.lower(  # pylint: disable=protected-access
+      state, sharded, stop).compile()
+  op_names = dict(re.findall(
+      r'^\s*%?([\w.\-]+) = .*?metadata=\{op_name="([^"]*)"',
+      compiled.as_text(), re.M))
+  state, metrics = compiled(state, sharded, stop)
+  common.block(metrics)
+  with tempfile.TemporaryDirectory() as logdir:
+    with jax.profiler.trace(logdir, create_perfetto_trace=True):
+      for _ in range(steps):
+        state, metrics = compiled(state, sharded, stop)
+        common.block((state, metrics))
+    path = glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"),
+                     recursive=True)[0]
+    with gzip.open(path) as f:
+      events = json.load(f)["traceEvents"]
+  totals = collections.Counter()
+  for e in events:
+    name = e.get("name", "")
+    if e.get("ph") == "X" and name in op_names:
+      totals[_category(op_names[name], name)] += e.get("dur", 0) / 1e6
+  total = sum(totals.values())
+  print(f"profile ({steps} steps traced; op time summed over XLA's threads, "
+        f"{total / steps:.3f} s per step):")
+  for category, seconds in totals.most_common():
+    if seconds / total >= 0.002:
+      print(f"  {category:40s} {seconds / steps:7.3f} s "
+            f"{seconds / total:6.1%}")
+  return state
+
+
+def run_shape(name, config, epoch, description, peak, args):
+  """Builds the model and optimizer of `config`, times it, prints figures."""
+  model_cfg = TransformerConfig.from_config(config)
+  model = Transformer(model_cfg)
+  tx = optim.create_optimizer(config)
+  devices = jax.local_devices()
+  state = trainer.replicate(trainer.init_state(config, model, tx), devices)
+  n_params, n_nonembed = count_params(trainer.unreplicate(state["params"]))
+  # The trainer's own update: make_train_step pmapped, state donated.
+  update = trainer._Updater(  # pylint: disable=protected-access
+      model, tx, config)
+
+  by_shape = {}
+  for b in epoch:
+    by_shape.setdefault((b["inputs"].shape, b["targets"].shape), []).append(b)
+  ranked = sorted(by_shape.values(), key=len, reverse=True)
+  chosen = ranked[:args.num_shapes]
+  results = []
+  with common.CompileCounter() as compiles:
+    for group in chosen:
+      state, r = measure_shape(update, state, group, model_cfg,
+                               len(group) / len(epoch), args)
+      results.append(r)
+  epoch_nonpad = np.mean([nonpad(b) for b in epoch])
+  peak.measure(f"after {name}")
+  best = peak.best
+
+  print(f"\n== {name}: {model_cfg.num_encoder_layers}+"
+        f"{model_cfg.num_decoder_layers} layers, d_model {model_cfg.d_model}, "
+        f"{model_cfg.num_heads} heads, d_ff {model_cfg.d_ff}, vocab "
+        f"{model_cfg.vocab_size}; {n_params / 1e6:.2f}M parameters "
+        f"({n_nonembed / 1e6:.2f}M outside the embedding); {description}; "
+        f"attention_impl {model_cfg.attention_impl}; {len(devices)} device(s)")
+  print(f"epoch: {len(epoch)} batches in {len(by_shape)} shapes, mean "
+        f"{epoch_nonpad:.0f} non-padding tokens per step; timed the "
+        f"{len(chosen)} most frequent shapes "
+        f"({sum(r.frequency for r in results):.0%} of the batches), "
+        f"{args.steps} steps each after {args.warmup} warm-up")
+  rows = []
+  for r in results:
+    rows.append([
+        f"{r.shape[0]}x{r.shape[1]}+{r.shape[2]}", f"{r.frequency:.0%}",
+        f"{r.nonpad:.0f}", f"{r.padded}", common.percentiles(r.times),
+        f"{r.first_call:.1f} s",
+        f"{r.nonpad / r.seconds:.0f}", f"{r.padded / r.seconds:.0f}",
+        common.fmt_si(r.flops, "FLOP"),
+        f"{r.xla_flops / r.flops:.2f}",
+        common.fmt_si(r.flops / r.seconds, "FLOP/s"),
+        f"{r.flops / r.seconds / best:.1%}",
+        f"{r.flops / min(r.times) / best:.1%}"])
+  print(common.table(
+      ["batch rows x src+tgt", "share", "non-pad tok", "padded tok",
+       "step min/med/max", "1st call", "non-pad tok/s", "padded tok/s",
+       "model FLOPs", "XLA/model", "achieved", "MFU", "MFU best step"],
+      rows))
+  weight = np.array([r.frequency for r in results])
+  seconds = float(np.dot(weight, [r.seconds for r in results]))
+  tokens = float(np.dot(weight, [r.nonpad for r in results]))
+  pad_tokens = float(np.dot(weight, [r.padded for r in results]))
+  flops = float(np.dot(weight, [r.flops for r in results]))
+  summary = {
+      "seconds_per_step": seconds / weight.sum(),
+      "nonpad_per_step": tokens / weight.sum(),
+      "nonpad_tokens_per_sec": tokens / seconds,
+      "padded_tokens_per_sec": pad_tokens / seconds,
+      "achieved_flops": flops / seconds,
+      "mfu": flops / seconds / best,
+      "mfu_best": float(np.dot(weight, [r.flops for r in results]) / np.dot(
+          weight, [min(r.times) for r in results]) / best),
+      "compiles": compiles.count,
+      "compile_seconds": compiles.seconds,
+      "shapes": len(results),
+  }
+  print(f"weighted over the timed shapes: {summary['seconds_per_step']:.2f} "
+        f"s/step, {summary['nonpad_per_step']:.0f} non-padding tokens/step, "
+        f"{summary['nonpad_tokens_per_sec']:.0f} non-padding tokens/s, "
+        f"{summary['padded_tokens_per_sec']:.0f} padded tokens/s, "
+        f"{common.fmt_si(summary['achieved_flops'], 'FLOP/s')} = "
+        f"{summary['mfu']:.1%} MFU")
+  print(f"train-step compilations: {compiles.count} for {len(results)} batch "
+        f"shape(s) ({compiles.seconds:.1f} s compiling)")
+  if name == "reference":
+    print(f"reference point (flax examples/wmt): {REFERENCE_SECONDS_PER_STEP} "
+          f"s/step, ~{REFERENCE_TOKENS_PER_SEC} non-padding tokens/s -> "
+          f"{summary['nonpad_tokens_per_sec'] / REFERENCE_TOKENS_PER_SEC:.2f}"
+          f"x; target >= {TARGET_TOKENS_PER_SEC}: "
+          f"{_met(summary['nonpad_tokens_per_sec'] >= TARGET_TOKENS_PER_SEC)}")
+  else:
+    print(f"target >= {TARGET_MFU:.0%} MFU: "
+          f"{_met(summary['mfu'] >= TARGET_MFU)}")
+  if args.breakdown:
+    parts = breakdown(model, tx, config, state, chosen[0][0], args)
+    step = results[0].seconds
+    print(f"breakdown at {results[0].shape[0]}x{results[0].shape[1]}+"
+          f"{results[0].shape[2]} (step {step:.3f} s):")
+    for part, (sec, times) in parts.items():
+      print(f"  {part:24s} median {sec:.3f} s, best {min(times):.3f} s "
+            f"({sec / step:.0%} of the median step)")
+  if args.profile:
+    state = profile(update, state, chosen[0][0])
+  return summary
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--shapes", default="reference,base",
+                      help="comma-separated: reference, base")
+  parser.add_argument("--batching", default="bucket",
+                      choices=("bucket", "pack", "synthetic"),
+                      help="reference batches: Multi30k token-budget "
+                      "buckets, Multi30k packed rows, or synthetic ids")
+  parser.add_argument("--max_tokens", type=int, default=4480,
+                      help="reference token budget per side (4,480: ~6,700 "
+                      "non-padding source + target tokens per step)")
+  parser.add_argument("--num_shapes", type=int, default=2,
+                      help="reference: time the N most frequent bucket shapes")
+  parser.add_argument("--base_rows", type=int, default=64)
+  parser.add_argument("--base_length", type=int, default=32)
+  parser.add_argument("--attention_impl", default="einsum",
+                      choices=("einsum", "xla"))
+  parser.add_argument("--warmup", type=int, default=1,
+                      help="untimed calls per shape (the first compiles)")
+  parser.add_argument("--steps", type=int, default=3,
+                      help="timed steps per shape (median reported)")
+  parser.add_argument("--breakdown", action="store_true",
+                      help="also time forward, backward and optimizer alone")
+  parser.add_argument("--profile", action="store_true",
+                      help="trace 2 steps of the most frequent shape and "
+                      "print the op time by category")
+  parser.add_argument("--data_dir", default=None,
+                      help="default: configs/multi30k.py's data_dir")
+  parser.add_argument("--workdir", default="/tmp/mha_bench_multi30k",
+                      help="where the 8k SentencePiece model and the "
+                      "tokenized split are cached")
+  parser.add_argument("--peak_size", type=int, default=2048)
+  args = parser.parse_args()
+  args.warmup = max(args.warmup, 1)
+
+  start = time.perf_counter()
+  print(common.machine_line())
+  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  peak = Peak(args.peak_size)
+  peak.measure("start")
+  summaries = {}
+  for name in [s.strip() for s in args.shapes.split(",") if s.strip()]:
+    if name == "reference":
+      config, epoch, description = reference_config(args)
+    elif name == "base":
+      config = base_configs.get_config()
+      epoch = synthetic_batches(config, args.base_rows, args.base_length,
+                                args.base_length, seed=1,
+                                count=args.warmup + args.steps)
+      description = (f"synthetic {args.base_rows}x{args.base_length} "
+                     "per side, no padding")
+    else:
+      raise ValueError(f"Unknown shape {name!r}; known: reference, base.")
+    config.attention_impl = args.attention_impl
+    summaries[name] = run_shape(name, config, epoch, description, peak, args)
+  print(f"\nload average {common.load_average():.2f} at the end; total "
+        f"{time.perf_counter() - start:.0f} s; float32 matmul peak (best "
+        f"of every measurement) {common.fmt_si(peak.best, 'FLOP/s')}")
+  print(common.table(
+      ["shape", "s/step", "non-pad tok/step", "non-pad tok/s", "padded tok/s",
+       "achieved", "MFU", "MFU best step", "compiles/shapes"],
+      [[name, f"{s['seconds_per_step']:.2f}", f"{s['nonpad_per_step']:.0f}",
+        f"{s['nonpad_tokens_per_sec']:.0f}",
+        f"{s['padded_tokens_per_sec']:.0f}",
+        common.fmt_si(s["achieved_flops"], "FLOP/s"), f"{s['mfu']:.1%}",
+        f"{s['mfu_best']:.1%}", f"{s['compiles']}/{s['shapes']}"]
+       for name, s in summaries.items()]))
+
+
+if __name__ == "__main__":
+  main()
