@@ -10,6 +10,8 @@ the other config files start from `base_config()` and change what differs.
 Config arguments (after the colon, comma-separated):
   A1..A4, B1, B2, C1..C7, D1..D4, E   the rows of the paper's Table 3;
   dot, additive                       the §3.2.1 compatibility functions;
+  location, multires                  location-aware encoder-decoder attention
+                                      (one filter width / one per head);
   tiny                                a few-second model and loop for tests.
 """
 import ml_collections
@@ -43,6 +45,10 @@ TABLE3_ROWS = {
     # §3.2.1: the two other compatibility functions.
     "dot": dict(attention_type="dot"),
     "additive": dict(attention_type="additive"),
+    # Location-aware and multi-resolution encoder-decoder attention.
+    "location": dict(attention_type="location"),
+    "multires": dict(attention_type="location",
+                     location_filter_sizes=(1, 3, 5, 7, 9, 11, 13, 15)),
 }
 
 # A model and loop small enough for unit tests on a 2-core CPU. Arguments
@@ -73,7 +79,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.dropout_rate = 0.1            # P_drop, residual and embedding dropout
   c.attention_dropout_rate = 0.0  # the paper uses none
   c.label_smoothing = 0.1         # epsilon_ls
-  c.attention_type = "scaled_dot"   # scaled_dot | dot | additive
+  c.attention_type = "scaled_dot"   # scaled_dot | dot | additive | location
+  # attention_type='location' (encoder-decoder attention only; self-attention
+  # stays scaled_dot): one odd filter width for all heads, or one per head
+  # (multi-resolution, e.g. (1, 3, 5, 7) for 4 heads); see mha/attention.py.
+  c.location_filter_sizes = (7,)
+  c.location_num_filters = 8
   c.attention_impl = "einsum"       # einsum | xla (jax.nn.dot_product_attention)
   c.position_encoding = "sinusoidal"  # sinusoidal | learned
   c.layer_norm = "post"           # post (the paper) | pre

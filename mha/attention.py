@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-ATTENTION_TYPES = ("scaled_dot", "dot", "additive")
+ATTENTION_TYPES = ("scaled_dot", "dot", "additive", "location")
 ATTENTION_IMPLS = ("einsum", "xla")
 
 
@@ -41,11 +41,9 @@ def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
   return unnormalized / jnp.where(total > 0, total, 1.0)
 
 
-def _attend(logits: jax.Array, value: jax.Array, mask: jax.Array | None,
-            dropout_rate: float, dropout_rng: jax.Array | None,
-            deterministic: bool) -> jax.Array:
-  """Masked softmax of `[B, H, Q, K]` logits, dropout, weighted sum of values."""
-  weights = masked_softmax(logits, mask)  # [B, H, Q, K]
+def _mix(weights: jax.Array, value: jax.Array, dropout_rate: float,
+         dropout_rng: jax.Array | None, deterministic: bool) -> jax.Array:
+  """Dropout on `[B, H, Q, K]` weights, then the weighted sum of values."""
   if not deterministic and dropout_rate > 0.0:
     if dropout_rng is None:
       raise ValueError("Attention dropout needs a dropout_rng.")
@@ -54,6 +52,30 @@ def _attend(logits: jax.Array, value: jax.Array, mask: jax.Array | None,
   weights = weights.astype(value.dtype)
   # [B, H, Q, K] x [B, K, H, V] -> [B, Q, H, V]
   return jnp.einsum("BHQK,BKHV->BQHV", weights, value)
+
+
+def _attend(logits: jax.Array, value: jax.Array, mask: jax.Array | None,
+            dropout_rate: float, dropout_rng: jax.Array | None,
+            deterministic: bool) -> jax.Array:
+  """Masked softmax of `[B, H, Q, K]` logits, dropout, weighted sum of values."""
+  return _mix(masked_softmax(logits, mask), value, dropout_rate, dropout_rng,
+              deterministic)
+
+
+def _dot_logits(query: jax.Array, key: jax.Array, scale: float) -> jax.Array:
+  """[B, Q, H, D] x [B, K, H, D] -> `[B, H, Q, K]` logits q·k · scale."""
+  # Scaling the query (Q·d_k values) is cheaper than scaling the Q·K logits.
+  query = query * jnp.asarray(scale, query.dtype)
+  return jnp.einsum("BQHD,BKHD->BHQK", query, key)
+
+
+def _additive_logits(query: jax.Array, key: jax.Array,
+                     energy: jax.Array) -> jax.Array:
+  """`[B, H, Q, K]` logits vᵀ tanh(q + k) per head (`energy` = v, [H, D])."""
+  # [B, Q, 1, H, D] + [B, 1, K, H, D] -> [B, Q, K, H, D]: memory grows as Q·K·D.
+  hidden = jnp.tanh(query[:, :, None] + key[:, None, :])
+  # [B, Q, K, H, D] x [H, D] -> [B, H, Q, K]
+  return jnp.einsum("BQKHD,HD->BHQK", hidden, energy.astype(hidden.dtype))
 
 
 def scaled_dot_product_attention(
@@ -85,13 +107,9 @@ def scaled_dot_product_attention(
   Returns:
     `[B, Q, H, d_v]`.
   """
-  d_k = query.shape[-1]
   if scale is None:
-    scale = 1.0 / np.sqrt(d_k)
-  # Scaling the query (Q·d_k values) is cheaper than scaling the Q·K logits.
-  query = query * jnp.asarray(scale, query.dtype)
-  # [B, Q, H, D] x [B, K, H, D] -> [B, H, Q, K]
-  logits = jnp.einsum("BQHD,BKHD->BHQK", query, key)
+    scale = 1.0 / np.sqrt(query.shape[-1])
+  logits = _dot_logits(query, key, scale)
   return _attend(logits, value, mask, dropout_rate, dropout_rng, deterministic)
 
 
@@ -128,11 +146,71 @@ def additive_attention(
   Returns:
     `[B, Q, H, d_v]`.
   """
-  # [B, Q, 1, H, D] + [B, 1, K, H, D] -> [B, Q, K, H, D]: memory grows as Q·K·D.
-  hidden = jnp.tanh(query[:, :, None] + key[:, None, :])
-  # [B, Q, K, H, D] x [H, D] -> [B, H, Q, K]
-  logits = jnp.einsum("BQKHD,HD->BHQK", hidden, energy.astype(hidden.dtype))
+  logits = _additive_logits(query, key, energy)
   return _attend(logits, value, mask, dropout_rate, dropout_rng, deterministic)
+
+
+def previous_position_weights(weights: jax.Array,
+                              sentence_starts: jax.Array | None = None
+                              ) -> jax.Array:
+  """The weights of query position i-1 at position i (zeros where none).
+
+  Args:
+    weights: `[B, H, Q, K]` attention weights.
+    sentence_starts: `[B, Q]` booleans, True where a query starts a sentence
+      (packed rows): it gets zeros instead of the previous sentence's weights.
+      Position 0 always gets zeros.
+
+  Returns:
+    `[B, H, Q, K]` with row i holding row i-1 of `weights`.
+  """
+  previous = jnp.pad(weights, ((0, 0), (0, 0), (1, 0), (0, 0)))[:, :, :-1]
+  if sentence_starts is not None:
+    previous = jnp.where(sentence_starts[:, None, :, None], 0.0, previous)
+  return previous
+
+
+def stack_filters(filters: list[jax.Array]) -> jax.Array:
+  """Per-head filters `[width_h, N]` -> `[H, W, N]`, W the widest width.
+
+  Narrower filters are zero-padded on both sides, centred: head h still reads
+  exactly width_h neighbouring keys (its receptive field).
+  """
+  widest = max(f.shape[0] for f in filters)
+  return jnp.stack([jnp.pad(f, (((widest - f.shape[0]) // 2,) * 2, (0, 0)))
+                    for f in filters])
+
+
+def location_scores(previous: jax.Array, filters: jax.Array,
+                    projection: jax.Array) -> jax.Array:
+  """The location term uₕᵀ tanh((Fₕ ∗ α_prev)_j) of every key j.
+
+  Chorowski et al. (2015), eq. 8-9: the previous weights α_prev of each head
+  are convolved along the key (source) axis with that head's filters Fₕ (the
+  output at key j reads α_prev[j - c .. j + c], c = W // 2, zeros beyond the
+  ends), squashed by tanh and projected to a scalar by uₕ.
+
+  Args:
+    previous: `[B, H, Q, K]` weights of the previous query position.
+    filters: `[H, W, N]`, N filters of odd width W per head (taps outside a
+      head's own width are zero for multi-resolution heads).
+    projection: `[H, N]`, the vector uₕ of each head.
+
+  Returns:
+    `[B, H, Q, K]` scores to add to the content logits.
+  """
+  width = filters.shape[1]
+  if width % 2 != 1:
+    raise ValueError(f"Location filters need an odd width, got {width}.")
+  center, length = width // 2, previous.shape[-1]
+  padded = jnp.pad(previous, ((0, 0), (0, 0), (0, 0), (center, center)))
+  # windows[..., j, t] = previous[..., j + t - center]: [B, H, Q, K, W].
+  windows = jnp.stack([padded[..., t:t + length] for t in range(width)],
+                      axis=-1)
+  features = jnp.tanh(jnp.einsum("BHQKW,HWN->BHQKN", windows,
+                                 filters.astype(previous.dtype)))
+  return jnp.einsum("BHQKN,HN->BHQK", features,
+                    projection.astype(previous.dtype))
 
 
 def _xla_attention(query, key, value, mask, scale):
@@ -156,16 +234,42 @@ class MultiHeadAttention(nn.Module):
   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V). The h projections of each of
   Q, K and V are fused into one kernel (one matmul for all heads).
 
+  `attention_type='location'` is location-aware attention (Chorowski et al.
+  2015) made parallel over positions: the logits of query position i are
+
+      q_i·k_j / √d_k + uₕᵀ tanh((Fₕ ∗ c_{i-1})_j),
+
+  where c_{i-1} is the *content-only* weight row of position i-1 of the same
+  head, softmax_j(q_{i-1}·k_j / √d_k) under the same mask (zeros for the first
+  position of a sentence), Fₕ are `location_num_filters` learned 1-D filters
+  of head h's width along the key axis and uₕ projects them to a scalar per
+  key (`location_scores`). Feeding the final weights of i-1 instead would
+  make position i wait for position i-1 (a recurrence over the target). The
+  content weights of every position come from one matmul, so training stays
+  parallel; in incremental decoding the cache holds c_{i-1} (`previous_weights`)
+  and step i computes exactly the same numbers, so the two agree. One width
+  per head (`location_filter_sizes=(1, 3, 5, 7)`) gives multi-resolution
+  heads; one width for all heads gives plain location-aware heads. These
+  heads always use this module's einsum implementation.
+
+  With attention_impl='einsum' the weights after the softmax (before dropout)
+  are sown as `intermediates/attention_weights` `[B, H, Q, K]`: apply with
+  `mutable=['intermediates']` to read them (attention maps).
+
   Attributes:
     num_heads: h.
     d_k: query/key size per head (default d_model / h).
     d_v: value size per head (default d_model / h); Table 3 rows A and B set
       d_k and d_v apart from d_model / h.
     out_features: output size (default: the size of `inputs_q`, d_model).
-    attention_type: `scaled_dot` (eq. 1), `dot` (unscaled) or `additive`.
+    attention_type: `scaled_dot` (eq. 1), `dot` (unscaled), `additive` or
+      `location` (scaled dot plus the location term above).
     attention_impl: `einsum` (this module's own) or `xla`
       (`jax.nn.dot_product_attention`); the latter only for `scaled_dot` and
-      without attention dropout.
+      `dot`, and without attention dropout.
+    location_filter_sizes: odd filter widths, one for all heads or one per
+      head (`location` only).
+    location_num_filters: filters per head (`location` only).
     dropout_rate: dropout on the attention weights.
     deterministic: disables dropout.
     decode: incremental decoding with a cache (see `__call__`).
@@ -178,6 +282,8 @@ class MultiHeadAttention(nn.Module):
   out_features: int | None = None
   attention_type: str = "scaled_dot"
   attention_impl: str = "einsum"
+  location_filter_sizes: tuple[int, ...] = (7,)
+  location_num_filters: int = 8
   dropout_rate: float = 0.0
   deterministic: bool = True
   decode: bool = False
@@ -208,7 +314,8 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
                mask: jax.Array | None = None, *,
-               cross_attention: bool = False) -> jax.Array:
+               cross_attention: bool = False,
+               sentence_starts: jax.Array | None = None) -> jax.Array:
     """Attends from `inputs_q` to `inputs_kv`.
 
     Args:
@@ -221,6 +328,8 @@ class MultiHeadAttention(nn.Module):
         appends one position per call to the key/value cache and attends to
         every position written so far (`mask` is then ignored: causality comes
         from the cache index).
+      sentence_starts: `[B, Q]`, True where a query starts a packed sentence
+        (`location` only: no previous weights there).
 
     Returns:
       `[B, Q, out_features]`.
@@ -248,22 +357,27 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None
     if not self.deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
-    kwargs = dict(dropout_rate=self.dropout_rate, dropout_rng=dropout_rng,
-                  deterministic=self.deterministic)
-    if self.attention_type == "additive":
-      energy = self.param("energy", nn.initializers.normal(d_k ** -0.5),
-                          (self.num_heads, d_k))
-      heads = additive_attention(query, key, value, energy, mask, **kwargs)
+    scale = 1.0 if self.attention_type == "dot" else 1.0 / np.sqrt(d_k)
+    if self.attention_impl == "xla" and self.attention_type in ("scaled_dot",
+                                                                "dot"):
+      if dropout_rng is not None:
+        raise ValueError("attention_impl='xla' has no attention dropout; set "
+                         "attention_dropout_rate=0 or attention_impl='einsum'.")
+      heads = _xla_attention(query, key, value, mask, scale)
     else:
-      scale = 1.0 / np.sqrt(d_k) if self.attention_type == "scaled_dot" else 1.0
-      if self.attention_impl == "xla":
-        if dropout_rng is not None:
-          raise ValueError("attention_impl='xla' has no attention dropout; set "
-                           "attention_dropout_rate=0 or attention_impl='einsum'.")
-        heads = _xla_attention(query, key, value, mask, scale)
+      if self.attention_type == "additive":
+        energy = self.param("energy", nn.initializers.normal(d_k ** -0.5),
+                            (self.num_heads, d_k))
+        logits = _additive_logits(query, key, energy)
       else:
-        heads = scaled_dot_product_attention(query, key, value, mask,
-                                             scale=scale, **kwargs)
+        logits = _dot_logits(query, key, scale)
+      if self.attention_type == "location":
+        logits = logits + self._location_term(
+            masked_softmax(logits, mask), sentence_starts)
+      weights = masked_softmax(logits, mask)  # [B, H, Q, K]
+      self.sow("intermediates", "attention_weights", weights)
+      heads = _mix(weights, value, self.dropout_rate, dropout_rng,
+                   self.deterministic)
     # heads [B, Q, H, d_v]; W^O ∈ R^{h·d_v × d_model}, stored as [H, d_v, M].
     w_out = self.param(
         "out_kernel",
@@ -272,6 +386,45 @@ class MultiHeadAttention(nn.Module):
         (self.num_heads, d_v, out_features))
     # Concat(head_1..head_h) W^O: [B, Q, H, V] x [H, V, M] -> [B, Q, M]
     return jnp.einsum("BQHV,HVM->BQM", heads, w_out.astype(self.dtype))
+
+  def _filter_widths(self) -> tuple[int, ...]:
+    sizes = tuple(int(w) for w in self.location_filter_sizes)
+    if len(sizes) == 1:
+      sizes *= self.num_heads
+    if len(sizes) != self.num_heads or any(w < 1 or w % 2 == 0
+                                           for w in sizes):
+      raise ValueError(
+          "location_filter_sizes must be one odd width or one odd width per "
+          f"head ({self.num_heads} heads), got {self.location_filter_sizes!r}.")
+    return sizes
+
+  def _location_term(self, content_weights: jax.Array,
+                     sentence_starts: jax.Array | None) -> jax.Array:
+    """The location scores from the content weights `[B, H, Q, K]`.
+
+    Parameters: `location_filter_<h>` `[width_h, N]` per head and
+    `location_projection` `[H, N]`. Filters are zero-padded to the widest
+    head's width, so a head of width w reads exactly w neighbouring keys.
+    """
+    num = self.location_num_filters
+    filters = [self.param(f"location_filter_{h}", nn.initializers.normal(1.0),
+                          (width, num))
+               for h, width in enumerate(self._filter_widths())]
+    projection = self.param("location_projection",
+                            nn.initializers.normal(num ** -0.5),
+                            (self.num_heads, num))
+    if self.decode and self.has_variable("cache", "previous_weights"):
+      # One query per step: the cache holds the previous step's content row.
+      cached = self.variable("cache", "previous_weights")
+      previous = cached.value
+      cached.value = content_weights.astype(cached.value.dtype)
+    else:
+      if self.decode:  # initialising the cache: zeros before the first step
+        b, h, _, k = content_weights.shape
+        self.variable("cache", "previous_weights", jnp.zeros, (b, h, 1, k),
+                      jnp.float32)
+      previous = previous_position_weights(content_weights, sentence_starts)
+    return location_scores(previous, stack_filters(filters), projection)
 
   def _append_to_cache(self, key, value):
     """Writes this step's key/value at the cache index; returns the cache.

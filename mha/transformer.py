@@ -43,6 +43,8 @@ class TransformerConfig:
   attention_dropout_rate: float = 0.0
   attention_type: str = "scaled_dot"
   attention_impl: str = "einsum"
+  location_filter_sizes: tuple[int, ...] = (7,)  # attention_type='location'
+  location_num_filters: int = 8
   position_encoding: str = "sinusoidal"
   layer_norm: str = "post"
   share_embeddings: bool = True
@@ -67,6 +69,8 @@ class TransformerConfig:
     for side in ("num_encoder_layers", "num_decoder_layers"):
       if values.get(side) is None:
         values[side] = config.num_layers
+    if "location_filter_sizes" in values:  # a list when read from config.json
+      values["location_filter_sizes"] = tuple(values["location_filter_sizes"])
     if isinstance(values.get("dtype"), str):
       if values["dtype"] not in _DTYPES:
         raise ValueError(f"config.dtype must be one of {sorted(_DTYPES)}, got "
@@ -84,6 +88,14 @@ class TransformerConfig:
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
       raise ValueError(f"config.d_model={self.d_model} is not divisible by "
                        f"config.num_heads={self.num_heads}; set d_k and d_v.")
+    if self.attention_type == "location":
+      sizes = self.location_filter_sizes
+      if (len(sizes) not in (1, self.num_heads)
+          or any(not isinstance(w, int) or w < 1 or w % 2 == 0
+                 for w in sizes)):
+        raise ValueError(
+            "config.location_filter_sizes must be one odd width or one odd "
+            f"width per head (num_heads={self.num_heads}), got {sizes!r}.")
 
 
 def create_model(config: ml_collections.ConfigDict, **changes) -> "Transformer":
@@ -121,9 +133,14 @@ class ResidualSublayer(nn.Module):
 
 
 def _attention(cfg: TransformerConfig, name: str) -> MultiHeadAttention:
+  attention_type = cfg.attention_type
+  if attention_type == "location" and name != "cross_attention":
+    attention_type = "scaled_dot"  # location-aware: encoder-decoder only
   return MultiHeadAttention(
       num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v,
-      attention_type=cfg.attention_type, attention_impl=cfg.attention_impl,
+      attention_type=attention_type, attention_impl=cfg.attention_impl,
+      location_filter_sizes=cfg.location_filter_sizes,
+      location_num_filters=cfg.location_num_filters,
       dropout_rate=cfg.attention_dropout_rate,
       deterministic=cfg.deterministic, decode=cfg.decode, dtype=cfg.dtype,
       name=name)
@@ -150,15 +167,16 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, y: jax.Array, encoded: jax.Array,
                self_mask: jax.Array | None,
-               cross_mask: jax.Array | None) -> jax.Array:
+               cross_mask: jax.Array | None,
+               sentence_starts: jax.Array | None = None) -> jax.Array:
     cfg = self.config
     self_attention = _attention(cfg, "self_attention")
     cross_attention = _attention(cfg, "cross_attention")
     y = ResidualSublayer(cfg, name="self_attention_block")(
         lambda z: self_attention(z, z, self_mask), y)
     y = ResidualSublayer(cfg, name="cross_attention_block")(
-        lambda z: cross_attention(z, encoded, cross_mask,
-                                  cross_attention=True), y)
+        lambda z: cross_attention(z, encoded, cross_mask, cross_attention=True,
+                                  sentence_starts=sentence_starts), y)
     return ResidualSublayer(cfg, name="ffn_block")(
         FeedForward(cfg, name="ffn"), y)
 
@@ -252,6 +270,7 @@ class Transformer(nn.Module):
     `cache` collection.
     """
     cfg = self.config
+    sentence_starts = None  # packed rows: where each target sentence begins
     if cfg.decode:
       decoder_input = targets
       self_mask = None  # causality from the cache index
@@ -269,10 +288,12 @@ class Transformer(nn.Module):
       if targets_segmentation is not None:
         self_mask &= _segment_mask(targets_segmentation, targets_segmentation)
         cross_mask &= _segment_mask(targets_segmentation, inputs_segmentation)
+        previous = jnp.pad(targets_segmentation, ((0, 0), (1, 0)))[:, :-1]
+        sentence_starts = targets_segmentation != previous
     y = self.target_embed(decoder_input)
     y = self.dropout(self.target_positions(y, targets_positions))
     for layer in self.decoder_layers:
-      y = layer(y, encoded, self_mask, cross_mask)
+      y = layer(y, encoded, self_mask, cross_mask, sentence_starts)
     if cfg.layer_norm == "pre":
       y = self.decoder_norm(y)
     if cfg.share_embeddings:

@@ -9,7 +9,7 @@ import ml_collections
 MODEL_SHAPE_FIELDS = (
     "vocab_size", "num_layers", "num_encoder_layers", "num_decoder_layers",
     "d_model", "d_ff", "num_heads", "d_k", "d_v", "attention_type",
-    "position_encoding", "layer_norm", "share_embeddings", "max_len",
+    "location_filter_sizes", "location_num_filters", "position_encoding", "layer_norm", "share_embeddings", "max_len",
 )
 CONFIG_FILE = "config.json"
 
