@@ -72,6 +72,29 @@ def test_label_smoothing_against_hand_computation():
   assert float(nll) == pytest.approx(-log_p[2], rel=1e-6)
 
 
+def test_label_smoothing_matches_float64_numpy_for_large_logits():
+  # Random logits around +-60 (softmax saturates): the per-token KL(q || p)
+  # in float64, and the loss is unchanged by adding a constant to a row.
+  rng = np.random.default_rng(0)
+  eps, vocab = 0.1, 50
+  logits = rng.normal(scale=20.0, size=(3, 4, vocab)) + 40.0
+  targets = rng.integers(1, vocab, size=(3, 4))
+  targets[0, 2:] = 0
+  z = logits - logits.max(-1, keepdims=True)
+  log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  q = np.full(logits.shape, eps / (vocab - 1))
+  np.put_along_axis(q, targets[..., None], 1 - eps, axis=-1)
+  kl = (q * (np.log(q) - log_p)).sum(-1)
+  expected = (kl * (targets > 0)).sum()
+  loss, tokens = mha.cross_entropy_with_label_smoothing(
+      jnp.asarray(logits, jnp.float32), jnp.asarray(targets), eps)
+  assert float(tokens) == 10.0
+  assert float(loss) == pytest.approx(expected, rel=1e-5)
+  shifted, _ = mha.cross_entropy_with_label_smoothing(
+      jnp.asarray(logits - 1000.0, jnp.float32), jnp.asarray(targets), eps)
+  assert float(shifted) == pytest.approx(expected, rel=1e-4)
+
+
 def test_smoothed_loss_is_minimal_at_the_smoothed_distribution():
   eps, vocab = 0.1, 5
   q = np.full(vocab, eps / (vocab - 1))
