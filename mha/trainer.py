@@ -316,8 +316,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   eval_batches = None
   bleu_pairs = None  # (sources, references) of the eval split's first lines
 
-  batches = data.train_batches(config, tokenizer, start_step=start_step * accum)
-  batches = (shard(b, num_devices) for b in batches)
+  if start_step < config.num_train_steps:
+    batches = data.train_batches(config, tokenizer,
+                                 start_step=start_step * accum)
+    batches = (shard(b, num_devices) for b in batches)
+  else:  # already finished: do not read or plan the training split
+    logging.info("%s is at step %d >= num_train_steps=%d: nothing to train.",
+                 workdir, start_step, config.num_train_steps)
+    batches = iter(())
 
   def save(step, state):
     host_state = unreplicate(state)

@@ -117,6 +117,21 @@ def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
   assert steps == [2, 4, 6, 8, 10, 12, 14, 16]
 
 
+def test_finished_workdir_is_left_as_it_is_without_reading_data(
+    trained_workdir, tmp_path):
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  before = (copy / "metrics.jsonl").read_text()
+  # A split that does not exist: reading the training data would raise.
+  result = trainer.train_and_evaluate(
+      tiny_config(num_train_steps=12, checkpoint_every_steps=4,
+                  train_split="no_such_split"), str(copy))
+  assert result["step"] == 12
+  assert checkpoints.all_steps(str(copy)) == [4, 8, 12]
+  assert (copy / "metrics.jsonl").read_text() == before
+
+
 def test_conflicting_model_field_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
