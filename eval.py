@@ -2,8 +2,10 @@ r"""Evaluates a workdir's checkpoints: beam search, then sacreBLEU and chrF.
 
     python eval.py --workdir=/tmp/run                       # latest, test split
     python eval.py --workdir=/tmp/run --average_last=5 --split=validation
-    python eval.py --workdir=/tmp/run --source_file=src.txt --reference_file=ref.txt
+    python eval.py --workdir=/tmp/run --source_file=src.txt \
+        --reference_file=ref.txt
     echo "a sentence" | python eval.py --workdir=/tmp/run --source_file=-
+    python eval.py --workdir=/tmp/run --plot_attention=3 --plot_layer=-1
 
 Uses the config and vocabulary stored in the workdir; beam size, alpha and
 the output limit default to the config's (the paper: 4, 0.6, input + 50).
@@ -14,7 +16,19 @@ With --source_file=- it writes one translation per input line to standard
 output, in order, and everything else to standard error. Bad input (no
 checkpoint, unknown step, mismatched files, ...) prints one message and exits
 with status 1.
+
+--plot_attention=N (default 0, off) also draws the attention maps of the
+first N sentences of the split or source file (the paper's Figures 3-5):
+each source is translated with the same parameters and search, the
+translation is fed back teacher-forced, and the weights of layer
+--plot_layer (a Python index: 0 = first, -1 = last, the default) are drawn
+with matplotlib, one panel per head, axes labelled with the SentencePiece
+pieces. For sentence i (1 = the first) it writes
+<output_dir>/attention/sentence_<i>_encoder_self.png (encoder self-attention),
+..._decoder_self.png (decoder self-attention) and ..._encoder_decoder.png
+(encoder-decoder attention). With --source_file=- it needs --output_dir.
 """
+import os
 import sys
 
 from absl import app
@@ -40,6 +54,12 @@ flags.DEFINE_string("output_dir", None,
                     "Where to write translations.txt and metrics.json "
                     "(default <workdir>/eval/<split>_<step>/; with "
                     "--source_file=- nothing is written unless given).")
+flags.DEFINE_integer("plot_attention", 0,
+                     "Draw the attention maps of the first N sentences into "
+                     "<output_dir>/attention/ (0 = off).")
+flags.DEFINE_integer("plot_layer", -1,
+                     "Encoder and decoder layer of the attention maps "
+                     "(0 = first, -1 = last).")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -56,7 +76,8 @@ def main(argv):
         alpha=FLAGS.alpha, max_decode_extra=FLAGS.max_decode_extra,
         batch_size=FLAGS.batch_size, source_file=FLAGS.source_file,
         reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
-        write=not piped or FLAGS.output_dir is not None)
+        write=not piped or FLAGS.output_dir is not None,
+        plot_attention=FLAGS.plot_attention, plot_layer=FLAGS.plot_layer)
   except evaluator.EvalError as e:
     print(f"eval.py: {e}", file=sys.stderr)
     return 1
@@ -75,6 +96,11 @@ def main(argv):
         f"({result['sentences_per_second']:.1f} sentences/s)", file=report)
   if "output_dir" in result:
     print(f"Wrote {result['output_dir']}", file=report)
+  if result.get("attention_maps"):
+    maps = result["attention_maps"]
+    print(f"Wrote {len(maps)} attention maps ({len(maps) // 3} sentence(s), "
+          f"layer {FLAGS.plot_layer}) to {os.path.dirname(maps[0])}",
+          file=report)
   if "bleu" in result:
     print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
           f"({result['sacrebleu_signature']})", file=report)

@@ -382,6 +382,27 @@ def default_output_dir(workdir: str, split_name: str, steps: Sequence[int]
 # ------------------------------------------------------------------ evaluate
 
 
+def _check_plot_flags(config, plot_attention: int, plot_layer: int,
+                      write: bool) -> None:
+  """--plot_attention >= 0, --plot_layer within both stacks, somewhere to
+  write."""
+  if plot_attention < 0:
+    raise EvalError(f"--plot_attention must be >= 0, got {plot_attention}.")
+  if not plot_attention:
+    return
+  if not write:
+    raise EvalError("--plot_attention writes PNG files: give --output_dir "
+                    "(with --source_file=- nothing is written otherwise).")
+  layers = [config.get(side) or config.num_layers
+            for side in ("num_encoder_layers", "num_decoder_layers")]
+  n = min(layers)
+  if not -n <= plot_layer < n:
+    raise EvalError(
+        f"--plot_layer={plot_layer} is out of range: the model has "
+        f"{layers[0]} encoder and {layers[1]} decoder layers (use 0..{n - 1}, "
+        f"or {-n}..-1 from the last).")
+
+
 def evaluate(workdir: str, *, split: str | None = None,
              checkpoint_step: int | None = None,
              average_last: int | None = None, beam_size: int | None = None,
@@ -389,7 +410,8 @@ def evaluate(workdir: str, *, split: str | None = None,
              batch_size: int = 64, source_file: str | None = None,
              reference_file: str | None = None,
              output_dir: str | None = None,
-             write: bool = True) -> dict[str, Any]:
+             write: bool = True, plot_attention: int = 0,
+             plot_layer: int = -1) -> dict[str, Any]:
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
   Uses the config (`config.json`) and vocabulary (`spm.model`) stored in the
@@ -414,6 +436,13 @@ def evaluate(workdir: str, *, split: str | None = None,
     output_dir: default `<workdir>/eval/<split>_<step>` (`<split>_avgN_<step>`
       for averages, `file_<step>` for a source file).
     write: write `translations.txt` and `metrics.json` into `output_dir`.
+    plot_attention: draw the attention maps of the first N sentences (all,
+      if fewer) into `<output_dir>/attention/`
+      (`mha.attention_maps.write_attention_maps`:
+      `sentence_<i>_{encoder_self,decoder_self,encoder_decoder}.png`, i
+      from 1); needs `write`.
+    plot_layer: the encoder and decoder layer drawn (0 = first, negative
+      from the end; default the last).
 
   Returns:
     The metrics written to metrics.json (`bleu`, `chrf`,
@@ -421,8 +450,8 @@ def evaluate(workdir: str, *, split: str | None = None,
     references; `split`, `num_sentences`, `checkpoint_step`,
     `averaged_steps`, `beam_size`, `alpha`, `max_decode_extra`,
     `batch_size`, `decode_seconds` (compilation included),
-    `sentences_per_second`), plus `translations` and `output_dir` (when
-    written).
+    `sentences_per_second`), plus `translations`, `output_dir` (when
+    written) and `attention_maps` (the PNGs written, with plot_attention).
 
   Raises:
     EvalError: bad input, with a message naming it.
@@ -443,6 +472,7 @@ def evaluate(workdir: str, *, split: str | None = None,
     raise EvalError("--reference_file needs --source_file.")
   if source_file and split:
     raise EvalError("Give --split or --source_file, not both.")
+  _check_plot_flags(config, plot_attention, plot_layer, write)
   steps = resolve_steps(workdir, checkpoint_step, average_last)
 
   if source_file:
@@ -503,5 +533,14 @@ def evaluate(workdir: str, *, split: str | None = None,
       f.write("\n")
     result["output_dir"] = output_dir
     logging.info("Wrote %s.", output_dir)
+    if plot_attention:
+      from mha import attention_maps  # pylint: disable=import-outside-toplevel
+      n = min(plot_attention, len(sources))
+      result["attention_maps"] = attention_maps.write_attention_maps(
+          model_config, params, tokenizer, sources[:n],
+          os.path.join(output_dir, attention_maps.ATTENTION_DIR),
+          beam_size=beam_size, alpha=alpha,
+          max_decode_extra=max_decode_extra, batch_size=batch_size,
+          layer=plot_layer, translations=hypotheses[:n])
   result["translations"] = hypotheses
   return result
