@@ -1,0 +1,112 @@
+r"""The paper's Table 3 variants at small scale: Multi30k German->English.
+
+    python train.py --config=configs/table3.py:A1 --workdir=workdirs/table3/A1
+    python eval.py --workdir=workdirs/table3/A1 --split=val
+    python bench/table3.py --workdir_root=workdirs/table3 --rows=base,A1
+
+Starts from configs/multi30k.py (3+3 layers, d_model 256, 4 heads, d_ff 1024,
+dropout 0.2, label smoothing 0.1, one shared 8,000-piece vocabulary, 4,096
+padded tokens per side and batch) and shortens the run to a fixed budget,
+the same for every row: 200 steps (about 1.4 epochs of the 29,000 training
+pairs, 145 steps per epoch), warmup 100, learning-rate scale 0.35 (the noam
+formula's peak 0.35 · 256^-0.5 · 100^-0.5 ≈ 2.2e-3, the multi30k config's
+peak). Why so short: the project's machine is a 2-core CPU (0.63 steps/s at
+this shape in the README's Multi30k run), and the twelve rows should fit in
+about an hour and a half (expected: ~6 minutes of training and ~1 minute of
+dev-set decoding per row). The
+models are far from converged, so the table compares the variants early in
+training, not at the end as the paper does.
+
+One checkpoint, at step 200; the trainer's evaluation at step 200 logs the
+dev split's (`val`) loss, NLL and perplexity to metrics.jsonl. No BLEU during
+training (`eval_bleu_sentences=0`): bench/table3.py decodes the whole dev
+split afterwards with beam 4, α 0.6 and no checkpoint averaging, the
+paper's Table 3 protocol.
+
+Config arguments (after the colon, comma-separated, applied left to right):
+one row name of ROWS below, scaled from the paper's d_model 512 / 8 heads to
+d_model 256 / 4 heads (d_k = d_v = 64 in both, so row B's key sizes are the
+paper's), and `tiny` (configs/base.py's few-second model and loop, for tests:
+applied before the rows, wherever it appears, so `A1,tiny` is the tiny model
+with one head of size d_model).
+"""
+import dataclasses
+from typing import Any, Callable
+
+import ml_collections
+
+from configs import base
+from configs import multi30k
+
+# The fixed budget of every row (fields of configs/multi30k.py changed).
+BUDGET = dict(
+    num_train_steps=200, warmup_steps=100, learning_rate_scale=0.35,
+    checkpoint_every_steps=200, keep_checkpoints=1, eval_every_steps=200,
+    eval_bleu_sentences=0, log_every_steps=50,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One variant: its paper row, a one-line description and its changes.
+
+  `changes` maps the config to the fields to update (a function, so that row
+  A's d_k = d_v = d_model / h follows the model's width, `tiny` included).
+  """
+  name: str
+  paper: str
+  description: str
+  changes: Callable[[ml_collections.ConfigDict], dict[str, Any]]
+
+
+def _heads(h: int):
+  return lambda c: dict(num_heads=h, d_k=c.d_model // h, d_v=c.d_model // h)
+
+
+def _fixed(**changes):
+  return lambda c: dict(changes)
+
+
+ROWS = {r.name: r for r in [
+    Row("base", "base", "the multi30k model: h 4, d_k = d_v = 64, P_drop "
+        "0.2, ε_ls 0.1, sinusoids, scaled dot-product", _fixed()),
+    Row("A1", "A", "one head, d_k = d_v = d_model (h·d_k constant)",
+        _heads(1)),
+    Row("A3", "A", "16 heads, d_k = d_v = d_model / 16 (h·d_k constant)",
+        _heads(16)),
+    Row("B1", "B", "attention key size d_k 16 (d_v stays 64)", _fixed(d_k=16)),
+    Row("B2", "B", "attention key size d_k 32 (d_v stays 64)", _fixed(d_k=32)),
+    Row("D1", "D", "no dropout (P_drop 0)", _fixed(dropout_rate=0.0)),
+    Row("D3", "D", "no label smoothing (ε_ls 0)",
+        _fixed(label_smoothing=0.0)),
+    Row("E", "E", "learned positional embedding instead of sinusoids",
+        _fixed(position_encoding="learned")),
+    Row("dot", "§3.2.1", "unscaled dot-product attention (no 1/√d_k)",
+        _fixed(attention_type="dot")),
+    Row("additive", "§3.2.1", "additive attention (a one-hidden-layer "
+        "compatibility function)", _fixed(attention_type="additive")),
+    Row("location", "location", "location-aware encoder-decoder attention, "
+        "filter width 7 for all heads", _fixed(attention_type="location")),
+    Row("multires", "location", "multi-resolution encoder-decoder attention, "
+        "filter widths 1, 3, 5, 7 (one per head)",
+        _fixed(attention_type="location", location_filter_sizes=(1, 3, 5, 7))),
+]}
+ROW_NAMES = tuple(ROWS)  # the fixed order of the table
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """configs/multi30k.py with the fixed budget, `tiny`, then the rows."""
+  args = [a.strip() for a in (arg or "").split(",") if a.strip()]
+  unknown = [a for a in args if a != "tiny" and a not in ROWS]
+  if unknown:
+    raise ValueError(
+        f"Unknown configs/table3.py argument(s) {unknown}; known: "
+        f"{', '.join(ROW_NAMES)}, and tiny.")
+  config = multi30k.get_config()
+  config.update(BUDGET)
+  if "tiny" in args:
+    config.update(base.TINY)
+  for name in args:
+    if name != "tiny":
+      config.update(ROWS[name].changes(config))
+  return config
