@@ -9,8 +9,12 @@ import ml_collections
 MODEL_SHAPE_FIELDS = (
     "vocab_size", "num_layers", "num_encoder_layers", "num_decoder_layers",
     "d_model", "d_ff", "num_heads", "d_k", "d_v", "attention_type",
-    "location_filter_sizes", "location_num_filters", "position_encoding", "layer_norm", "share_embeddings", "max_len",
+    "location_filter_sizes", "location_num_filters", "position_encoding",
+    "layer_norm", "share_embeddings", "max_len",
 )
+# Fields that shape parameters only when attention_type is 'location': for
+# another attention type they may change freely.
+LOCATION_FIELDS = ("location_filter_sizes", "location_num_filters")
 CONFIG_FILE = "config.json"
 
 
@@ -26,7 +30,11 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   with open(path) as f:
     saved = json.load(f)
   given = json.loads(config.to_json())
+  location = "location" in (saved.get("attention_type"),
+                            given.get("attention_type"))
   for field in MODEL_SHAPE_FIELDS:
+    if field in LOCATION_FIELDS and not location:
+      continue
     if field in saved and saved[field] != given.get(field):
       raise ValueError(
           f"{path} was written with {field}={saved[field]!r} but the config "

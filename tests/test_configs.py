@@ -10,6 +10,7 @@ from configs import multi30k
 from configs import quickstart
 from mha import checkpoints
 from mha import trainer
+from mha import workdir as workdir_lib
 
 
 @pytest.mark.parametrize("module,arg", [
@@ -48,3 +49,38 @@ def test_multi30k_trains_two_steps_on_a_slice(multi30k, tmp_path):
   assert result["step"] == 2
   assert checkpoints.latest_step(str(workdir)) == 2
   assert result["eval_loss"] > 0
+
+
+def _saved_workdir(tmp_path, config):
+  tmp_path.mkdir(parents=True, exist_ok=True)
+  workdir_lib.write_config(config, str(tmp_path))
+  return str(tmp_path)
+
+
+def test_workdir_refuses_a_different_model_shape_field(tmp_path):
+  config = base.get_config("tiny")
+  workdir = _saved_workdir(tmp_path, config)
+  workdir_lib.check_config(config, workdir)  # the same config: accepted
+  other = base.get_config("tiny")
+  other.num_heads = 2
+  with pytest.raises(ValueError, match=r"num_heads=4 .* num_heads=2"):
+    workdir_lib.check_config(other, workdir)
+  other = base.get_config("tiny")
+  other.num_train_steps += 10  # not a model-shape field: a longer run
+  workdir_lib.check_config(other, workdir)
+
+
+def test_location_fields_matter_only_for_location_attention(tmp_path):
+  config = base.get_config("tiny")
+  workdir = _saved_workdir(tmp_path / "dot", config)
+  other = base.get_config("tiny")
+  other.location_num_filters = config.location_num_filters + 1
+  workdir_lib.check_config(other, workdir)  # no location parameters
+  config.attention_type = "location"
+  workdir = _saved_workdir(tmp_path / "location", config)
+  other.attention_type = "location"
+  with pytest.raises(ValueError, match=r"location_num_filters"):
+    workdir_lib.check_config(other, workdir)
+  other = base.get_config("tiny")  # scaled_dot now, location before
+  with pytest.raises(ValueError, match=r"attention_type='location'"):
+    workdir_lib.check_config(other, workdir)
