@@ -19,6 +19,7 @@ import flax
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import optax
@@ -272,6 +273,33 @@ def _check_finite(step: int, metrics: dict[str, float]) -> None:
         "checkpoints saved before this step are intact.")
 
 
+def check_same_vocabulary(tokenizer) -> None:
+  """Every process must hold the same SentencePiece model.
+
+  Each process loads `<workdir>/spm.model` or, on a fresh workdir, trains it
+  itself (deterministically: fixed seed and threads, no sampling). Different
+  library versions or training data on some host would still give different
+  ids for the same text, and the data-parallel gradients would mix them
+  silently; the hashes are compared instead.
+
+  Raises:
+    ValueError: naming the processes whose vocabulary differs from process
+      0's.
+  """
+  if jax.process_count() == 1:
+    return
+  digest = np.frombuffer(bytes.fromhex(tokenizer.sha256), np.uint8)
+  digests = np.asarray(multihost_utils.process_allgather(digest))
+  differ = [i for i, d in enumerate(digests) if not np.array_equal(d,
+                                                                   digests[0])]
+  if differ:
+    raise ValueError(
+        f"Processes {differ} hold a different SentencePiece model than "
+        f"process 0 ({tokenizer.path}, sha256 {digests[0].tobytes().hex()}). "
+        "Give every host the same training data and library versions, or "
+        "copy process 0's spm.model into the workdir before starting.")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
@@ -287,6 +315,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   is_primary = jax.process_index() == 0
   workdir_lib.check_config(config, workdir)
   tokenizer = data.get_tokenizer(config, workdir)
+  check_same_vocabulary(tokenizer)
   if is_primary:
     workdir_lib.write_config(config, workdir)
 

@@ -294,3 +294,22 @@ def test_two_processes_train_like_one(tmp_path):
   jax.tree_util.tree_map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
       _params(multi, 6), _params(single, 6))
+
+
+def test_processes_with_different_vocabularies_are_refused(monkeypatch):
+  class FakeTokenizer:
+    path = "/w/spm.model"
+    sha256 = "ab" * 32
+
+  ours = np.frombuffer(bytes.fromhex(FakeTokenizer.sha256), np.uint8)
+  theirs = ours.copy()
+  theirs[0] ^= 1
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+  gathered = np.stack([ours, ours, theirs])
+  monkeypatch.setattr(trainer.multihost_utils, "process_allgather",
+                      lambda x: gathered)
+  with pytest.raises(ValueError, match=r"Processes \[2\] hold a different "
+                     r"SentencePiece model .*/w/spm.model"):
+    trainer.check_same_vocabulary(FakeTokenizer())
+  gathered = np.stack([ours, ours, ours])
+  trainer.check_same_vocabulary(FakeTokenizer())  # the same: accepted
