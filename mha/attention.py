@@ -458,8 +458,13 @@ class MultiHeadAttention(nn.Module):
     return cached_key.value, cached_value.value, mask
 
   def _cached_cross_kv(self, inputs_kv, d_k, d_v):
-    """Encoder-decoder keys/values, projected on the first step only."""
-    initialized = self.has_variable("cache", "cached_key")
+    """Encoder-decoder keys/values, projected on the first step only.
+
+    Cached as `source_key` / `source_value`: the `source_` prefix tells beam
+    search (`mha.decoding`) that they are equal across the beams of a
+    sentence and need no reordering.
+    """
+    initialized = self.has_variable("cache", "source_key")
     d_model = inputs_kv.shape[-1]
     w_key = self._projection("key", d_model, d_k)
     w_value = self._projection("value", d_model, d_v)
@@ -470,9 +475,9 @@ class MultiHeadAttention(nn.Module):
               _apply_projection(inputs_kv, w_value))   # [B, K, H, d_v]
 
     batch, length = inputs_kv.shape[:2]
-    cached_key = self.variable("cache", "cached_key", jnp.zeros,
+    cached_key = self.variable("cache", "source_key", jnp.zeros,
                                (batch, length, self.num_heads, d_k), self.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros,
+    cached_value = self.variable("cache", "source_value", jnp.zeros,
                                  (batch, length, self.num_heads, d_v),
                                  self.dtype)
     filled = self.variable("cache", "filled", lambda: jnp.array(False))

@@ -18,7 +18,12 @@ Cache leaves, judged by their shape when the search starts:
 * Every other leaf must have a leading row axis of size `batch_size *
   beam_size` (rows ordered `[batch, beam]`, row `b * beam_size + k`), or of
   size `batch_size`, in which case it is repeated for each beam. These are
-  gathered along that axis when beams are reordered.
+  gathered along that axis when beams are reordered, except
+* leaves whose key starts with `source_` (the encoder-decoder keys and values
+  of `mha.attention`, computed from the source alone): every beam of a
+  sentence holds the same rows, and a reordering never moves a hypothesis to
+  another sentence, so gathering them would copy each row onto an equal one.
+  They are repeated per beam but never gathered.
 
 Scores follow Wu et al. (2016) as the paper uses them:
 `score(Y) = log P(Y | X) / lp(Y)`, `lp(Y) = ((5 + |Y|) / 6) ** alpha`, where
@@ -79,6 +84,15 @@ def _is_shared_leaf(path: tuple[Any, ...], x: jax.Array) -> bool:
   return False
 
 
+def _is_source_leaf(path: tuple[Any, ...]) -> bool:
+  """A per-sentence leaf, equal across the beams of a sentence."""
+  if not path:
+    return False
+  last = path[-1]
+  name = getattr(last, 'key', getattr(last, 'name', None))
+  return isinstance(name, str) and name.startswith('source_')
+
+
 def _expand_cache(cache: PyTree, batch_size: int, beam_size: int) -> PyTree:
   """Brings every per-row leaf to `batch_size * beam_size` rows."""
   num_rows = batch_size * beam_size
@@ -102,7 +116,7 @@ def _gather_rows(cache: PyTree, rows: jax.Array) -> PyTree:
   """Gathers the per-row leaves of `cache` along axis 0 (`rows`: [n])."""
 
   def gather(path, x):
-    if _is_shared_leaf(path, x):
+    if _is_shared_leaf(path, x) or _is_source_leaf(path):
       return x
     return jnp.take(x, rows, axis=0)
 

@@ -396,3 +396,35 @@ def test_translate_beam_search_compiles_once_per_shape(tiny_transformer):
     seq = hypothesis(tokens)
     assert len(seq) <= (inputs[b] > 0).sum() + 4
     assert EOS not in seq[:-1]
+
+
+def test_source_leaves_are_repeated_per_beam_but_never_gathered():
+  batch, beam = 2, 3
+  cache = {'layer': {'source_key': jnp.arange(batch * 4).reshape(batch, 4),
+                     'cached_key': jnp.arange(batch * beam * 2).reshape(
+                         batch * beam, 2),
+                     'cache_index': jnp.array(3, jnp.int32)}}
+  expanded = decoding._expand_cache(cache, batch, beam)
+  np.testing.assert_array_equal(
+      expanded['layer']['source_key'],
+      np.repeat(np.arange(batch * 4).reshape(batch, 4), beam, axis=0))
+  rows = jnp.array([2, 2, 0, 3, 5, 4])  # within each sentence, as the search
+  gathered = decoding._gather_rows(expanded, rows)
+  np.testing.assert_array_equal(gathered['layer']['cached_key'],
+                                np.asarray(expanded['layer']['cached_key'])[
+                                    np.asarray(rows)])
+  assert gathered['layer']['source_key'] is expanded['layer']['source_key']
+  assert int(gathered['layer']['cache_index']) == 3
+
+
+def test_transformer_caches_cross_attention_as_source_leaves(
+    tiny_transformer):
+  model_config, _, params, inputs = tiny_transformer
+  model = transformer.Transformer(model_config.replace(decode=True))
+  _, cache = decoding._model_fns(model, params, jnp.asarray(inputs), 2, 8)
+  names = {jax.tree_util.keystr(path)
+           for path, _ in jax.tree_util.tree_flatten_with_path(cache)[0]}
+  source = {n for n in names if "'source_" in n}
+  assert source and all('cross_attention' in n for n in source)
+  assert not any('cross_attention' in n and 'cached_' in n for n in names)
+  assert any('self_attention' in n and 'cached_key' in n for n in names)
