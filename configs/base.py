@@ -47,9 +47,15 @@ TABLE3_ROWS = {
     "additive": dict(attention_type="additive"),
     # Location-aware and multi-resolution encoder-decoder attention.
     "location": dict(attention_type="location"),
-    "multires": dict(attention_type="location",
-                     location_filter_sizes=(1, 3, 5, 7, 9, 11, 13, 15)),
+    # multires: widths 1, 3, ..., 2h - 1, one per head of the final model
+    # (set by apply_args after every argument: `tiny` or a row A changes h).
+    "multires": dict(attention_type="location"),
 }
+
+
+def multires_widths(num_heads: int) -> tuple[int, ...]:
+  """One odd filter width per head: 1, 3, 5, ..., 2 * num_heads - 1."""
+  return tuple(range(1, 2 * num_heads, 2))
 
 # A model and loop small enough for unit tests on a 2-core CPU. Arguments
 # apply left to right: `tiny,B1` is the tiny model with row B1's key size.
@@ -134,9 +140,13 @@ def base_config() -> ml_collections.ConfigDict:
 
 def apply_args(config: ml_collections.ConfigDict,
                arg: str | None) -> ml_collections.ConfigDict:
-  """Applies comma-separated config arguments (Table 3 rows, `tiny`)."""
-  for name in filter(None, (arg or "").split(",")):
-    name = name.strip()
+  """Applies comma-separated config arguments (Table 3 rows, `tiny`).
+
+  `multires` sets one filter width per head of the resulting model (1, 3,
+  ..., 2h - 1), whatever the order of the arguments.
+  """
+  names = [n.strip() for n in (arg or "").split(",") if n.strip()]
+  for name in names:
     if name == "tiny":
       changes = TINY
     elif name in TABLE3_ROWS:
@@ -145,6 +155,8 @@ def apply_args(config: ml_collections.ConfigDict,
       known = ", ".join(["tiny", *TABLE3_ROWS])
       raise ValueError(f"Unknown config argument {name!r}; known: {known}.")
     config.update(changes)
+  if "multires" in names:
+    config.location_filter_sizes = multires_widths(config.num_heads)
   return config
 
 

@@ -14,7 +14,8 @@ from mha import workdir as workdir_lib
 
 
 @pytest.mark.parametrize("module,arg", [
-    (base, None), (base, "C4,tiny"), (big, None), (quickstart, None),
+    (base, None), (base, "C4,tiny"), (base, "multires,tiny"),
+    (base, "tiny,A3,multires"), (big, None), (quickstart, None),
     (quickstart, "tiny"), (multi30k, None), (multi30k, "gpu"),
     (multi30k, "tiny"),
 ])
@@ -25,6 +26,17 @@ def test_config_builds_a_model(module, arg):
   shapes = jax.eval_shape(model.init, jax.random.key(0), ids, ids)
   embedding = shapes["params"]["source_embed"]["embedding"]
   assert embedding.shape == (config.vocab_size, config.d_model)
+
+
+def test_multires_gives_one_width_per_head_of_the_final_model():
+  assert base.get_config("multires").location_filter_sizes == (
+      1, 3, 5, 7, 9, 11, 13, 15)
+  for arg in ("multires,tiny", "tiny,multires"):
+    config = base.get_config(arg)
+    assert config.attention_type == "location"
+    assert config.location_filter_sizes == (1, 3, 5, 7)  # tiny: 4 heads
+  assert base.get_config("multires,A1").location_filter_sizes == (1,)
+  assert base.get_config("location").location_filter_sizes == (7,)
 
 
 def test_multi30k_data_dir_from_environment(monkeypatch, tmp_path):
