@@ -27,7 +27,10 @@ Each distinct batch shape is compiled (and run once) before timing, then
 `--repeats` full passes are timed (the fastest is reported). Sentences are
 decoded as `eval.py` does (`mha.evaluator`: length-sorted batches of
 `--batch_size`, bucketed padding). Prints sentences/s and tokens/s for
-greedy and for beam search and the greedy/beam speed ratio.
+greedy and for beam search and the greedy/beam speed ratio, then beam search
+again in one stage (`first_stage_extra=None`: every step over the whole
+input + 50 cache, as before the two-stage search) and the speed ratio of the
+two, with a check that their outputs are identical.
 """
 import argparse
 import gzip
@@ -47,6 +50,7 @@ import sentencepiece as spm
 
 from configs import multi30k
 from mha import data
+from mha import decoding
 from mha import evaluator
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -85,10 +89,12 @@ def _train_tokenizer(folder: pathlib.Path, vocab_size: int) -> data.Tokenizer:
 
 
 def _timed(model_config, params, batches, num_sentences, *, beam_size,
-           alpha, max_decode_extra, eos_id, repeats):
+           alpha, max_decode_extra, eos_id, repeats,
+           first_stage_extra=decoding.FIRST_STAGE_EXTRA):
   """Compiles every batch shape, then times `repeats` passes over `batches`."""
   kwargs = dict(beam_size=beam_size, alpha=alpha,
-                max_decode_extra=max_decode_extra, eos_id=eos_id)
+                max_decode_extra=max_decode_extra, eos_id=eos_id,
+                first_stage_extra=first_stage_extra)
   start = time.perf_counter()
   seen = {}
   for batch in batches:
@@ -213,13 +219,17 @@ def main():
         f"{jax.device_count()} {jax.default_backend()} device(s), load "
         f"average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
   results = {}
-  for name, beam in (("greedy", 1), (f"beam {args.beam_size}",
-                                     args.beam_size)):
+  beam_name = f"beam {args.beam_size}"
+  one_stage = f"{beam_name}, one stage"
+  for name, beam, stage in (
+      ("greedy", 1, decoding.FIRST_STAGE_EXTRA),
+      (beam_name, args.beam_size, decoding.FIRST_STAGE_EXTRA),
+      (one_stage, args.beam_size, None)):
     r = _timed(model_config, params, batches, len(encoded), beam_size=beam,
                alpha=alpha, max_decode_extra=extra, eos_id=eos_id,
-               repeats=args.repeats)
+               repeats=args.repeats, first_stage_extra=stage)
     results[name] = r
-    line = (f"{name:>8}: {r['sentences_per_sec']:7.1f} sentences/s "
+    line = (f"{name:>18}: {r['sentences_per_sec']:7.1f} sentences/s "
             f"{r['tokens_per_sec']:8.1f} tokens/s ({r['tokens']} tokens, "
             f"{r['seconds']:.2f} s per pass; {r['num_shapes']} shapes "
             f"compiled in {r['warmup_seconds']:.1f} s)")
@@ -230,12 +240,20 @@ def main():
           hypotheses[i] = tokenizer.decode(out[row])
       line += f"  BLEU {evaluator.score(hypotheses, references)['bleu']:.2f}"
     print(line, flush=True)
-  greedy, beam = results["greedy"], results[f"beam {args.beam_size}"]
+  greedy, beam = results["greedy"], results[beam_name]
+  single = results[one_stage]
+  same = all(np.array_equal(a, b) for a, b in zip(beam["outputs"],
+                                                  single["outputs"]))
   print(f"greedy/beam {args.beam_size} speed ratio: "
         f"{greedy['sentences_per_sec'] / beam['sentences_per_sec']:.2f}x "
         f"(sentences/s), "
         f"{greedy['tokens_per_sec'] / beam['tokens_per_sec']:.2f}x "
-        f"(tokens/s); total {time.perf_counter() - total_start:.0f} s.")
+        f"(tokens/s).")
+  print(f"two-stage/one-stage beam {args.beam_size} speed ratio: "
+        f"{single['seconds'] / beam['seconds']:.2f}x (first stage: padded "
+        f"source + {decoding.FIRST_STAGE_EXTRA} positions, then source + "
+        f"{cache_extra}); outputs {'identical' if same else 'DIFFER'}; "
+        f"total {time.perf_counter() - total_start:.0f} s.")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,17 @@ sentence that simply ran out of room.)
 
 Outputs hold the generated tokens only (not the start token), EOS included,
 padded with 0 after the end.
+
+Stages: every step attends over the whole self-attention cache and reorders
+it, so a step costs in proportion to the cache length, `max_decode_len`
+(input + 50 for the paper's limit), although nearly every search is over
+long before that. With `stage_lengths=(n, ...)` the search first runs with
+outputs and cache of `n` positions; only if some sentence is not done after
+`n` steps are the state and the cache padded (`grow_cache`) to the next
+length and the same loop continues. Every stage runs inside the one jitted
+search (the later loops take no step when the search is over), and the
+result is the single-stage result: the limits `max_lengths` and the
+stopping rule are the same, only the room in the arrays grows.
 """
 
 from __future__ import annotations
@@ -59,6 +70,10 @@ PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 
 PAD_ID = 0
+# The first stage of translate(): outputs up to the padded input length + 10
+# (in a trained model nearly all searches end there; see the module
+# docstring).
+FIRST_STAGE_EXTRA = 10
 # Slots without a hypothesis have score -inf. Masking uses jnp.where, never
 # arithmetic with the infinity, so no NaN can appear.
 NEG_INF = -np.inf
@@ -143,6 +158,36 @@ def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
   return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
 
 
+def _stage_lengths(stage_lengths, max_decode_len: int) -> list[int]:
+  """The increasing lengths of the stages, ending with max_decode_len."""
+  lengths = sorted({int(n) for n in stage_lengths if 0 < n < max_decode_len})
+  return lengths + [max_decode_len]
+
+
+def _pad_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
+  """Zeros appended along `axis` up to `length`."""
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, length - x.shape[axis])
+  return jnp.pad(x, widths)
+
+
+def _run_stages(state, lengths: list[int], loop, grow, grow_cache):
+  """Runs `loop(state, length)` for each stage, growing the state between.
+
+  `grow(state, length)` pads the state's output arrays; `grow_cache(cache,
+  length)` the step function's cache.
+  """
+  if len(lengths) > 1 and grow_cache is None:
+    raise ValueError('stage_lengths needs grow_cache, the function that pads '
+                     'the step function\'s cache to a longer output.')
+  for i, length in enumerate(lengths):
+    if i:
+      state = grow(state, length)._replace(
+          cache=grow_cache(state.cache, length))
+    state = loop(state, length)
+  return state
+
+
 # ---------------------------------------------------------------------- greedy
 
 
@@ -158,12 +203,14 @@ class _GreedyState(NamedTuple):
 
 def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
             max_decode_len: int, eos_id: int, max_lengths: jax.Array | None,
-            alpha: float) -> tuple[jax.Array, jax.Array]:
+            alpha: float, stage_lengths=(), grow_cache=None
+            ) -> tuple[jax.Array, jax.Array]:
   """Greedy search; returns (tokens [batch, len], scores [batch])."""
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
+  lengths = _stage_lengths(stage_lengths, max_decode_len)
   init = _GreedyState(
       step=jnp.array(0, jnp.int32),
-      seqs=jnp.zeros((batch_size, max_decode_len), jnp.int32),
+      seqs=jnp.zeros((batch_size, lengths[0]), jnp.int32),
       last=jnp.full((batch_size,), PAD_ID, jnp.int32),
       logprob=jnp.zeros((batch_size,), jnp.float32),
       length=jnp.zeros((batch_size,), jnp.int32),
@@ -172,7 +219,7 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
   )
 
   def cond(state: _GreedyState) -> jax.Array:
-    return (state.step < max_decode_len) & ~jnp.all(state.finished)
+    return (state.step < state.seqs.shape[1]) & ~jnp.all(state.finished)
 
   def body(state: _GreedyState) -> _GreedyState:
     log_probs, cache = _step_logprobs(tokens_to_logits, state.last[:, None],
@@ -193,7 +240,10 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
         cache=cache,
     )
 
-  final = lax.while_loop(cond, body, init)
+  final = _run_stages(
+      init, lengths, lambda state, _: lax.while_loop(cond, body, state),
+      lambda state, n: state._replace(seqs=_pad_axis(state.seqs, 1, n)),
+      grow_cache)
   return final.seqs, final.logprob / length_penalty(final.length, alpha)
 
 
@@ -202,7 +252,10 @@ def greedy_search(tokens_to_logits: TokensToLogits,
                   batch_size: int,
                   max_decode_len: int,
                   eos_id: int,
-                  max_lengths: jax.Array | None = None) -> jax.Array:
+                  max_lengths: jax.Array | None = None,
+                  stage_lengths: tuple[int, ...] = (),
+                  grow_cache: Callable[[PyTree, int], PyTree] | None = None
+                  ) -> jax.Array:
   """Greedy decoding: the most probable next token at every step.
 
   Args:
@@ -215,12 +268,17 @@ def greedy_search(tokens_to_logits: TokensToLogits,
     eos_id: end-of-sentence token id.
     max_lengths: optional int32 `[batch]` per-sentence limit on |Y|; a
       sentence that reaches it without EOS ends there.
+    stage_lengths: shorter output lengths to try first (module docstring);
+      `cache` is then sized for the first of them.
+    grow_cache: `(cache, length) -> cache` padded for `length` outputs;
+      needed with `stage_lengths`.
 
   Returns:
     int32 `[batch, max_decode_len]` tokens, EOS included, 0 after the end.
   """
   tokens, _ = _greedy(tokens_to_logits, cache, batch_size, max_decode_len,
-                      eos_id, max_lengths, alpha=0.0)
+                      eos_id, max_lengths, alpha=0.0,
+                      stage_lengths=stage_lengths, grow_cache=grow_cache)
   return tokens
 
 
@@ -251,7 +309,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 alpha: float,
                 max_decode_len: int,
                 eos_id: int,
-                max_lengths: jax.Array | None = None
+                max_lengths: jax.Array | None = None,
+                stage_lengths: tuple[int, ...] = (),
+                grow_cache: Callable[[PyTree, int], PyTree] | None = None
                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the length penalty of Wu et al. (2016).
 
@@ -285,6 +345,10 @@ def beam_search(tokens_to_logits: TokensToLogits,
     max_lengths: optional int32 `[batch]` per-sentence limit on |Y|
       (<= max_decode_len); hypotheses reaching it without EOS are finished
       there (forced end, module docstring).
+    stage_lengths: shorter output lengths to try first (module docstring);
+      `cache` is then sized for the first of them.
+    grow_cache: `(cache, length) -> cache` padded for `length` outputs;
+      needed with `stage_lengths`.
 
   Returns:
     `(tokens, scores)`: int32 `[batch, beam_size, max_decode_len]` and float32
@@ -293,22 +357,24 @@ def beam_search(tokens_to_logits: TokensToLogits,
   """
   if beam_size == 1:
     tokens, scores = _greedy(tokens_to_logits, cache, batch_size,
-                             max_decode_len, eos_id, max_lengths, alpha)
+                             max_decode_len, eos_id, max_lengths, alpha,
+                             stage_lengths, grow_cache)
     return tokens[:, None], scores[:, None]
 
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
   lp_limit = length_penalty(limits, alpha)  # [batch]
   num_rows = batch_size * beam_size
+  lengths = _stage_lengths(stage_lengths, max_decode_len)
 
   init = _BeamState(
       step=jnp.array(0, jnp.int32),
-      live_seqs=jnp.zeros((batch_size, beam_size, max_decode_len), jnp.int32),
+      live_seqs=jnp.zeros((batch_size, beam_size, lengths[0]), jnp.int32),
       # One live hypothesis (the empty one) per sentence to start with.
       live_logprobs=jnp.tile(
           jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32),
           (batch_size, 1)),
       last=jnp.full((batch_size, beam_size), PAD_ID, jnp.int32),
-      finished_seqs=jnp.zeros((batch_size, beam_size, max_decode_len),
+      finished_seqs=jnp.zeros((batch_size, beam_size, lengths[0]),
                               jnp.int32),
       finished_scores=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
       finished_flags=jnp.zeros((batch_size, beam_size), jnp.bool_),
@@ -326,7 +392,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
     return no_live | (worst_finished > best_reachable)  # [batch]
 
   def cond(state: _BeamState) -> jax.Array:
-    return (state.step < max_decode_len) & ~jnp.all(sentence_done(state))
+    return ((state.step < state.live_seqs.shape[2]) &
+            ~jnp.all(sentence_done(state)))
 
   def body(state: _BeamState) -> _BeamState:
     log_probs, cache = _step_logprobs(
@@ -375,7 +442,14 @@ def beam_search(tokens_to_logits: TokensToLogits,
         cache=cache,
     )
 
-  final = lax.while_loop(cond, body, init)
+  def grow(state: _BeamState, length: int) -> _BeamState:
+    return state._replace(live_seqs=_pad_axis(state.live_seqs, 2, length),
+                          finished_seqs=_pad_axis(state.finished_seqs, 2,
+                                                  length))
+
+  final = _run_stages(init, lengths,
+                      lambda state, _: lax.while_loop(cond, body, state),
+                      grow, grow_cache)
   # Every sentence has a finished hypothesis: at the latest, its live ones are
   # forced to end at its max_length.
   return final.finished_seqs, final.finished_scores
@@ -390,7 +464,8 @@ def _round_up(n: int, multiple: int) -> int:
 
 def _model_fns(model: Any, params: PyTree, inputs: jax.Array,
                beam_size: int, max_decode_len: int
-              ) -> tuple[TokensToLogits, PyTree]:
+              ) -> tuple[TokensToLogits, PyTree, Callable[[PyTree, int],
+                                                         PyTree]]:
   """The Transformer-specific part: the step function and its initial cache.
 
   Written against `mha.transformer.Transformer`: `encode(inputs)`,
@@ -406,16 +481,31 @@ def _model_fns(model: Any, params: PyTree, inputs: jax.Array,
     max_decode_len: cache length.
 
   Returns:
-    `(tokens_to_logits, cache)` for `batch * beam_size` rows.
+    `(tokens_to_logits, cache, grow_cache)` for `batch * beam_size` rows;
+    `grow_cache(cache, length)` pads every leaf whose shape depends on the
+    output length (the self-attention keys and values) with zeros to the
+    shape of a cache made for `length`.
   """
   encoded = model.apply({'params': params}, inputs, method='encode')
   encoded = jnp.repeat(encoded, beam_size, axis=0)  # [batch * beam, s, d]
   inputs = jnp.repeat(inputs, beam_size, axis=0)  # [batch * beam, s]
   num_rows = inputs.shape[0]
   # Only the cache collection is kept: XLA drops the parameter initialisers.
-  cache = model.init(
-      jax.random.PRNGKey(0), inputs,
-      jnp.ones((num_rows, max_decode_len), jnp.int32))['cache']
+  def init_cache(length: int) -> PyTree:
+    return model.init(jax.random.PRNGKey(0), inputs,
+                      jnp.ones((num_rows, length), jnp.int32))['cache']
+
+  cache = init_cache(max_decode_len)
+
+  def grow_cache(cache: PyTree, length: int) -> PyTree:
+    shapes = jax.eval_shape(functools.partial(init_cache, length))
+
+    def pad(x, shape):
+      if x.shape == shape.shape:
+        return x
+      return jnp.pad(x, [(0, n - m) for m, n in zip(x.shape, shape.shape)])
+
+    return jax.tree.map(pad, cache, shapes)
 
   def tokens_to_logits(tokens: jax.Array, cache: PyTree):
     logits, mutated = model.apply({'params': params, 'cache': cache},
@@ -426,7 +516,7 @@ def _model_fns(model: Any, params: PyTree, inputs: jax.Array,
                                   method='decode')  # [num_rows, 1, V]
     return logits[:, 0], mutated['cache']
 
-  return tokens_to_logits, cache
+  return tokens_to_logits, cache, grow_cache
 
 
 @functools.lru_cache(maxsize=32)
@@ -436,14 +526,18 @@ def _translate_fn(model_config: Any, beam_size: int, alpha: float,
   model = transformer_lib.Transformer(
       model_config.replace(decode=True, deterministic=True))
 
-  @functools.partial(jax.jit, static_argnames=('max_decode_len',))
+  @functools.partial(jax.jit,
+                     static_argnames=('max_decode_len', 'stage_lengths'))
   def search(params: PyTree, inputs: jax.Array, max_lengths: jax.Array, *,
-             max_decode_len: int) -> jax.Array:
+             max_decode_len: int, stage_lengths: tuple[int, ...]) -> jax.Array:
     batch_size = inputs.shape[0]
-    tokens_to_logits, cache = _model_fns(model, params, inputs, beam_size,
-                                         max_decode_len)
+    lengths = _stage_lengths(stage_lengths, max_decode_len)
+    tokens_to_logits, cache, grow_cache = _model_fns(
+        model, params, inputs, beam_size, lengths[0])
     tokens, _ = beam_search(tokens_to_logits, cache, batch_size, beam_size,
-                            alpha, max_decode_len, eos_id, max_lengths)
+                            alpha, max_decode_len, eos_id, max_lengths,
+                            stage_lengths=tuple(lengths[:-1]),
+                            grow_cache=grow_cache)
     return tokens[:, 0]  # [batch, max_decode_len]
 
   return search
@@ -457,7 +551,8 @@ def translate(model_config: Any,
               alpha: float,
               max_decode_extra: int,
               eos_id: int,
-              length_multiple: int = 8) -> jax.Array:
+              length_multiple: int = 8,
+              first_stage_extra: int | None = FIRST_STAGE_EXTRA) -> jax.Array:
   """Translates a batch with the Transformer: beam search, best hypothesis.
 
   Encodes once (the encoder output is repeated per beam inside the step
@@ -465,6 +560,12 @@ def translate(model_config: Any,
   rows and runs the whole search as one jitted function, cached per
   (config, beam_size, alpha, eos_id) and compiled per input shape and
   `max_decode_len`.
+
+  The search runs in two stages (module docstring): first with outputs and
+  a self-attention cache of `inputs.shape[1] + first_stage_extra` positions,
+  then, only if some sentence is not done by then, continued to
+  `max_decode_len`. The output is the same as in one stage; the steps of
+  the first stage cost as much as a cache of that shorter length.
 
   Args:
     model_config: the model's frozen `TransformerConfig` (training or eval
@@ -479,6 +580,9 @@ def translate(model_config: Any,
     eos_id: end-of-sentence token id.
     length_multiple: `max_decode_len` (longest limit in the batch) is rounded
       up to a multiple of this, to limit the number of compilations.
+    first_stage_extra: the first stage's room beyond the padded input length
+      (a function of the input shape, so no extra compilation); None or 0:
+      one stage of `max_decode_len`.
 
   Returns:
     int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it.
@@ -492,7 +596,13 @@ def translate(model_config: Any,
   if model_max_len is not None and max_decode_len > model_max_len:
     max_decode_len = int(model_max_len)
     max_lengths = np.minimum(max_lengths, max_decode_len)
+  stages = ()
+  if first_stage_extra:
+    stages = (min(inputs_np.shape[1] + int(first_stage_extra),
+                  max_decode_len),)
   search = _translate_fn(model_config, int(beam_size), float(alpha),
                          int(eos_id))
   return search(params, jnp.asarray(inputs_np, jnp.int32),
-                jnp.asarray(max_lengths), max_decode_len=max_decode_len)
+                jnp.asarray(max_lengths), max_decode_len=max_decode_len,
+                stage_lengths=tuple(
+                    _stage_lengths(stages, max_decode_len)[:-1]))

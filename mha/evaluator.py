@@ -140,17 +140,21 @@ def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
 def decode_batches(model_config: TransformerConfig, params: Any,
                    batches: Sequence[DecodeBatch], *, beam_size: int,
                    alpha: float, max_decode_extra: int,
-                   eos_id: int = data.EOS_ID) -> list[np.ndarray]:
+                   eos_id: int = data.EOS_ID,
+                   first_stage_extra: int | None = decoding.FIRST_STAGE_EXTRA
+                   ) -> list[np.ndarray]:
   """Output ids of each batch (`[rows, max_decode_len]`, EOS included).
 
   All batches are dispatched before the first result is fetched, so the host
   work overlaps with the device's. `eos_id=-1` disables early ends (every
   output runs to its length limit: decoding benchmarks of random models).
+  `first_stage_extra`: as in `decoding.translate` (None: one stage).
   """
   outputs = [decoding.translate(
       model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
       max_decode_extra=max_decode_extra, eos_id=eos_id,
-      length_multiple=batch.length_multiple) for batch in batches]
+      length_multiple=batch.length_multiple,
+      first_stage_extra=first_stage_extra) for batch in batches]
   return [np.asarray(o) for o in outputs]
 
 

@@ -421,10 +421,68 @@ def test_transformer_caches_cross_attention_as_source_leaves(
     tiny_transformer):
   model_config, _, params, inputs = tiny_transformer
   model = transformer.Transformer(model_config.replace(decode=True))
-  _, cache = decoding._model_fns(model, params, jnp.asarray(inputs), 2, 8)
+  _, cache, _ = decoding._model_fns(model, params, jnp.asarray(inputs), 2, 8)
   names = {jax.tree_util.keystr(path)
            for path, _ in jax.tree_util.tree_flatten_with_path(cache)[0]}
   source = {n for n in names if "'source_" in n}
   assert source and all('cross_attention' in n for n in source)
   assert not any('cross_attention' in n and 'cached_' in n for n in names)
   assert any('self_attention' in n and 'cached_key' in n for n in names)
+
+
+class GrowingHistoryModel(HistoryModel):
+  """HistoryModel whose token history has one column per output position of
+  the search's current stage: a cache that grows between stages."""
+
+  def init_cache(self, rows=None, length=None):
+    cache = super().init_cache(rows)
+    cache['history'] = cache['history'][:, :length]
+    return cache
+
+  def step(self, tokens, cache, record=False):
+    # EOS made unlikely, so that hypotheses run past the first stages.
+    logits, cache = super().step(tokens, cache, record)
+    return logits.at[:, EOS].add(-3.0), cache
+
+  def grow_cache(self, cache, length):
+    history = cache['history']
+    return dict(cache, history=jnp.pad(
+        history, ((0, 0), (0, length - history.shape[1]))))
+
+
+@pytest.mark.parametrize('beam', [1, 3])
+def test_staged_search_equals_one_stage(beam):
+  model = GrowingHistoryModel(seed=11, batch_size=4, max_len=9)
+  limits = np.array([9, 5, 7, 3], np.int32)
+  one = run_beam(model, beam, 0.6, 9, limits)
+  longest = max(len(hypothesis(t)) for t in one[0][:, 0])
+  assert longest > 2  # the searches below need their later stages
+  for stages in [(1,), (2, 5), (4,), (8,)]:
+    fn = jax.jit(lambda cache, max_lengths, stages=stages:
+                 decoding.beam_search(
+                     model.step, cache, model.batch_size, beam, 0.6, 9, EOS,
+                     max_lengths, stage_lengths=stages,
+                     grow_cache=model.grow_cache))
+    tokens, scores = fn(model.init_cache(length=stages[0]), limits)
+    np.testing.assert_array_equal(np.asarray(tokens), one[0])
+    np.testing.assert_allclose(np.asarray(scores), one[1], rtol=1e-6)
+
+
+def test_stages_without_grow_cache_are_refused():
+  model = GrowingHistoryModel(seed=0, batch_size=2, max_len=4)
+  with pytest.raises(ValueError, match='grow_cache'):
+    decoding.beam_search(model.step, model.init_cache(length=2), 2, 2, 0.6,
+                         4, EOS, stage_lengths=(2,))
+
+
+@pytest.mark.parametrize('beam', [1, 3])
+def test_translate_in_two_stages_equals_one_stage(tiny_transformer, beam):
+  model_config, _, params, inputs = tiny_transformer
+  kwargs = dict(beam_size=beam, alpha=0.6, max_decode_extra=12, eos_id=EOS)
+  one = np.asarray(decoding.translate(model_config, params, inputs,
+                                      first_stage_extra=None, **kwargs))
+  lengths = [len(hypothesis(t)) for t in one]
+  assert max(lengths) > inputs.shape[1] + 1  # past the first stage below
+  two = np.asarray(decoding.translate(model_config, params, inputs,
+                                      first_stage_extra=1, **kwargs))
+  np.testing.assert_array_equal(two, one)
