@@ -34,6 +34,7 @@ import sys
 from absl import app
 from absl import flags
 
+from mha import compilation_cache
 from mha import evaluator
 
 flags.DEFINE_string("workdir", None, "A training workdir.")
@@ -60,6 +61,7 @@ flags.DEFINE_integer("plot_attention", 0,
 flags.DEFINE_integer("plot_layer", -1,
                      "Encoder and decoder layer of the attention maps "
                      "(0 = first, -1 = last).")
+compilation_cache.define_flag()
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -67,6 +69,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  compilation_cache.enable(FLAGS.compilation_cache_dir)
   piped = FLAGS.source_file == "-"
   try:
     result = evaluator.evaluate(

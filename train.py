@@ -11,6 +11,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from mha import compilation_cache
 from mha import distributed
 from mha import trainer
 
@@ -22,12 +23,14 @@ flags.DEFINE_string("coordinator_address", None,
                     "HOST:PORT of process 0, for multi-process runs.")
 flags.DEFINE_integer("num_processes", None, "Number of processes.")
 flags.DEFINE_integer("process_id", None, "This process's index.")
+compilation_cache.define_flag()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  compilation_cache.enable(FLAGS.compilation_cache_dir)
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                          FLAGS.process_id)
   trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
