@@ -96,4 +96,3 @@ def test_location_fields_matter_only_for_location_attention(tmp_path):
   other = base.get_config("tiny")  # scaled_dot now, location before
   with pytest.raises(ValueError, match=r"attention_type='location'"):
     workdir_lib.check_config(other, workdir)
-
