@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 from jax import lax
@@ -164,11 +164,18 @@ def _stage_lengths(stage_lengths, max_decode_len: int) -> list[int]:
   return lengths + [max_decode_len]
 
 
+def _pad_to(x: jax.Array, shape: Sequence[int]) -> jax.Array:
+  """Zeros appended along every axis up to `shape` (x itself if equal)."""
+  if tuple(x.shape) == tuple(shape):
+    return x
+  return jnp.pad(x, [(0, n - m) for m, n in zip(x.shape, shape)])
+
+
 def _pad_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
   """Zeros appended along `axis` up to `length`."""
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, length - x.shape[axis])
-  return jnp.pad(x, widths)
+  shape = list(x.shape)
+  shape[axis] = length
+  return _pad_to(x, shape)
 
 
 def _run_stages(state, lengths: list[int], loop, grow, grow_cache):
@@ -499,13 +506,7 @@ def _model_fns(model: Any, params: PyTree, inputs: jax.Array,
 
   def grow_cache(cache: PyTree, length: int) -> PyTree:
     shapes = jax.eval_shape(functools.partial(init_cache, length))
-
-    def pad(x, shape):
-      if x.shape == shape.shape:
-        return x
-      return jnp.pad(x, [(0, n - m) for m, n in zip(x.shape, shape.shape)])
-
-    return jax.tree.map(pad, cache, shapes)
+    return jax.tree.map(lambda x, s: _pad_to(x, s.shape), cache, shapes)
 
   def tokens_to_logits(tokens: jax.Array, cache: PyTree):
     logits, mutated = model.apply({'params': params, 'cache': cache},

@@ -294,6 +294,12 @@ def test_script_runs_rows_in_stages_and_writes_the_readme(multi30k, tmp_path):
   assert rows2["multires"]["attention"] == "location (1,3,5,7)"
   assert "2 of 12 rows measured" in section2
 
+  # --table_only runs nothing and rebuilds the same table from table3.json.
+  only = script.main(slice_args(multi30k, root, "", "base") + ["--table_only"])
+  assert only.strip() == section2.strip()
+  assert (root / "base" / "table3.json").read_text() == base_json
+  assert sorted(p.name for p in root.iterdir()) == ["base", "multires"]
+
 
 def test_unknown_row_fails_before_anything_runs(tmp_path):
   with pytest.raises(script.Table3Error, match=r"nope.*known rows: base, A1"):
