@@ -58,6 +58,11 @@ from mha.transformer import TransformerConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TEST_SPLIT = "test_2016_flickr"
+# google/flax examples/wmt at the configs/multi30k.py shape on this project's
+# 2-core machine decoded Multi30k test at beam 4 at about 9 sentences/s; the
+# target (issue 7) is twice that.
+REFERENCE_BEAM_SENTENCES_PER_SEC = 9.0
+TARGET_BEAM_SENTENCES_PER_SEC = 18.0
 
 
 def multi30k_dir() -> pathlib.Path | None:
@@ -254,6 +259,14 @@ def main():
         f"source + {decoding.FIRST_STAGE_EXTRA} positions, then source + "
         f"{cache_extra}); outputs {'identical' if same else 'DIFFER'}; "
         f"total {time.perf_counter() - total_start:.0f} s.")
+  speed = beam["sentences_per_sec"]
+  print(f"beam {args.beam_size}: {speed:.1f} sentences/s = "
+        f"{speed / REFERENCE_BEAM_SENTENCES_PER_SEC:.2f}x the reference "
+        f"point's {REFERENCE_BEAM_SENTENCES_PER_SEC:g} (google/flax "
+        f"examples/wmt, beam 4, same shape and machine); target "
+        f">= {TARGET_BEAM_SENTENCES_PER_SEC:g}"
+        + ("" if args.workdir else
+           " (the target is for a trained model: run with --workdir)") + ".")
 
 
 if __name__ == "__main__":

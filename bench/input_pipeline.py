@@ -101,14 +101,27 @@ def main(argv=None) -> None:
     print(f"{'max_tokens':>10} {'pack':>5} {'setup s':>8} {'batches/s':>10} "
           f"{'tokens/s':>11} {'padded/s':>11} {'fill':>5} {'tok/batch':>9} "
           f"{'shapes':>6}")
+    ratios = []
     for max_tokens in [int(x) for x in args.max_tokens.split(",")]:
+      measured = {}
       for pack in (False, True):
         config.max_tokens, config.pack_examples = max_tokens, pack
-        r = _measure(config, tok, args.num_devices, args.seconds)
+        r = measured[pack] = _measure(config, tok, args.num_devices,
+                                      args.seconds)
         print(f"{max_tokens:>10} {str(pack):>5} {r['setup']:>8.2f} "
               f"{r['batches']:>10.1f} {r['real']:>11,.0f} "
               f"{r['padded']:>11,.0f} {r['fill']:>5.2f} "
               f"{r['tokens_per_batch']:>9,.0f} {r['shapes']:>6}")
+      ratios.append(
+          f"max_tokens {max_tokens}, packed/unpacked: fill "
+          f"{measured[True]['fill'] / measured[False]['fill']:.2f}x, "
+          f"non-padding tokens per batch "
+          f"{measured[True]['tokens_per_batch'] / measured[False]['tokens_per_batch']:.2f}x, "
+          f"non-padding tokens/s "
+          f"{measured[True]['real'] / measured[False]['real']:.2f}x")
+    for line in ratios:
+      print(line)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":
