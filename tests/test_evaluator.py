@@ -279,8 +279,14 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
 
 
 def test_workdir_unchanged_except_eval(trained):
-  """Runs last: every evaluation above wrote under eval/ only."""
+  """Runs last: every evaluation above wrote under eval/ only.
+
+  Whichever of them ran in this process (all of them in a plain run; a
+  share of them where pytest-xdist splits the module): eval/ may be absent.
+  """
   workdir, before = trained
   assert _snapshot(workdir) == before
-  written = sorted(p.name for p in (workdir / "eval").iterdir())
+  eval_dir = workdir / "eval"
+  written = (sorted(p.name for p in eval_dir.iterdir())
+             if eval_dir.exists() else [])
   assert set(written) <= {"test_12_6", "test_12_avg2_6", "file_6"}
