@@ -2,7 +2,7 @@ r"""The paper's Table 3 variants at small scale: Multi30k German->English.
 
     python train.py --config=configs/table3.py:A1 --workdir=workdirs/table3/A1
     python eval.py --workdir=workdirs/table3/A1 --split=val
-    python bench/table3.py --workdir_root=workdirs/table3 --rows=base,A1
+    python scripts/table3.py --workdir_root=workdirs/table3 --rows=base,A1
 
 Starts from configs/multi30k.py (3+3 layers, d_model 256, 4 heads, d_ff 1024,
 dropout 0.2, label smoothing 0.1, one shared 8,000-piece vocabulary, 4,096
@@ -19,7 +19,7 @@ training, not at the end as the paper does.
 
 One checkpoint, at step 200; the trainer's evaluation at step 200 logs the
 dev split's (`val`) loss, NLL and perplexity to metrics.jsonl. No BLEU during
-training (`eval_bleu_sentences=0`): bench/table3.py decodes the whole dev
+training (`eval_bleu_sentences=0`): scripts/table3.py decodes the whole dev
 split afterwards with beam 4, α 0.6 and no checkpoint averaging, the
 paper's Table 3 protocol.
 

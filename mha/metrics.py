@@ -31,9 +31,16 @@ class MetricsWriter:
     if self.path is None or not os.path.exists(self.path):
       return
     with open(self.path) as f:
-      lines = [line for line in f if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
-    if len(kept) != len(lines):
+      lines = f.readlines()
+    torn = bool(lines) and not lines[-1].endswith("\n")
+    if torn:
+      # A run killed while appending leaves a torn last line: drop it.
+      logging.warning("%s: dropping an incomplete last line %r", self.path,
+                      lines[-1][:80])
+      lines = lines[:-1]
+    kept = [line for number, line in enumerate(lines, 1) if line.strip()
+            and _parse(line, self.path, number).get("step", 0) <= step]
+    if torn or len(kept) != len(lines):
       tmp = self.path + ".tmp"
       with open(tmp, "w") as f:
         f.writelines(kept)
@@ -56,13 +63,26 @@ class MetricsWriter:
     self._writer.close()
 
 
+def _parse(line: str, path: str, number: int) -> dict:
+  try:
+    return json.loads(line)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}, line {number}: not a JSON record "
+                     f"({e.msg}).") from None
+
+
 def read_metrics(workdir: str) -> list[dict]:
   """The records of `<workdir>/metrics.jsonl`, in order."""
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return []
+  records = []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      records.append(_parse(line, path, number))
+  return records
 
 
 class Progress:

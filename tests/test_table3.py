@@ -1,4 +1,4 @@
-"""configs/table3.py (the Table 3 rows at small scale) and bench/table3.py
+"""configs/table3.py (the Table 3 rows at small scale) and scripts/table3.py
 (train each row, measure dev perplexity and BLEU, write the README table)."""
 import json
 import math
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from bench import table3 as script
+from scripts import table3 as script
 from configs import multi30k
 from configs import table3
 from mha import evaluator
@@ -192,7 +192,7 @@ def test_readme_has_the_table3_section_with_every_row():
 
 
 def slice_args(data_dir, workdir_root, readme, rows):
-  """bench/table3.py on a Multi30k slice (as tests/test_configs.py's), with
+  """scripts/table3.py on a Multi30k slice (as tests/test_configs.py's), with
   the tiny model cut to one layer and short outputs, to compile fast."""
   return [
       f"--workdir_root={workdir_root}", f"--rows={rows}", "--config_args=tiny",

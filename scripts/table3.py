@@ -1,9 +1,9 @@
 r"""The paper's Table 3 at small scale: train each variant, measure it on dev.
 
-    python bench/table3.py --workdir_root=workdirs/table3  # every row
-    python bench/table3.py --workdir_root=workdirs/table3 --rows=base,A1,A3
-    python bench/table3.py --workdir_root=workdirs/table3 --table_only
-    python bench/table3.py --list  # the rows, their paper row, what changes
+    python scripts/table3.py --workdir_root=workdirs/table3  # every row
+    python scripts/table3.py --workdir_root=workdirs/table3 --rows=base,A1,A3
+    python scripts/table3.py --workdir_root=workdirs/table3 --table_only
+    python scripts/table3.py --list  # the rows, their paper row, what changes
 
 Each row of configs/table3.py (rows A, B, D, E of the paper's Table 3 scaled
 to d_model 256 / 4 heads, the §3.2.1 compatibility functions, location-aware
@@ -595,4 +595,4 @@ if __name__ == "__main__":
   try:
     main()
   except (Table3Error, evaluator.EvalError) as e:
-    sys.exit(f"bench/table3.py: {e}")
+    sys.exit(f"scripts/table3.py: {e}")

@@ -1,0 +1,74 @@
+"""mha/metrics.py's metrics.jsonl (write, read, resume truncation, bad
+lines) and scripts/plot_metrics.py (its curves and the PNG it writes)."""
+import json
+
+import matplotlib.image
+import pytest
+
+from mha import metrics as metrics_lib
+from scripts import plot_metrics
+
+
+def _write(workdir, steps, every_eval=2):
+  writer = metrics_lib.MetricsWriter(str(workdir))
+  for step in steps:
+    writer.write(step, {"nll": 10.0 / step, "loss": 11.0 / step})
+    if step % every_eval == 0:
+      writer.write(step, {"eval_nll": 12.0 / step, "eval_bleu": 3.0 * step})
+  writer.close()
+
+
+def test_records_round_trip_and_resume_drops_later_steps(tmp_path):
+  _write(tmp_path, [1, 2, 3, 4])
+  records = metrics_lib.read_metrics(str(tmp_path))
+  assert [(r["step"], sorted(set(r) - {"step", "time"})) for r in records] == [
+      (1, ["loss", "nll"]), (2, ["loss", "nll"]), (2, ["eval_bleu", "eval_nll"]),
+      (3, ["loss", "nll"]), (4, ["loss", "nll"]), (4, ["eval_bleu", "eval_nll"])]
+  assert records[2]["eval_bleu"] == 6.0
+  # A run resumed from the step-2 checkpoint rewrites steps 3 and 4.
+  metrics_lib.MetricsWriter(str(tmp_path)).truncate_after(2)
+  assert [r["step"] for r in metrics_lib.read_metrics(str(tmp_path))] == [
+      1, 2, 2]
+
+
+def test_resume_drops_a_torn_last_line_and_names_a_bad_one(tmp_path):
+  _write(tmp_path, [1, 2])
+  path = tmp_path / metrics_lib.METRICS_FILE
+  whole = path.read_text()
+  # Killed in the middle of appending the step-3 record.
+  path.write_text(whole + '{"step": 3, "nl')
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 4: not a JSON"):
+    metrics_lib.read_metrics(str(tmp_path))
+  metrics_lib.MetricsWriter(str(tmp_path)).truncate_after(5)
+  assert path.read_text() == whole
+  # A bad line that is not the last is not ours to drop: one clear error.
+  lines = whole.splitlines(keepends=True)
+  path.write_text(lines[0] + "garbage\n" + "".join(lines[1:]))
+  with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a JSON"):
+    metrics_lib.MetricsWriter(str(tmp_path)).truncate_after(5)
+  assert path.read_text().count("garbage") == 1
+
+
+def test_plot_curves_and_png(tmp_path):
+  _write(tmp_path, [1, 2, 3, 4, 5, 6], every_eval=3)
+  lines = plot_metrics.curves(metrics_lib.read_metrics(str(tmp_path)))
+  assert lines["train NLL"] == ([1, 2, 3, 4, 5, 6],
+                                [10.0 / s for s in range(1, 7)])
+  assert lines["eval NLL"] == ([3, 6], [4.0, 2.0])
+  assert lines["eval BLEU"] == ([3, 6], [9.0, 18.0])
+  out = tmp_path / "curves.png"
+  plot_metrics.main([f"--workdir={tmp_path}", f"--out={out}"])
+  image = matplotlib.image.imread(out)
+  assert image.shape[:2] == (360, 600)  # 6 x 3.6 inches at 100 dpi
+  # Something was drawn: not one flat colour.
+  assert image[..., :3].std() > 0.05
+
+
+def test_plot_bad_workdir_gives_one_clear_error(tmp_path):
+  with pytest.raises(SystemExit, match="metrics.jsonl does not exist"):
+    plot_metrics.main([f"--workdir={tmp_path}", f"--out={tmp_path / 'a.png'}"])
+  (tmp_path / metrics_lib.METRICS_FILE).write_text(
+      json.dumps({"step": 5, "eval_nll": 1.0}) + "\n")
+  with pytest.raises(SystemExit, match="holds no training metrics"):
+    plot_metrics.main([f"--workdir={tmp_path}", f"--out={tmp_path / 'a.png'}"])
+  assert not (tmp_path / "a.png").exists()
