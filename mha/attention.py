@@ -217,10 +217,18 @@ def _xla_attention(query, key, value, mask, scale):
   """`jax.nn.dot_product_attention` with the same mask convention.
 
   jax's kernel gives fully masked rows uniform weights instead of zeros; those
-  rows are zeroed here so both implementations agree everywhere.
+  rows are zeroed here so both implementations agree everywhere. It also
+  needs one head size for queries, keys and values: where d_k != d_v (Table
+  3 row B), the narrower side is padded with zeros, which changes neither
+  QKᵀ (the scale stays 1/√d_k) nor the first d_v output features, and the
+  padding is sliced off the output.
   """
-  out = jax.nn.dot_product_attention(query, key, value, mask=mask, scale=scale,
-                                     implementation="xla")
+  d_k, d_v = query.shape[-1], value.shape[-1]
+  width = max(d_k, d_v)
+  pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])
+  out = jax.nn.dot_product_attention(pad(query), pad(key), pad(value),
+                                     mask=mask, scale=scale,
+                                     implementation="xla")[..., :d_v]
   if mask is not None:
     b, q, h = query.shape[:3]
     any_key = jnp.any(jnp.broadcast_to(mask, (b, h, q, key.shape[1])), axis=-1)

@@ -177,15 +177,19 @@ def test_multi_head_equals_explicit_loop_over_heads(d_k, d_v):
   np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
-def test_xla_impl_equals_einsum_impl():
+@pytest.mark.parametrize("d_k,d_v", [(None, None), (2, 8), (8, 2)])
+def test_xla_impl_equals_einsum_impl(d_k, d_v):
+  # d_k != d_v (Table 3 row B): jax's kernel needs one head size, so the xla
+  # path pads; the result must still be the einsum path's.
   rng = np.random.default_rng(8)
   x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
   mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
   mask = mask & jnp.asarray([True] * 6 + [True] * 3 + [False] * 3).reshape(
       2, 1, 1, 6)
-  ours = mha.MultiHeadAttention(num_heads=4)
+  ours = mha.MultiHeadAttention(num_heads=4, d_k=d_k, d_v=d_v)
   params = ours.init(jax.random.key(0), x, x, mask)
-  xla = mha.MultiHeadAttention(num_heads=4, attention_impl="xla")
+  xla = mha.MultiHeadAttention(num_heads=4, d_k=d_k, d_v=d_v,
+                               attention_impl="xla")
   np.testing.assert_allclose(ours.apply(params, x, x, mask),
                              xla.apply(params, x, x, mask), atol=1e-5)
 
