@@ -19,20 +19,23 @@ from ml_collections import config_dict
 
 # Table 3 of the paper: each row changes a few fields of the base model.
 TABLE3_ROWS = {
-    # (A) number of heads at constant computation, d_k = d_v = d_model / h.
-    "A1": dict(num_heads=1, d_k=512, d_v=512),
-    "A2": dict(num_heads=4, d_k=128, d_v=128),
-    "A3": dict(num_heads=16, d_k=32, d_v=32),
-    "A4": dict(num_heads=32, d_k=16, d_v=16),
-    # (B) smaller attention key size.
+    # (A) number of heads at constant computation, d_k = d_v = d_model / h:
+    # None leaves them to follow d_model and h, which gives the paper's 512,
+    # 128, 32 and 16 on the base model and keeps h·d_k = d_model on any other
+    # (configs/big.py, configs/multi30k.py, `tiny`).
+    "A1": dict(num_heads=1, d_k=None, d_v=None),
+    "A2": dict(num_heads=4, d_k=None, d_v=None),
+    "A3": dict(num_heads=16, d_k=None, d_v=None),
+    "A4": dict(num_heads=32, d_k=None, d_v=None),
+    # (B) smaller attention key size: the paper's absolute sizes (base d_k 64).
     "B1": dict(d_k=16),
     "B2": dict(d_k=32),
     # (C) bigger and smaller models.
     "C1": dict(num_layers=2),
     "C2": dict(num_layers=4),
     "C3": dict(num_layers=8),
-    "C4": dict(d_model=256, d_k=32, d_v=32),
-    "C5": dict(d_model=1024, d_k=128, d_v=128),
+    "C4": dict(d_model=256, d_k=None, d_v=None),  # d_k = d_v = 256 / 8 = 32
+    "C5": dict(d_model=1024, d_k=None, d_v=None),  # 1024 / 8 = 128
     "C6": dict(d_ff=1024),
     "C7": dict(d_ff=4096),
     # (D) dropout and label smoothing.

@@ -28,6 +28,28 @@ def test_config_builds_a_model(module, arg):
   assert embedding.shape == (config.vocab_size, config.d_model)
 
 
+def _head_sizes(config):
+  d_k = config.d_k or config.d_model // config.num_heads
+  return config.num_heads, d_k, config.d_v or config.d_model // config.num_heads
+
+
+def test_table3_rows_resolve_to_the_papers_sizes():
+  # (h, d_k, d_v) of Table 3 on the base model (d_model 512, 8 heads).
+  paper = {"A1": (1, 512, 512), "A2": (4, 128, 128), "A3": (16, 32, 32),
+           "A4": (32, 16, 16), "B1": (8, 16, 64), "B2": (8, 32, 64),
+           "C4": (8, 32, 32), "C5": (8, 128, 128)}
+  for row, sizes in paper.items():
+    assert _head_sizes(base.get_config(row)) == sizes, row
+  assert base.get_config("C4").d_model == 256
+  assert base.get_config("C5").d_model == 1024
+  # Rows A keep h·d_k = h·d_v = d_model on the other models too.
+  for module, arg in [(big, "A1"), (big, "A4"), (multi30k, "A1"),
+                      (multi30k, "A3"), (base, "tiny,A3"), (base, "A1,tiny")]:
+    config = module.get_config(arg)
+    h, d_k, d_v = _head_sizes(config)
+    assert h * d_k == h * d_v == config.d_model, (module.__name__, arg)
+
+
 def test_multires_gives_one_width_per_head_of_the_final_model():
   assert base.get_config("multires").location_filter_sizes == (
       1, 3, 5, 7, 9, 11, 13, 15)
