@@ -200,6 +200,17 @@ def restore_params(workdir: str | os.PathLike[str],
     return _read_params(reader, step), step
 
 
+def read_meta(workdir: str | os.PathLike[str],
+              step: int | None = None) -> dict[str, Any]:
+  """The JSON saved beside checkpoint `step` (None: the latest): `step`,
+  `data_position` (micro-batches read), `grad_accum_steps`."""
+  step = _check_step(checkpoint_dir(workdir), all_steps(workdir), step)
+  with _reader(workdir) as reader:
+    restored = reader.restore(
+        step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+  return dict(restored[META])
+
+
 def _is_float(dtype: np.dtype) -> bool:
   # jnp counts bfloat16 (ml_dtypes) as floating, NumPy's issubdtype does not.
   return bool(jnp.issubdtype(dtype, jnp.inexact))

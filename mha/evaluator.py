@@ -268,8 +268,12 @@ def read_lines(path: str, what: str = "File") -> list[str]:
       with open(path, "rb") as f:
         raw = f.read()
     text = raw.decode("utf-8")
-  except (FileNotFoundError, IsADirectoryError):
+  except FileNotFoundError:
     raise EvalError(f"{what} {path} does not exist.") from None
+  except IsADirectoryError:
+    raise EvalError(f"{what} {path} is a directory, not a file.") from None
+  except OSError as e:
+    raise EvalError(f"{what} {path} cannot be read: {e.strerror}.") from None
   except UnicodeDecodeError as e:
     raise EvalError(f"{what} {path} is not valid UTF-8: {e}.") from None
   if not text:
@@ -353,6 +357,10 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
   Raises:
     EvalError: the workdir, its config.json or its spm.model is missing.
   """
+  try:
+    workdir_lib.check_local(workdir)
+  except ValueError as e:
+    raise EvalError(str(e)) from None
   if not files.exists(workdir):
     raise EvalError(f"Workdir {workdir} does not exist.")
   try:

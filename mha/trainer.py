@@ -300,6 +300,22 @@ def check_same_vocabulary(tokenizer) -> None:
         "copy process 0's spm.model into the workdir before starting.")
 
 
+# Loop and batch fields that must be at least 1 (num_train_steps may be 0).
+_POSITIVE_FIELDS = ("checkpoint_every_steps", "eval_every_steps",
+                    "log_every_steps", "grad_accum_steps", "keep_checkpoints",
+                    "max_tokens")
+
+
+def check_loop_config(config: ml_collections.ConfigDict) -> None:
+  """Refuses loop settings the trainer cannot run, naming the field."""
+  for field in _POSITIVE_FIELDS:
+    if config[field] < 1:
+      raise ValueError(f"config.{field} must be >= 1, got {config[field]}.")
+  if config.num_train_steps < 0:
+    raise ValueError("config.num_train_steps must be >= 0, got "
+                     f"{config.num_train_steps}.")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
@@ -311,9 +327,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   Returns:
     The metrics of the last logged step and evaluation, and `step`.
   """
+  check_loop_config(config)
+  workdir_lib.check_local(workdir)
   os.makedirs(workdir, exist_ok=True)
   is_primary = jax.process_index() == 0
   workdir_lib.check_config(config, workdir)
+  changed = workdir_lib.changed_data_fields(config, workdir)
+  if changed:
+    logging.warning(
+        "Resuming %s with other data settings (%s): training goes on from "
+        "the checkpoint's position in the data, but the batches differ from "
+        "those of an uninterrupted run, so the result is not bit-identical.",
+        workdir, "; ".join(changed))
   tokenizer = data.get_tokenizer(config, workdir)
   check_same_vocabulary(tokenizer)
   if is_primary:
@@ -335,19 +360,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     logging.info("Resumed from %s at step %d.", workdir, start_step)
     writer.truncate_after(start_step)
   else:
-    start_step = 0
+    start_step, meta = 0, {}
     logging.info("Starting a new run in %s.", workdir)
   state = replicate(state, devices)
 
   accum = config.grad_accum_steps
+  # Micro-batches read before start_step: the checkpoint's own count, so a
+  # resume with another grad_accum_steps neither replays nor skips data.
+  data_start = int(meta.get("data_position", start_step * accum))
   update = _Updater(model, tx, config)
   p_eval_step = jax.pmap(make_eval_step(eval_model, config), axis_name=AXIS)
   eval_batches = None
   bleu_pairs = None  # (sources, references) of the eval split's first lines
 
   if start_step < config.num_train_steps:
-    batches = data.train_batches(config, tokenizer,
-                                 start_step=start_step * accum)
+    batches = data.train_batches(config, tokenizer, start_step=data_start)
     batches = (shard(b, num_devices) for b in batches)
   else:  # already finished: do not read or plan the training split
     logging.info("%s is at step %d >= num_train_steps=%d: nothing to train.",
@@ -357,7 +384,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   def save(step, state):
     host_state = unreplicate(state)
     checkpoints.save(manager, step, host_state,
-                     {"step": step, "data_position": step * accum,
+                     {"step": step,
+                      "data_position": data_start + (step - start_step) * accum,
                       "grad_accum_steps": accum}, force=True)
     logging.info("Saved checkpoint at step %d.", step)
 

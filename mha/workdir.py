@@ -15,7 +15,29 @@ MODEL_SHAPE_FIELDS = (
 # Fields that shape parameters only when attention_type is 'location': for
 # another attention type they may change freely.
 LOCATION_FIELDS = ("location_filter_sizes", "location_num_filters")
+# Fields that decide which examples fill which batch: changed on resume, the
+# run goes on (from the checkpoint's count of batches read) but does not
+# replay the batches an uninterrupted run would have seen.
+DATA_ORDER_FIELDS = (
+    "dataset_name", "data_dir", "source_lang", "target_lang", "train_split",
+    "max_source_length", "max_target_length", "max_tokens", "pack_examples",
+    "grad_accum_steps", "seed",
+)
 CONFIG_FILE = "config.json"
+
+
+def check_local(workdir: str) -> None:
+  """Refuses a workdir given as a URL (gs://...).
+
+  config.json, metrics.jsonl and the evaluation outputs are written with
+  local file I/O (metrics.jsonl is appended to, which object stores do not
+  offer), so a URL would silently become a local folder named 'gs:'.
+  """
+  if "://" in str(workdir):
+    raise ValueError(
+        f"--workdir={workdir}: URLs are not supported as workdirs. Mount the "
+        "bucket (e.g. gcsfuse on a TPU VM) or use a shared filesystem, and "
+        "pass its local path.")
 
 
 def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -40,6 +62,21 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
           f"{path} was written with {field}={saved[field]!r} but the config "
           f"gives {field}={given.get(field)!r}; a workdir holds one model. "
           f"Use another --workdir or --config.{field}={saved[field]!r}.")
+
+
+def changed_data_fields(config: ml_collections.ConfigDict,
+                        workdir: str) -> list[str]:
+  """DATA_ORDER_FIELDS whose value differs from the workdir's config.json,
+  as 'field: saved -> given' (empty for a new workdir)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    saved = json.load(f)
+  given = json.loads(config.to_json())
+  return [f"{field}: {saved[field]!r} -> {given.get(field)!r}"
+          for field in DATA_ORDER_FIELDS
+          if field in saved and saved[field] != given.get(field)]
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:

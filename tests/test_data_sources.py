@@ -105,6 +105,8 @@ def test_cache_keyed_by_folder_and_contents(tmp_path):
      r"Missing file .*test\.de.*splits with files for de-en: train"),
     ({"train.de": ["a"], "train.fr": ["b"]}, "train",
      "Language 'en' has no file.*languages found: de, fr"),
+    ({"train.de": ["a"], "train.en": ["b"]}, "train[:x]",
+     r"Split 'train\[:x\]' is not a TFDS split spec"),
 ])
 def test_parallel_text_bad_folders(tmp_path, files, split, message):
   folder = tmp_path / "corpus"

@@ -263,6 +263,8 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
       (dict(workdir=w, split="test", source_file=str(source)), "not both"),
       (dict(workdir=w, split="nonexistent"), "nonexistent"),
       (dict(workdir=w, beam_size=0), "--beam_size must be >= 1"),
+      (dict(workdir=w, source_file=str(tmp_path)), "is a directory"),
+      (dict(workdir="gs://bucket/run"), "gs://bucket/run: URLs are not"),
   ]
   for kwargs, message in cases:
     with pytest.raises(evaluator.EvalError, match=message):

@@ -132,6 +132,46 @@ def test_finished_workdir_is_left_as_it_is_without_reading_data(
   assert (copy / "metrics.jsonl").read_text() == before
 
 
+def test_resume_with_other_grad_accum_continues_the_data(trained_workdir,
+                                                         tmp_path, caplog):
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  assert checkpoints.read_meta(str(copy))["data_position"] == 12
+  result = trainer.train_and_evaluate(
+      tiny_config(num_train_steps=14, checkpoint_every_steps=4,
+                  eval_every_steps=100, grad_accum_steps=2), str(copy))
+  assert result["step"] == 14
+  # 12 micro-batches before the resume, then 2 updates of 2: the 13th batch
+  # of the plan is the first one read, none is replayed or skipped.
+  meta = checkpoints.read_meta(str(copy), 14)
+  assert (meta["data_position"], meta["grad_accum_steps"]) == (16, 2)
+  assert "grad_accum_steps: 1 -> 2" in caplog.text
+  assert "not bit-identical" in caplog.text
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(eval_every_steps=0), "config.eval_every_steps must be >= 1, got 0"),
+    (dict(checkpoint_every_steps=-1), "config.checkpoint_every_steps must"),
+    (dict(log_every_steps=0), "config.log_every_steps must be >= 1"),
+    (dict(grad_accum_steps=0), "config.grad_accum_steps must be >= 1"),
+    (dict(num_train_steps=-5), "config.num_train_steps must be >= 0"),
+])
+def test_bad_loop_settings_are_refused_before_anything_is_written(
+    tmp_path, changes, message):
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=message):
+    trainer.train_and_evaluate(tiny_config(**changes), str(workdir))
+  assert not workdir.exists()
+
+
+def test_url_workdir_is_refused(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ValueError, match="gs://b/run: URLs are not supported"):
+    trainer.train_and_evaluate(tiny_config(), "gs://b/run")
+  assert not list(tmp_path.iterdir())  # no local folder named 'gs:'
+
+
 def test_conflicting_model_field_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"

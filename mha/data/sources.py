@@ -58,7 +58,19 @@ def _check_languages(config: ml_collections.ConfigDict,
 
 
 def _split_names(split: str) -> list[str]:
-  """The split names of a TFDS split spec: 'train[:10%]+val' -> [train, val]."""
+  """The split names of a TFDS split spec: 'train[:10%]+val' -> [train, val].
+
+  Raises:
+    DataError: `split` is not a TFDS split spec.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    tfds.core.ReadInstruction.from_spec(split)
+  except ValueError:
+    raise DataError(
+        f"Split {split!r} is not a TFDS split spec: a name, optionally "
+        "sliced and joined, e.g. 'train', 'val[:40]', 'train[:10%]+val' "
+        "(https://www.tensorflow.org/datasets/splits).") from None
   return [part.split("[")[0].strip() for part in split.split("+")]
 
 
