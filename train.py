@@ -5,8 +5,12 @@ r"""Trains a Transformer from a config file; resumes from the workdir.
 
 Several processes (GPU clusters, CPU processes on one host) also take
 --coordinator_address=HOST:PORT --num_processes=N --process_id=I; TPU pod
-slices are detected without flags.
+slices are detected without flags. A bad config, workdir or data file, and a
+non-finite loss, print one message naming the problem and exit with status 1
+(--traceback shows the stack); earlier checkpoints stay as they were.
 """
+import sys
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -23,6 +27,9 @@ flags.DEFINE_string("coordinator_address", None,
                     "HOST:PORT of process 0, for multi-process runs.")
 flags.DEFINE_integer("num_processes", None, "Number of processes.")
 flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.DEFINE_bool("traceback", False,
+                  "On a bad config, workdir or data, raise with the stack "
+                  "instead of printing only the message.")
 compilation_cache.define_flag()
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -33,7 +40,16 @@ def main(argv):
   compilation_cache.enable(FLAGS.compilation_cache_dir)
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
                          FLAGS.process_id)
-  trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  try:
+    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except (ValueError, FloatingPointError) as e:
+    # Bad input (a config field, the workdir, a data file: DataError is a
+    # ValueError) and a non-finite loss: every message names what is wrong,
+    # and the checkpoints already written are left as they were.
+    if FLAGS.traceback:
+      raise
+    print(f"train.py: {e}", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -165,6 +165,18 @@ def test_bad_loop_settings_are_refused_before_anything_is_written(
   assert not workdir.exists()
 
 
+def test_train_py_prints_one_message_for_bad_input(tmp_path):
+  workdir = tmp_path / "run"
+  result = subprocess.run(
+      _train_cmd(workdir, *_flags(eval_every_steps=0)), cwd=REPO,
+      env=_env(1), capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 1
+  assert result.stderr.rstrip().endswith(
+      "train.py: config.eval_every_steps must be >= 1, got 0.")
+  assert "Traceback" not in result.stderr
+  assert not workdir.exists()
+
+
 def test_url_workdir_is_refused(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   with pytest.raises(ValueError, match="gs://b/run: URLs are not supported"):
