@@ -24,7 +24,8 @@ split (`config.eval_split`, Multi30k `val`), as the paper's Table 3:
 
 Each row's figures go to `<workdir_root>/<row>/table3.json`, so the rows can be
 run in stages (`--rows=base,A1` today, `--rows=location,multires` later);
-a row whose table3.json holds the same resolved config is not run again
+a row whose table3.json holds the same resolved config (every stored field
+equal; fields added to the configs since do not count) is not run again
 (`--force` re-measures it). A row whose loss turns non-finite is recorded
 as diverged, with its step, and the next row runs. The table is built from
 every table3.json under `--workdir_root`, printed, and written between the
@@ -192,6 +193,18 @@ def _config_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return json.loads(config.to_json())
 
 
+def same_config(stored: dict[str, Any] | None, current: dict[str, Any]
+                ) -> bool:
+  """Whether a row measured with `stored` (its table3.json) still stands for
+  `current`: every stored field has the same value now. Fields added to the
+  configs since (absent from `stored`) do not count, so a new config field
+  does not make every measured row run again; a removed one does.
+  """
+  return stored is not None and all(
+      key in current and current[key] == value
+      for key, value in stored.items())
+
+
 def load_result(workdir: str) -> dict[str, Any] | None:
   path = os.path.join(workdir, RESULT_FILE)
   if not os.path.exists(path):
@@ -281,7 +294,7 @@ def run_row(row: str, workdir_root: str, config_args: Sequence[str] = (),
   resolved = _config_dict(config)
   previous = load_result(workdir)
   if (not force and previous and previous.get("status") in FINAL
-      and previous.get("config") == resolved):
+      and same_config(previous.get("config"), resolved)):
     print(f"[{row}] already {previous['status']} "
           f"({os.path.join(workdir, RESULT_FILE)}); skipped (--force runs it "
           "again).", flush=True)
@@ -299,7 +312,7 @@ def run_row(row: str, workdir_root: str, config_args: Sequence[str] = (),
 
   # Training (or resuming; a finished workdir only loads).
   start_step = checkpoints.latest_step(workdir) or 0
-  same_training = (previous and previous.get("config") == resolved
+  same_training = (previous and same_config(previous.get("config"), resolved)
                    and previous.get("train", {}).get("step") == start_step)
   if start_step >= config.num_train_steps and same_training:
     result["train"] = previous["train"]  # trained by an earlier call

@@ -301,6 +301,17 @@ def test_script_runs_rows_in_stages_and_writes_the_readme(multi30k, tmp_path):
   assert sorted(p.name for p in root.iterdir()) == ["base", "multires"]
 
 
+def test_a_measured_row_stands_until_one_of_its_fields_changes():
+  current = as_dict(script.row_config("B1", ["tiny"]))
+  assert script.same_config(dict(current), current)
+  older = {k: v for k, v in current.items() if k != "attention_impl"}
+  assert script.same_config(older, current)  # a field added since
+  assert not script.same_config(dict(current, d_k=current["d_k"] + 1),
+                                current)
+  assert not script.same_config(dict(current, gone_field=1), current)
+  assert not script.same_config(None, current)
+
+
 def test_unknown_row_fails_before_anything_runs(tmp_path):
   with pytest.raises(script.Table3Error, match=r"nope.*known rows: base, A1"):
     script.main([f"--workdir_root={tmp_path / 'r'}", "--rows=base,nope",
