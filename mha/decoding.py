@@ -178,21 +178,35 @@ def _pad_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
   return _pad_to(x, shape)
 
 
-def _run_stages(state, lengths: list[int], loop, grow, grow_cache):
-  """Runs `loop(state, length)` for each stage, growing the state between.
+def _run_stages(state, lengths: list[int], cond, body, grow, grow_cache,
+                result):
+  """Runs the search loop for each stage; returns `result(final state)`.
 
   `grow(state, length)` pads the state's output arrays; `grow_cache(cache,
-  length)` the step function's cache.
+  length)` the step function's cache. Between stages, `lax.cond` skips the
+  rest when no sentence is left to search (the usual case): only the
+  outputs are padded to the last length, and the cache, by far the largest
+  array, is neither padded nor copied.
   """
   if len(lengths) > 1 and grow_cache is None:
     raise ValueError('stage_lengths needs grow_cache, the function that pads '
                      'the step function\'s cache to a longer output.')
-  for i, length in enumerate(lengths):
-    if i:
-      state = grow(state, length)._replace(
-          cache=grow_cache(state.cache, length))
-    state = loop(state, length)
-  return state
+
+  def rest(state, i: int):
+    if i == len(lengths):
+      return result(state)
+
+    def go_on(state):
+      state = grow(state, lengths[i])._replace(
+          cache=grow_cache(state.cache, lengths[i]))
+      return rest(lax.while_loop(cond, body, state), i + 1)
+
+    def stop(state):
+      return result(grow(state, lengths[-1]))
+
+    return lax.cond(cond(grow(state, lengths[i])), go_on, stop, state)
+
+  return rest(lax.while_loop(cond, body, state), 1)
 
 
 # ---------------------------------------------------------------------- greedy
@@ -247,11 +261,12 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
         cache=cache,
     )
 
-  final = _run_stages(
-      init, lengths, lambda state, _: lax.while_loop(cond, body, state),
+  return _run_stages(
+      init, lengths, cond, body,
       lambda state, n: state._replace(seqs=_pad_axis(state.seqs, 1, n)),
-      grow_cache)
-  return final.seqs, final.logprob / length_penalty(final.length, alpha)
+      grow_cache,
+      lambda state: (state.seqs,
+                     state.logprob / length_penalty(state.length, alpha)))
 
 
 def greedy_search(tokens_to_logits: TokensToLogits,
@@ -454,12 +469,11 @@ def beam_search(tokens_to_logits: TokensToLogits,
                           finished_seqs=_pad_axis(state.finished_seqs, 2,
                                                   length))
 
-  final = _run_stages(init, lengths,
-                      lambda state, _: lax.while_loop(cond, body, state),
-                      grow, grow_cache)
   # Every sentence has a finished hypothesis: at the latest, its live ones are
   # forced to end at its max_length.
-  return final.finished_seqs, final.finished_scores
+  return _run_stages(init, lengths, cond, body, grow, grow_cache,
+                     lambda state: (state.finished_seqs,
+                                    state.finished_scores))
 
 
 # ------------------------------------------------------------ model-level API

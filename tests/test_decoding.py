@@ -386,11 +386,14 @@ def test_translate_beam_search_compiles_once_per_shape(tiny_transformer):
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_extra=4, eos_id=EOS)
   first = np.asarray(decoding.translate(model_config, params, inputs,
                                         **kwargs))
+  # The second call (same shapes, same longest source) compiles nothing,
+  # whatever other tests compiled before with the same search function.
+  search = decoding._translate_fn(model_config, 3, 0.6, EOS)
+  compiled = search._cache_size()
   other = inputs[::-1].copy()
   second = np.asarray(decoding.translate(model_config, params, other,
                                          **kwargs))
-  search = decoding._translate_fn(model_config, 3, 0.6, EOS)
-  assert search._cache_size() == 1
+  assert search._cache_size() == compiled >= 1
   np.testing.assert_array_equal(first, second[::-1])
   for b, tokens in enumerate(first):
     seq = hypothesis(tokens)
@@ -466,6 +469,30 @@ def test_staged_search_equals_one_stage(beam):
     tokens, scores = fn(model.init_cache(length=stages[0]), limits)
     np.testing.assert_array_equal(np.asarray(tokens), one[0])
     np.testing.assert_allclose(np.asarray(scores), one[1], rtol=1e-6)
+  # Every sentence ends within the first stage: the search stops there (the
+  # later stage and its cache are skipped) and still returns the outputs of
+  # one stage, padded to the full length.
+  short = np.array([4, 2, 3, 4], np.int32)
+  one = run_beam(model, beam, 0.6, 9, short)
+  positions, grown = [], []
+
+  def step(tokens, cache):
+    jax.debug.callback(lambda p: positions.append(int(p)),
+                       cache['cache_index'])
+    return model.step(tokens, cache)
+
+  def grow_cache(cache, length):
+    jax.debug.callback(lambda: grown.append(length))
+    return model.grow_cache(cache, length)
+
+  tokens, scores = jax.jit(lambda cache: decoding.beam_search(
+      step, cache, model.batch_size, beam, 0.6, 9, EOS, short,
+      stage_lengths=(4,), grow_cache=grow_cache))(model.init_cache(length=4))
+  jax.effects_barrier()
+  assert positions and max(positions) < 4 and grown == []
+  assert tokens.shape[-1] == 9
+  np.testing.assert_array_equal(np.asarray(tokens), one[0])
+  np.testing.assert_allclose(np.asarray(scores), one[1], rtol=1e-6)
 
 
 def test_stages_without_grow_cache_are_refused():

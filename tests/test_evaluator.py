@@ -143,10 +143,9 @@ def test_source_and_reference_files(workdir, tmp_path):
   hypotheses = (out / "translations.txt").read_text().split("\n")[:-1]
   assert metrics["bleu"] == pytest.approx(
       sacrebleu.corpus_bleu(hypotheses, [references]).score)
-  # The same sentences as the split (if eval.py ran): the same translations.
-  split_out = workdir / "eval" / "test_12_6" / "translations.txt"
-  if split_out.exists():
-    assert split_out.read_text().split("\n")[:-1] == hypotheses
+  # The same sentences read as the split: the same translations.
+  from_split = evaluator.evaluate(str(workdir), split=SPLIT, write=False)
+  assert from_split["translations"] == hypotheses
 
 
 def test_stdin_to_stdout_one_line_per_line(workdir, model):

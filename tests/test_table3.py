@@ -13,7 +13,6 @@ from scripts import table3 as script
 from configs import multi30k
 from configs import table3
 from mha import evaluator
-from mha import metrics as metrics_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -303,7 +302,8 @@ def test_script_runs_rows_in_stages_and_writes_the_readme(multi30k, tmp_path):
 
 def test_a_measured_row_stands_until_one_of_its_fields_changes():
   current = as_dict(script.row_config("B1", ["tiny"]))
-  assert script.same_config(dict(current), current)
+  # As run_row sees it: the table3.json written for the row, read back.
+  assert script.same_config(json.loads(json.dumps(current)), current)
   older = {k: v for k, v in current.items() if k != "attention_impl"}
   assert script.same_config(older, current)  # a field added since
   assert not script.same_config(dict(current, d_k=current["d_k"] + 1),
@@ -323,7 +323,6 @@ def test_unknown_row_fails_before_anything_runs(tmp_path):
     script.main([f"--workdir_root={tmp_path / 'r'}", "--rows=base",
                  f"--readme={readme}"])
   assert not (tmp_path / "r").exists()
-  assert metrics_lib.read_metrics(str(tmp_path / "r" / "base")) == []
 
 
 def test_a_diverged_row_is_shown_as_such_not_as_a_number(tmp_path):

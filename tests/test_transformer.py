@@ -153,10 +153,15 @@ def test_dropout_only_in_training():
 
   np.testing.assert_array_equal(run(0), run(0))
   assert not np.allclose(run(0), run(1))
+  # Evaluation drops nothing: it equals the training-mode model with every
+  # dropout rate 0, whatever the key.
   evaluation = mha.create_model(tiny(), deterministic=True)
   out = evaluation.apply({"params": params}, SRC, TGT)
-  np.testing.assert_array_equal(out, evaluation.apply({"params": params}, SRC,
-                                                      TGT))
+  no_dropout = mha.create_model(tiny(dropout_rate=0.0,
+                                     attention_dropout_rate=0.0))
+  np.testing.assert_allclose(
+      out, no_dropout.apply({"params": params}, SRC, TGT,
+                            rngs={"dropout": jax.random.key(3)}), atol=1e-6)
 
 
 def test_bfloat16_compute_keeps_float32_params():
@@ -165,6 +170,16 @@ def test_bfloat16_compute_keeps_float32_params():
   assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(params))
   logits = model.apply({"params": params}, SRC, TGT)
   assert logits.dtype == jnp.float32 and np.all(np.isfinite(logits))
+  # The same parameters in float32: close, but rounded as bfloat16 computes
+  # (8 bits of mantissa), so not equal.
+  full = mha.create_model(tiny(), deterministic=True).apply(
+      {"params": params}, SRC, TGT)
+  scale = np.abs(np.asarray(full)).max()
+  error = np.abs(np.asarray(logits) - np.asarray(full)).max() / scale
+  assert 1e-4 < error < 5e-2
+  hlo = jax.jit(lambda p: model.apply({"params": p}, SRC, TGT)).lower(
+      params).as_text()
+  assert "bf16" in hlo
 
 
 def count_params(config) -> int:
