@@ -333,12 +333,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   is_primary = jax.process_index() == 0
   workdir_lib.check_config(config, workdir)
   changed = workdir_lib.changed_data_fields(config, workdir)
-  if changed:
-    logging.warning(
-        "Resuming %s with other data settings (%s): training goes on from "
-        "the checkpoint's position in the data, but the batches differ from "
-        "those of an uninterrupted run, so the result is not bit-identical.",
-        workdir, "; ".join(changed))
   tokenizer = data.get_tokenizer(config, workdir)
   check_same_vocabulary(tokenizer)
   if is_primary:
@@ -358,6 +352,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   if start_step is not None:
     state, meta = checkpoints.restore(manager, start_step, jax.device_get(state))
     logging.info("Resumed from %s at step %d.", workdir, start_step)
+    if changed:
+      logging.warning(
+          "Resuming %s with other data settings (%s): training goes on from "
+          "the checkpoint's position in the data, but the batches differ "
+          "from those of an uninterrupted run, so the result is not "
+          "bit-identical.", workdir, "; ".join(changed))
     writer.truncate_after(start_step)
   else:
     start_step, meta = 0, {}

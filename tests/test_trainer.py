@@ -1,5 +1,6 @@
 """train_and_evaluate end to end on a tiny config: resume, preemption, NaN."""
 import json
+import logging
 import os
 import re
 import pathlib
@@ -148,6 +149,18 @@ def test_resume_with_other_grad_accum_continues_the_data(trained_workdir,
   assert (meta["data_position"], meta["grad_accum_steps"]) == (16, 2)
   assert "grad_accum_steps: 1 -> 2" in caplog.text
   assert "not bit-identical" in caplog.text
+
+
+def test_other_data_settings_without_a_checkpoint_are_no_resume(tmp_path,
+                                                                 caplog):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(tiny_config(seed=5).to_json())
+  caplog.set_level(logging.INFO)
+  trainer.train_and_evaluate(tiny_config(num_train_steps=0), str(workdir))
+  assert "Starting a new run" in caplog.text
+  assert "other data settings" not in caplog.text
+  assert json.loads((workdir / "config.json").read_text())["seed"] == 0
 
 
 @pytest.mark.parametrize("changes, message", [
