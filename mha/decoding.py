@@ -197,14 +197,14 @@ def _run_stages(state, lengths: list[int], cond, body, grow, grow_cache,
       return result(state)
 
     def go_on(state):
-      state = grow(state, lengths[i])._replace(
-          cache=grow_cache(state.cache, lengths[i]))
+      state = state._replace(cache=grow_cache(state.cache, lengths[i]))
       return rest(lax.while_loop(cond, body, state), i + 1)
 
     def stop(state):
       return result(grow(state, lengths[-1]))
 
-    return lax.cond(cond(grow(state, lengths[i])), go_on, stop, state)
+    state = grow(state, lengths[i])  # outputs only: the cache waits for go_on
+    return lax.cond(cond(state), go_on, stop, state)
 
   return rest(lax.while_loop(cond, body, state), 1)
 

@@ -4,6 +4,8 @@ import os
 
 import ml_collections
 
+from mha.data import files
+
 # Fields that change the shapes of the parameters or the vocabulary: a workdir
 # trained with other values cannot be resumed with these.
 MODEL_SHAPE_FIELDS = (
@@ -33,11 +35,22 @@ def check_local(workdir: str) -> None:
   local file I/O (metrics.jsonl is appended to, which object stores do not
   offer), so a URL would silently become a local folder named 'gs:'.
   """
-  if "://" in str(workdir):
+  if files.has_scheme(workdir):
     raise ValueError(
         f"--workdir={workdir}: URLs are not supported as workdirs. Mount the "
         "bucket (e.g. gcsfuse on a TPU VM) or use a shared filesystem, and "
         "pass its local path.")
+
+
+def _saved_and_given(config: ml_collections.ConfigDict, workdir: str
+                     ) -> tuple[dict | None, dict]:
+  """(the workdir's config.json or None if it has none, `config`), as dicts."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  saved = None
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+  return saved, json.loads(config.to_json())
 
 
 def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -46,12 +59,10 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   Raises:
     ValueError naming the field, the saved and the given value.
   """
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  saved, given = _saved_and_given(config, workdir)
+  if saved is None:
     return
-  with open(path) as f:
-    saved = json.load(f)
-  given = json.loads(config.to_json())
+  path = os.path.join(workdir, CONFIG_FILE)
   location = "location" in (saved.get("attention_type"),
                             given.get("attention_type"))
   for field in MODEL_SHAPE_FIELDS:
@@ -68,12 +79,9 @@ def changed_data_fields(config: ml_collections.ConfigDict,
                         workdir: str) -> list[str]:
   """DATA_ORDER_FIELDS whose value differs from the workdir's config.json,
   as 'field: saved -> given' (empty for a new workdir)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  saved, given = _saved_and_given(config, workdir)
+  if saved is None:
     return []
-  with open(path) as f:
-    saved = json.load(f)
-  given = json.loads(config.to_json())
   return [f"{field}: {saved[field]!r} -> {given.get(field)!r}"
           for field in DATA_ORDER_FIELDS
           if field in saved and saved[field] != given.get(field)]

@@ -7,13 +7,14 @@ import os
 import uuid
 
 
-def _has_scheme(path: str) -> bool:
+def has_scheme(path: str) -> bool:
+  """Whether `path` is a URL (`gs://...`) rather than a local path."""
   return "://" in str(path)
 
 
 def exists(path: str) -> bool:
   """Whether `path` exists."""
-  if _has_scheme(path):
+  if has_scheme(path):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     return tf.io.gfile.exists(path)
   return os.path.exists(path)
@@ -21,7 +22,7 @@ def exists(path: str) -> bool:
 
 def read_bytes(path: str) -> bytes:
   """The content of the file `path`."""
-  if _has_scheme(path):
+  if has_scheme(path):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     with tf.io.gfile.GFile(path, "rb") as f:
       return f.read()
@@ -37,7 +38,7 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
   """
   path = str(path)
   tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-  if _has_scheme(path):
+  if has_scheme(path):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.io.gfile.makedirs(os.path.dirname(path))
     with tf.io.gfile.GFile(tmp, "wb") as f:
