@@ -35,6 +35,7 @@ from mha import checkpoints
 from mha import data
 from mha import decoding
 from mha import workdir as workdir_lib
+from mha.errors import UserError
 from mha.data import files
 from mha.data import tokenizer as tokenizer_lib
 from mha.transformer import TransformerConfig
@@ -48,7 +49,7 @@ LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROW_MULTIPLE = 8
 
 
-class EvalError(ValueError):
+class EvalError(UserError, ValueError):
   """Bad input to an evaluation: the message names the workdir, file or step."""
 
 
