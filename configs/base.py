@@ -141,6 +141,42 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def parse_arg(arg: str | None, options: dict[str, type] | None = None
+              ) -> tuple[list[str], dict[str, object]]:
+  """Splits a config argument `A1,tiny,devices=8` into names and options.
+
+  Args:
+    arg: the text after the config file's colon (None: no argument).
+    options: the `key=value` options the config file takes, with their
+      types (`{'devices': int}`); any other `key=value` is refused.
+
+  Returns:
+    (the bare names in order, {option: typed value}).
+
+  Raises:
+    ValueError: naming an unknown option or a value of the wrong type.
+  """
+  options = options or {}
+  names, values = [], {}
+  for part in (p.strip() for p in (arg or "").split(",")):
+    if not part:
+      continue
+    if "=" not in part:
+      names.append(part)
+      continue
+    key, _, text = part.partition("=")
+    if key not in options:
+      known = ", ".join(f"{k}=" for k in options) or "none"
+      raise ValueError(f"Unknown config option {key!r} in {arg!r}; "
+                       f"options: {known}.")
+    try:
+      values[key] = options[key](text)
+    except ValueError:
+      raise ValueError(f"Config option {key}={text!r} is not a "
+                       f"{options[key].__name__}.") from None
+  return names, values
+
+
 def apply_args(config: ml_collections.ConfigDict,
                arg: str | None) -> ml_collections.ConfigDict:
   """Applies comma-separated config arguments (Table 3 rows, `tiny`).
@@ -148,7 +184,7 @@ def apply_args(config: ml_collections.ConfigDict,
   `multires` sets one filter width per head of the resulting model (1, 3,
   ..., 2h - 1), whatever the order of the arguments.
   """
-  names = [n.strip() for n in (arg or "").split(",") if n.strip()]
+  names, _ = parse_arg(arg)
   for name in names:
     if name == "tiny":
       changes = TINY

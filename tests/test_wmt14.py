@@ -1,0 +1,49 @@
+"""configs/wmt14.py: the paper's WMT 2014 en→de recipe."""
+import pytest
+
+from configs import base
+from configs import wmt14
+
+
+@pytest.mark.parametrize("devices,accum", [(1, 8), (2, 4), (4, 2), (8, 1),
+                                           (32, 1)])
+def test_every_update_sees_the_papers_25k_tokens_per_side(devices, accum):
+  config = wmt14.get_config(f"devices={devices}")
+  assert config.grad_accum_steps == accum
+  # §5.1: about 25,000 source and 25,000 target tokens per update, on 8
+  # devices of about 3,125 each.
+  assert config.max_tokens * config.grad_accum_steps == 25_000
+  if devices <= 8:
+    assert config.max_tokens // devices == 25_000 // 8  # per device
+
+
+def test_base_and_big_recipes():
+  # The paper's values (Table 3 base and big rows, §5.1-§5.4, §6.1), written
+  # here, not read from configs/base.py.
+  c = wmt14.get_config()
+  assert (c.dataset_name, c.source_lang, c.target_lang) == (
+      "wmt14_translate/de-en", "en", "de")
+  assert (c.eval_split, c.test_split) == ("validation", "test")  # nt13, nt14
+  assert (c.num_layers, c.d_model, c.d_ff, c.num_heads, c.dropout_rate,
+          c.label_smoothing, c.vocab_size, c.num_train_steps,
+          c.warmup_steps) == (6, 512, 2048, 8, 0.1, 0.1, 37_000, 100_000, 4000)
+  assert (c.keep_checkpoints, c.checkpoint_every_steps) == (5, 1400)
+  big = wmt14.get_config("big,devices=1")
+  assert (big.num_layers, big.d_model, big.d_ff, big.num_heads,
+          big.dropout_rate, big.num_train_steps, big.keep_checkpoints,
+          big.grad_accum_steps) == (6, 1024, 4096, 16, 0.3, 300_000, 20, 8)
+  assert (big.beam_size, big.alpha, big.max_decode_extra) == (4, 0.6, 50)
+  # Table 3 rows and `tiny` still apply after the recipe.
+  assert wmt14.get_config("big,B1").d_k == 16
+  assert wmt14.get_config("tiny").d_model == base.TINY["d_model"]
+
+
+def test_bad_arguments_are_named():
+  with pytest.raises(ValueError, match="Unknown config option 'gpus'"):
+    wmt14.get_config("gpus=8")
+  with pytest.raises(ValueError, match="devices='eight' is not a int"):
+    wmt14.get_config("devices=eight")
+  with pytest.raises(ValueError, match="devices=0 must be >= 1"):
+    wmt14.get_config("devices=0")
+  with pytest.raises(ValueError, match="Unknown config argument 'huge'"):
+    wmt14.get_config("huge")
