@@ -1,0 +1,43 @@
+"""scripts/fetch_multi30k.py, from a local mirror (file://) of the files."""
+import gzip
+import os
+
+from scripts import fetch_multi30k
+
+
+def test_fetches_checks_and_keeps_valid_files(multi30k, tmp_path, capsys):
+  out = tmp_path / "m30k"
+  url = f"file://{multi30k}"
+  assert fetch_multi30k.main(["--out", str(out), "--languages", "de,en",
+                              "--base_url", url]) == 0
+  names = sorted(os.listdir(out))
+  assert names == sorted(f"{s}.{l}.gz" for s in fetch_multi30k.SPLITS
+                         for l in ("de", "en"))
+  for name in names:  # byte copies of the mirror
+    assert (out / name).read_bytes() == (multi30k / name).read_bytes()
+  assert "6 file(s) fetched, 0 already there" in capsys.readouterr().out
+  # A second run downloads nothing; a damaged file is fetched again.
+  (out / "val.de.gz").write_bytes(b"not gzip")
+  assert fetch_multi30k.main(["--out", str(out), "--languages", "de,en",
+                              "--base_url", url]) == 0
+  assert "1 file(s) fetched, 5 already there" in capsys.readouterr().out
+  assert (out / "val.de.gz").read_bytes() == (multi30k / "val.de.gz"
+                                              ).read_bytes()
+
+
+def test_a_wrong_file_is_refused_and_leaves_nothing(tmp_path, capsys):
+  mirror = tmp_path / "mirror"
+  mirror.mkdir()
+  for split, lines in fetch_multi30k.SPLITS.items():
+    count = lines - 1 if split == "val" else lines  # val is one line short
+    with gzip.open(mirror / f"{split}.de.gz", "wt") as f:
+      f.write("Ein Hund.\n" * count)
+  out = tmp_path / "out"
+  assert fetch_multi30k.main(["--out", str(out), "--languages", "de",
+                              "--base_url", f"file://{mirror}"]) == 1
+  err = capsys.readouterr().err.strip()
+  assert err == (f"fetch_multi30k.py: file://{mirror}/val.de.gz has 1013 "
+                 "lines, expected 1014.")
+  assert sorted(os.listdir(out)) == ["train.de.gz"]  # no partial val file
+  assert fetch_multi30k.main(["--out", str(out), "--languages", "xx"]) == 1
+  assert "unknown language(s) ['xx']" in capsys.readouterr().err
