@@ -1,0 +1,147 @@
+"""The paper's Transformer written out by hand in plain jax.numpy, for tests.
+
+An independent re-implementation of §3 of Vaswani et al. (2017) over the
+parameter pytree of `mha.Transformer` (shared embeddings): it imports nothing
+from `mha`, so a test comparing the two sees any line of the library that
+departs from the paper. Everything the paper fixes is written here from the
+paper: embeddings times √d_model (§3.4), sinusoids with base 10000 (§3.5),
+softmax(QKᵀ/√d_k)V with masked keys at -inf (eq. 1), h heads with W^O
+(§3.2.2), max(0, xW₁ + b₁)W₂ + b₂ (eq. 2), LayerNorm(x + Dropout(Sublayer(x)))
+(§3.1, §5.4), dropout on the embedding + position sums (§5.4), the
+pre-softmax projection with the embedding matrix (§3.4) and the
+label-smoothed cross entropy (§5.4).
+
+Dropout is supplied by the caller: `drop(x, kind)` with kind `residual`,
+`embedding` or `attention` returns x with dropout applied (or x itself
+without dropout), so a test can apply the very masks the model drew.
+"""
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Drop = Callable[[jax.Array, str], jax.Array]
+
+
+def no_dropout(x: jax.Array, kind: str) -> jax.Array:
+  del kind
+  return x
+
+
+def sinusoids(length: int, d_model: int) -> np.ndarray:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...)."""
+  pe = np.zeros((length, d_model))
+  for pos in range(length):
+    for i in range(0, d_model, 2):
+      angle = pos / 10000 ** (i / d_model)
+      pe[pos, i] = np.sin(angle)
+      if i + 1 < d_model:
+        pe[pos, i + 1] = np.cos(angle)
+  return pe.astype(np.float32)
+
+
+def layer_norm(p, x: jax.Array, eps: float = 1e-6) -> jax.Array:
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) / jnp.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def attention(p, x_q: jax.Array, x_kv: jax.Array, mask: np.ndarray,
+              drop: Drop) -> jax.Array:
+  """MultiHead(Q, K, V) with every head's softmax(q kᵀ / √d_k) v.
+
+  `mask` [B, Q, K] (True = may attend); a query row with no key gets zeros.
+  Kernels [d_model, h, d_k], out_kernel [h, d_v, d_model].
+  """
+  q = jnp.einsum("bqm,mhd->bhqd", x_q, p["query_kernel"])
+  k = jnp.einsum("bkm,mhd->bhkd", x_kv, p["key_kernel"])
+  v = jnp.einsum("bkm,mhd->bhkd", x_kv, p["value_kernel"])
+  d_k = q.shape[-1]
+  logits = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(d_k)
+  mask = np.asarray(mask)[:, None]  # [B, 1, Q, K]
+  logits = jnp.where(mask, logits, -jnp.inf)
+  any_key = mask.any(-1, keepdims=True)
+  logits = jnp.where(any_key, logits, 0.0)
+  weights = jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
+  weights = drop(weights, "attention")
+  heads = jnp.einsum("bhqk,bhkv->bqhv", weights, v)
+  return jnp.einsum("bqhv,hvm->bqm", heads, p["out_kernel"])
+
+
+def feed_forward(p, x: jax.Array) -> jax.Array:
+  h = jnp.maximum(x @ p["w1"]["kernel"] + p["w1"]["bias"], 0.0)
+  return h @ p["w2"]["kernel"] + p["w2"]["bias"]
+
+
+def residual(p_norm, x: jax.Array, sublayer: Callable, drop: Drop,
+             layer_norm_kind: str) -> jax.Array:
+  if layer_norm_kind == "pre":  # x + Dropout(Sublayer(LayerNorm(x)))
+    return x + drop(sublayer(layer_norm(p_norm, x)), "residual")
+  # The paper: LayerNorm(x + Dropout(Sublayer(x))).
+  return layer_norm(p_norm, x + drop(sublayer(x), "residual"))
+
+
+def logits(params, inputs: np.ndarray, targets: np.ndarray, *,
+           num_layers: int, drop: Drop = no_dropout,
+           layer_norm_kind: str = "post") -> jax.Array:
+  """Teacher-forced logits [B, T, V] for source and target ids (0 = pad)."""
+  inputs, targets = np.asarray(inputs), np.asarray(targets)
+  table = params["source_embed"]["embedding"]  # [V, d_model]
+  d_model = table.shape[1]
+  pe = sinusoids(max(inputs.shape[1], targets.shape[1]), d_model)
+  src_real, tgt_real = inputs > 0, targets > 0
+  s, t = inputs.shape[1], targets.shape[1]
+
+  x = table[inputs] * np.sqrt(d_model) + pe[:s]
+  x = drop(x, "embedding")
+  enc_mask = np.broadcast_to(src_real[:, None, :], (len(inputs), s, s))
+  for i in range(num_layers):
+    p = params[f"encoder_layers_{i}"]
+    x = residual(p["attention_block"]["layer_norm"], x,
+                 lambda y, p=p: attention(p["self_attention"], y, y,
+                                          enc_mask, drop),
+                 drop, layer_norm_kind)
+    x = residual(p["ffn_block"]["layer_norm"], x,
+                 lambda y, p=p: feed_forward(p["ffn"], y), drop,
+                 layer_norm_kind)
+  if layer_norm_kind == "pre":
+    x = layer_norm(params["encoder_norm"], x)
+
+  shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # start symbol 0
+  y = table[shifted] * np.sqrt(d_model) + pe[:t]
+  y = drop(y, "embedding")
+  causal = np.tril(np.ones((t, t), bool))
+  self_mask = causal[None] & tgt_real[:, None, :]
+  cross_mask = np.broadcast_to(src_real[:, None, :], (len(targets), t, s))
+  for i in range(num_layers):
+    p = params[f"decoder_layers_{i}"]
+    y = residual(p["self_attention_block"]["layer_norm"], y,
+                 lambda z, p=p: attention(p["self_attention"], z, z,
+                                          self_mask, drop),
+                 drop, layer_norm_kind)
+    y = residual(p["cross_attention_block"]["layer_norm"], y,
+                 lambda z, p=p: attention(p["cross_attention"], z, x,
+                                          cross_mask, drop),
+                 drop, layer_norm_kind)
+    y = residual(p["ffn_block"]["layer_norm"], y,
+                 lambda z, p=p: feed_forward(p["ffn"], z), drop,
+                 layer_norm_kind)
+  if layer_norm_kind == "pre":
+    y = layer_norm(params["decoder_norm"], y)
+  return y @ table.T  # the pre-softmax projection shares the embeddings
+
+
+def smoothed_loss(logits_: jax.Array, targets: np.ndarray,
+                  epsilon: float) -> tuple[jax.Array, float]:
+  """Σ over non-pad tokens of KL(q || p), q = 1 - ε on the gold token and
+  ε / (V - 1) on every other; returns (sum, token count)."""
+  targets = np.asarray(targets)
+  vocab = logits_.shape[-1]
+  q = np.full(targets.shape + (vocab,), epsilon / (vocab - 1))
+  np.put_along_axis(q, targets[..., None], 1.0 - epsilon, axis=-1)
+  log_q = np.log(np.where(q > 0, q, 1.0))
+  log_p = jax.nn.log_softmax(logits_, axis=-1)
+  per_token = jnp.sum(q * (log_q - log_p), axis=-1)
+  weights = targets > 0
+  return jnp.sum(jnp.where(weights, per_token, 0.0)), float(weights.sum())
