@@ -5,10 +5,14 @@ r"""Trains a Transformer from a config file; resumes from the workdir.
 
 Several processes (GPU clusters, CPU processes on one host) also take
 --coordinator_address=HOST:PORT --num_processes=N --process_id=I; TPU pod
-slices are detected without flags. A bad config, workdir or data file, and a
-non-finite loss, print one message naming the problem and exit with status 1
-(--traceback shows the stack); earlier checkpoints stay as they were.
+slices are detected without flags. A bad config file, config field, workdir
+(or one that another run holds) or data file, and a non-finite loss, print
+one line naming the problem and exit with status 1 (--traceback shows the
+stack); a refused run writes nothing, and earlier checkpoints stay as they
+were.
 """
+import os
+import re
 import sys
 
 from absl import app
@@ -18,6 +22,8 @@ from ml_collections import config_flags
 from mha import compilation_cache
 from mha import distributed
 from mha import trainer
+from mha.errors import ConfigError
+from mha.errors import UserError
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.",
@@ -34,23 +40,69 @@ compilation_cache.define_flag()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _fail(message: str) -> None:
+  print(f"train.py: {message}", file=sys.stderr)
+  sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a bad flag or config file as one line.
+
+  A config file that raises while it is loaded (e.g. an unknown config
+  argument, `configs/base.py:Z9`) is reported by ml_collections as the
+  file's whole traceback inside the flag error: only its last line, the
+  exception, is printed. --traceback shows absl's own report.
+  """
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    if "--traceback" in argv:
+      raise
+    message = str(e)
+    if "Error whilst parsing config file" in message:
+      path = next((a.split("=", 1)[1] for a in argv
+                   if a.startswith("--config=")), "")
+      last = message.strip().splitlines()[-1].strip()  # "ValueError: ..."
+      message = f"--config={path}: " + re.sub(r"^[\w.]+: ", "", last)
+    _fail(" ".join(message.split()))
+
+
+def _config():
+  """FLAGS.config; a config file that could not be read as a ConfigError.
+
+  ml_collections defers a missing or unreadable config file to the first
+  access of the config, as an OSError.
+  """
+  config = FLAGS.config
+  try:
+    config.get("workdir")
+  except OSError:
+    path = config_flags.get_config_filename(FLAGS["config"])
+    reason = "does not exist" if not os.path.exists(path) else "cannot be read"
+    raise ConfigError(
+        f"--config: the config file {path} {reason} (relative paths start in "
+        f"{os.getcwd()}; the project's configs are in configs/).") from None
+  return config
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  compilation_cache.enable(FLAGS.compilation_cache_dir)
-  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
-                         FLAGS.process_id)
   try:
-    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ValueError, FloatingPointError) as e:
-    # Bad input (a config field, the workdir, a data file: DataError is a
-    # ValueError) and a non-finite loss: every message names what is wrong,
-    # and the checkpoints already written are left as they were.
+    config = _config()
+    compilation_cache.enable(FLAGS.compilation_cache_dir)
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
+                           FLAGS.process_id)
+    trainer.train_and_evaluate(config, FLAGS.workdir)
+  except UserError as e:
+    # Bad input (a config field, the workdir or its lock, a data file, a
+    # checkpoint) and a diverged run: the message names what is wrong, and
+    # the checkpoints already written are left as they were. Any other
+    # exception is a bug and keeps its stack.
     if FLAGS.traceback:
       raise
-    print(f"train.py: {e}", file=sys.stderr)
-    sys.exit(1)
+    _fail(str(e))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -7,12 +7,13 @@ does not depend on how the batch is split. A run resumes exactly from the
 workdir's latest checkpoint: the step, parameters, optimizer state and RNG are
 restored, and the input pipeline restarts at the saved position.
 """
+import contextlib
 import dataclasses
 import functools
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from absl import logging
 import flax
@@ -25,12 +26,16 @@ import numpy as np
 import optax
 
 from mha import checkpoints
+from mha import config_check
 from mha import data
 from mha import evaluator
 from mha import losses
 from mha import metrics as metrics_lib
 from mha import optim
 from mha import workdir as workdir_lib
+from mha.data import sources
+from mha.errors import TrainingDiverged
+from mha.errors import WorkdirError
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
 
@@ -268,7 +273,7 @@ def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
 
 def _check_finite(step: int, metrics: dict[str, float]) -> None:
   if not np.isfinite(metrics["loss"]):
-    raise FloatingPointError(
+    raise TrainingDiverged(
         f"Training loss is {metrics['loss']} at step {step}; stopping. The "
         "checkpoints saved before this step are intact.")
 
@@ -300,43 +305,94 @@ def check_same_vocabulary(tokenizer) -> None:
         "copy process 0's spm.model into the workdir before starting.")
 
 
-# Loop and batch fields that must be at least 1 (num_train_steps may be 0).
-_POSITIVE_FIELDS = ("checkpoint_every_steps", "eval_every_steps",
-                    "log_every_steps", "grad_accum_steps", "keep_checkpoints",
-                    "max_tokens")
+def check_inputs(config: ml_collections.ConfigDict,
+                 workdir: workdir_lib.Workdir) -> None:
+  """Every check of a run's input that needs no write, run before any write.
+
+  The config's fields (`config_check.validate`, with the real minimum of
+  `max_tokens` for this run's devices), the workdir (a folder, or a path
+  that can become one; its config.json readable and of the same model; its
+  spm.model readable and of config.vocab_size pieces), and every split the
+  config names (train, eval and test), opened but not read. A workdir whose
+  run is finished reads no data, so its splits are not opened.
+
+  Raises:
+    UserError: a ConfigError, WorkdirError or DataError naming the field,
+      file or split at fault.
+  """
+  config_check.validate(config, jax.device_count())
+  workdir.check_usable()
+  workdir.check_config(config)
+  if os.path.exists(workdir.vocabulary_path):
+    data.get_tokenizer(config, workdir.path)  # reads it: writes nothing
+  if os.path.isdir(workdir.checkpoints_path):
+    latest = checkpoints.latest_step(workdir.path)
+    if latest is not None and latest >= config.num_train_steps:
+      return
+  for field in ("train_split", "eval_split", "test_split"):
+    try:
+      sources.open_split(config, config[field])
+    except data.DataError as e:
+      raise data.DataError(f"config.{field}={config[field]!r}: {e}") from None
 
 
-def check_loop_config(config: ml_collections.ConfigDict) -> None:
-  """Refuses loop settings the trainer cannot run, naming the field."""
-  for field in _POSITIVE_FIELDS:
-    if config[field] < 1:
-      raise ValueError(f"config.{field} must be >= 1, got {config[field]}.")
-  if config.num_train_steps < 0:
-    raise ValueError("config.num_train_steps must be >= 0, got "
-                     f"{config.num_train_steps}.")
+@contextlib.contextmanager
+def _workdir_lock(workdir: workdir_lib.Workdir) -> Iterator[None]:
+  """Process 0 holds the workdir's lock; the other processes start (and
+  write) only once it does, and stop if it could not take it."""
+  message = None
+  with contextlib.ExitStack() as stack:
+    if jax.process_index() == 0:
+      try:
+        stack.enter_context(workdir.lock())
+      except WorkdirError as e:
+        message = str(e)
+    if jax.process_count() > 1:
+      taken = multihost_utils.broadcast_one_to_all(np.int32(message is None))
+      if not int(taken) and message is None:
+        message = (f"Process 0 could not take {workdir.lock_path}; its "
+                   "message names the run that holds it.")
+      if message is None:
+        os.makedirs(workdir.path, exist_ok=True)
+    if message is not None:
+      raise WorkdirError(message)
+    yield
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
 
-  A SIGTERM (preemption) makes the run save a checkpoint at the next step
-  boundary and return. A non-finite loss raises FloatingPointError naming the
+  Every input is checked first (`check_inputs`); only then is the workdir
+  created, locked (`<workdir>/lock`, one run per workdir) and written. A
+  SIGTERM (preemption) makes the run save a checkpoint at the next step
+  boundary and return. A non-finite loss raises TrainingDiverged naming the
   step; checkpoints saved before it are left as they are.
 
   Returns:
     The metrics of the last logged step and evaluation, and `step`.
+
+  Raises:
+    UserError: bad input (nothing written), another run holding the
+      workdir, or a diverged run.
   """
-  check_loop_config(config)
-  workdir_lib.check_local(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  folder = workdir_lib.Workdir(workdir)
+  check_inputs(config, folder)
+  with _workdir_lock(folder):
+    return _train(config, folder)
+
+
+def _train(config: ml_collections.ConfigDict,
+           folder: workdir_lib.Workdir) -> dict[str, float]:
+  """The run itself, under the workdir's lock."""
+  workdir = folder.path
   is_primary = jax.process_index() == 0
-  workdir_lib.check_config(config, workdir)
-  changed = workdir_lib.changed_data_fields(config, workdir)
+  folder.check_config(config)  # again: another run may have written it
+  changed = folder.changed_data_fields(config)
   tokenizer = data.get_tokenizer(config, workdir)
   check_same_vocabulary(tokenizer)
   if is_primary:
-    workdir_lib.write_config(config, workdir)
+    folder.write_config(config)
 
   devices = jax.local_devices()
   num_devices = len(devices)
@@ -362,6 +418,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   else:
     start_step, meta = 0, {}
     logging.info("Starting a new run in %s.", workdir)
+    # A run killed before its first checkpoint logged steps it will redo.
+    writer.truncate_after(0)
   state = replicate(state, devices)
 
   accum = config.grad_accum_steps

@@ -1,10 +1,29 @@
-"""The workdir's resolved config: written by training, read by evaluation."""
+"""A training workdir: its layout, its resolved config and its lock.
+
+    <workdir>/lock            the running trainer: host, pid, start time
+    <workdir>/config.json     the resolved config
+    <workdir>/spm.model       the shared SentencePiece vocabulary
+    <workdir>/tokenized/      encoded splits (a cache)
+    <workdir>/checkpoints/<step>/
+    <workdir>/metrics.jsonl   and TensorBoard event files
+    <workdir>/eval/<split>_<step>/
+
+`Workdir` owns these paths and the lock (one training run per workdir);
+evaluation reads a workdir through `load_config` and takes no lock.
+"""
+import contextlib
+import datetime
 import json
 import os
+import socket
+from typing import Iterator
 
+from absl import logging
 import ml_collections
 
 from mha.data import files
+from mha.errors import ConfigError
+from mha.errors import WorkdirError
 
 # Fields that change the shapes of the parameters or the vocabulary: a workdir
 # trained with other values cannot be resumed with these.
@@ -26,6 +45,10 @@ DATA_ORDER_FIELDS = (
     "grad_accum_steps", "seed",
 )
 CONFIG_FILE = "config.json"
+LOCK_FILE = "lock"
+VOCABULARY_FILE = "spm.model"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
 
 
 def check_local(workdir: str) -> None:
@@ -36,7 +59,7 @@ def check_local(workdir: str) -> None:
   offer), so a URL would silently become a local folder named 'gs:'.
   """
   if files.has_scheme(workdir):
-    raise ValueError(
+    raise ConfigError(
         f"--workdir={workdir}: URLs are not supported as workdirs. Mount the "
         "bucket (e.g. gcsfuse on a TPU VM) or use a shared filesystem, and "
         "pass its local path.")
@@ -46,18 +69,38 @@ def _saved_and_given(config: ml_collections.ConfigDict, workdir: str
                      ) -> tuple[dict | None, dict]:
   """(the workdir's config.json or None if it has none, `config`), as dicts."""
   path = os.path.join(workdir, CONFIG_FILE)
-  saved = None
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
+  saved = _read_json(path) if os.path.lexists(path) else None
   return saved, json.loads(config.to_json())
+
+
+def _read_json(path: str) -> dict:
+  """The JSON object in `path`.
+
+  Raises:
+    WorkdirError: naming `path`, when it is not a readable JSON object.
+  """
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except json.JSONDecodeError as e:
+    raise WorkdirError(
+        f"{path} is not valid JSON ({e.msg}, line {e.lineno} column "
+        f"{e.colno}): restore it, or use another --workdir.") from None
+  except (OSError, UnicodeDecodeError) as e:
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+    raise WorkdirError(f"{path} cannot be read ({reason}).") from None
+  if not isinstance(value, dict):
+    raise WorkdirError(f"{path} does not hold a config (a JSON object): "
+                       "restore it, or use another --workdir.")
+  return value
 
 
 def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses a workdir whose saved config differs in a model-shape field.
 
   Raises:
-    ValueError naming the field, the saved and the given value.
+    ConfigError: naming the field, the saved and the given value.
+    WorkdirError: config.json cannot be read.
   """
   saved, given = _saved_and_given(config, workdir)
   if saved is None:
@@ -69,7 +112,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     if field in LOCATION_FIELDS and not location:
       continue
     if field in saved and saved[field] != given.get(field):
-      raise ValueError(
+      raise ConfigError(
           f"{path} was written with {field}={saved[field]!r} but the config "
           f"gives {field}={given.get(field)!r}; a workdir holds one model. "
           f"Use another --workdir or --config.{field}={saved[field]!r}.")
@@ -96,10 +139,251 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a training run stored in `workdir`."""
+  """The resolved config a training run stored in `workdir`.
+
+  Raises:
+    FileNotFoundError: `workdir` has no config.json.
+    WorkdirError: config.json is not a readable JSON object (names it).
+  """
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist: is {workdir} a workdir "
                             "written by train.py?")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(_read_json(path))
+
+
+def _process_start(pid: int) -> str | None:
+  """When process `pid` started, in clock ticks since boot (Linux), so a
+  reused pid is not taken for the process that wrote a lock."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      stat = f.read()
+  except OSError:
+    return None
+  return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def _boot_id() -> str | None:
+  try:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+      return f.read().strip()
+  except OSError:
+    return None
+
+
+def _is_running(holder: dict) -> bool:
+  """Whether the process that wrote `holder` (on this host) still runs."""
+  pid = holder.get("pid")
+  if not isinstance(pid, int) or pid <= 0:
+    return False
+  boot = holder.get("boot_id")
+  if boot and _boot_id() and boot != _boot_id():
+    return False  # the host rebooted since
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    pass  # it runs, as another user
+  start = holder.get("process_start")
+  return not start or _process_start(pid) in (None, start)
+
+
+class WorkdirLock:
+  """`<workdir>/lock`: one training run per workdir.
+
+  The file holds the host, pid and start time of the run that holds it. It
+  appears atomically (a complete temporary file hard-linked to the name, or
+  O_CREAT|O_EXCL where links are not supported), so two runs cannot both take
+  it. A lock whose process no longer runs on this host (killed with -9, or
+  the host rebooted) is renamed away and taken over, with a warning; a lock
+  of a running process, or of another host (whose processes cannot be seen
+  from here), refuses the run.
+  """
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self.info = {
+        "host": socket.gethostname(), "pid": os.getpid(),
+        "started": datetime.datetime.now().astimezone().isoformat(
+            timespec="seconds"),
+        "process_start": _process_start(os.getpid()), "boot_id": _boot_id(),
+    }
+    self.held = False
+
+  def acquire(self) -> None:
+    """Takes the lock.
+
+    Raises:
+      WorkdirError: another run holds it, naming that run and the file.
+    """
+    for _ in range(5):
+      if self._create():
+        self.held = True
+        return
+      holder = self._read()
+      if holder is None:
+        continue  # released meanwhile: try again
+      if holder.get("host") != self.info["host"]:
+        raise WorkdirError(
+            f"{self.workdir} is locked by process {holder.get('pid')} on host "
+            f"{holder.get('host')} (started {holder.get('started')}); one "
+            f"training run per workdir. If that run is gone, delete "
+            f"{self.path}.")
+      if _is_running(holder):
+        raise WorkdirError(
+            f"{self.workdir} is in use by process {holder.get('pid')} on "
+            f"{holder.get('host')} (started {holder.get('started')}; lock "
+            f"{self.path}): one training run per workdir. Wait for it or "
+            "stop it, or use another --workdir.")
+      self._take_over(holder)
+    raise WorkdirError(f"Could not take {self.path}: other runs keep taking "
+                       "and releasing it. Start one run per workdir.")
+
+  def _create(self) -> bool:
+    """Creates the lock file with our info; False if it exists."""
+    text = json.dumps(self.info, indent=2) + "\n"
+    tmp = f"{self.path}.{self.info['host']}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+      f.write(text)
+    try:
+      os.link(tmp, self.path)
+      return True
+    except FileExistsError:
+      return False
+    except OSError:  # no hard links on this filesystem
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        return False
+      with os.fdopen(fd, "w") as f:
+        f.write(text)
+      return True
+    finally:
+      os.unlink(tmp)
+
+  def _read(self, path: str | None = None) -> dict | None:
+    """The lock's content; None if it does not exist."""
+    path = path or self.path
+    try:
+      with open(path) as f:
+        holder = json.load(f)
+    except FileNotFoundError:
+      return None
+    except (OSError, ValueError):
+      holder = None
+    if not isinstance(holder, dict):
+      raise WorkdirError(
+          f"{path} is not a lock written by train.py. If no run uses "
+          f"{self.workdir}, delete {path}.")
+    return holder
+
+  def _take_over(self, stale: dict) -> None:
+    """Moves a stale lock away (atomically), unless another run was faster."""
+    aside = f"{self.path}.stale.{os.getpid()}"
+    try:
+      os.rename(self.path, aside)
+    except FileNotFoundError:
+      return  # another run moved it first
+    moved = self._read(aside)
+    if moved != stale:  # another run took it over meanwhile: give it back
+      with contextlib.suppress(FileExistsError):
+        os.link(aside, self.path)
+    else:
+      logging.warning(
+          "Taking over the stale lock %s of process %s on %s (started %s), "
+          "which no longer runs.", self.path, stale.get("pid"),
+          stale.get("host"), stale.get("started"))
+    os.unlink(aside)
+
+  def release(self) -> None:
+    """Deletes the lock file if it is still ours."""
+    if self.held:
+      self.held = False
+      with contextlib.suppress(OSError, WorkdirError):
+        if self._read() == self.info:
+          os.unlink(self.path)
+
+
+class Workdir:
+  """The paths of a training workdir and its lock.
+
+  Attributes:
+    path: the workdir.
+    config_path, lock_path, vocabulary_path, metrics_path, checkpoints_path:
+      the files and folders of its layout.
+  """
+
+  def __init__(self, path: str | os.PathLike[str]):
+    self.path = os.fspath(path)
+    self.config_path = os.path.join(self.path, CONFIG_FILE)
+    self.lock_path = os.path.join(self.path, LOCK_FILE)
+    self.vocabulary_path = os.path.join(self.path, VOCABULARY_FILE)
+    self.metrics_path = os.path.join(self.path, METRICS_FILE)
+    self.checkpoints_path = os.path.join(self.path, CHECKPOINTS_DIR)
+
+  def eval_path(self, split: str, step: int) -> str:
+    return os.path.join(self.path, "eval", f"{split}_{step}")
+
+  def check_usable(self) -> None:
+    """Refuses, without writing, a workdir that training cannot use: a URL,
+    a path that is not a folder, a folder it cannot write, a config.json
+    that is not a readable JSON object.
+
+    Raises:
+      ConfigError: a URL.
+      WorkdirError: naming the path at fault.
+    """
+    check_local(self.path)
+    if os.path.lexists(self.path) and not os.path.isdir(self.path):
+      raise WorkdirError(f"--workdir={self.path} is not a folder: pass a new "
+                         "or existing workdir folder.")
+    existing = self.path
+    while existing and not os.path.exists(existing):
+      existing = os.path.dirname(existing.rstrip(os.sep))
+    existing = existing or "."
+    if not os.path.isdir(existing):
+      raise WorkdirError(f"--workdir={self.path}: {existing} is not a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+      raise WorkdirError(f"--workdir={self.path}: {existing} is not writable.")
+    if os.path.lexists(self.config_path):
+      _read_json(self.config_path)
+
+  def check_config(self, config: ml_collections.ConfigDict) -> None:
+    check_config(config, self.path)
+
+  def changed_data_fields(self, config: ml_collections.ConfigDict
+                          ) -> list[str]:
+    return changed_data_fields(config, self.path)
+
+  def write_config(self, config: ml_collections.ConfigDict) -> None:
+    write_config(config, self.path)
+
+  def load_config(self) -> ml_collections.ConfigDict:
+    return load_config(self.path)
+
+  @contextlib.contextmanager
+  def lock(self) -> Iterator[WorkdirLock]:
+    """Creates the folder, holds `<workdir>/lock` while the block runs.
+
+    A folder created here is removed again if the block fails before
+    writing anything in it.
+
+    Raises:
+      WorkdirError: another run holds the lock.
+    """
+    created = not os.path.lexists(self.path)
+    os.makedirs(self.path, exist_ok=True)
+    lock = WorkdirLock(self.path)
+    try:
+      lock.acquire()
+      try:
+        yield lock
+      finally:
+        lock.release()
+    except BaseException:
+      if created:  # a run that wrote nothing leaves no empty folder behind
+        with contextlib.suppress(OSError):
+          os.rmdir(self.path)
+      raise

@@ -1,0 +1,369 @@
+"""A refused run writes nothing; one trainer per workdir; one line per error.
+
+Each refusal is checked for its error type, its message (which names the
+field or file) and for leaving the workdir as it was: every file's bytes and
+modification time, or no folder at all where there was none.
+"""
+import hashlib
+import json
+import math
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import base
+from configs import quickstart
+from mha import config_check
+from mha import data
+from mha import errors
+from mha import metrics as metrics_lib
+from mha import trainer
+from mha import workdir as workdir_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# As in test_trainer.py: the synthetic pair, a 512-piece vocabulary.
+TINY_OVERRIDES = dict(vocab_size=512, max_source_length=24,
+                      max_target_length=24, max_tokens=768, max_len=64,
+                      eval_bleu_sentences=0)
+
+
+def tiny_config(**changes):
+  config = quickstart.get_config("tiny")
+  config.update(TINY_OVERRIDES)
+  config.update(changes)
+  return config
+
+
+def snapshot(path: pathlib.Path) -> dict[str, tuple[str, int]] | None:
+  """{relative path: (sha256, mtime_ns)} of every file and folder under
+  `path`; None if `path` does not exist."""
+  if not os.path.lexists(path):
+    return None
+  if path.is_file():
+    return {".": (hashlib.sha256(path.read_bytes()).hexdigest(),
+                  path.stat().st_mtime_ns)}
+  result = {}
+  for p in sorted(path.rglob("*")):
+    digest = (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file()
+              else "folder")
+    result[str(p.relative_to(path))] = (digest, p.stat().st_mtime_ns)
+  return result
+
+
+@pytest.fixture(scope="module")
+def existing(tmp_path_factory) -> pathlib.Path:
+  """A workdir as a first start leaves it: config.json, spm.model, metrics.
+  Tests only read it (the refusals) or copy it."""
+  workdir = tmp_path_factory.mktemp("existing") / "run"
+  workdir.mkdir()
+  config = tiny_config()
+  workdir_lib.write_config(config, str(workdir))
+  data.get_tokenizer(config, str(workdir))
+  (workdir / "metrics.jsonl").write_text('{"step": 5, "loss": 4.0}\n')
+  return workdir
+
+
+@pytest.fixture
+def copy(existing, tmp_path) -> pathlib.Path:
+  target = tmp_path / "copy"
+  shutil.copytree(existing, target)
+  return target
+
+
+def _refused(error_type, message, config, workdir: pathlib.Path):
+  before = snapshot(workdir)
+  with pytest.raises(error_type, match=message) as error:
+    trainer.train_and_evaluate(config, str(workdir))
+  assert snapshot(workdir) == before
+  return str(error.value)
+
+
+BAD_FIELDS = [
+    (dict(num_heads=0), r"config.num_heads must be >= 1, got 0\."),
+    (dict(num_heads=3), r"config.d_model=32 is not divisible by "
+     r"config.num_heads=3"),
+    (dict(dropout_rate=1.5), r"config.dropout_rate must be in \[0, 1\), got "
+     r"1.5\."),
+    (dict(attention_dropout_rate=1.0), r"attention_dropout_rate must be in"),
+    (dict(label_smoothing=-0.1), r"config.label_smoothing must be in"),
+    (dict(learning_rate_scale=-1.0), r"config.learning_rate_scale must be "
+     r"finite and > 0, got -1.0\."),
+    (dict(warmup_steps=0), r"config.warmup_steps must be >= 1"),
+    (dict(adam_b1=1.0), r"config.adam_b1 must be in \[0, 1\)"),
+    (dict(adam_b2=math.nan), r"config.adam_b2 must be in \[0, 1\), got nan"),
+    (dict(adam_eps=0.0), r"config.adam_eps must be finite and > 0"),
+    (dict(grad_clip_norm=-1.0), r"config.grad_clip_norm must be finite and "
+     r">= 0"),
+    (dict(vocab_size=3), r"config.vocab_size must be >= 4"),
+    (dict(num_layers=0), r"config.num_layers must be >= 1"),
+    (dict(num_decoder_layers=0), r"config.num_decoder_layers must be an "
+     r"integer >= 1, or None"),
+    (dict(d_ff=0), r"config.d_ff must be >= 1"),
+    (dict(d_k=0), r"config.d_k must be an integer >= 1, or None"),
+    (dict(max_source_length=0), r"config.max_source_length must be >= 1"),
+    (dict(max_target_length=72), r"config.max_target_length must be <= "
+     r"config.max_len=64"),
+    (dict(beam_size=0), r"config.beam_size must be >= 1"),
+    (dict(alpha=math.inf), r"config.alpha must be finite and >= 0, got inf"),
+    (dict(alpha=-5.0), r"config.alpha must be finite and >= 0, got -5.0"),
+    (dict(max_decode_extra=-1), r"config.max_decode_extra must be >= 0"),
+    (dict(eval_bleu_sentences=-1), r"config.eval_bleu_sentences must be >= 0"),
+    (dict(keep_checkpoints=0), r"config.keep_checkpoints must be >= 1"),
+    (dict(seed=-1), r"config.seed must be >= 0"),
+    (dict(layer_norm="mid"), r"config.layer_norm must be one of post, pre"),
+    (dict(dtype="int8"), r"config.dtype must be one of float32"),
+    (dict(attention_impl="xla", attention_dropout_rate=0.1),
+     r"attention_dropout_rate must be 0 with config.attention_impl='xla'"),
+    (dict(eval_split=" "), r"config.eval_split must be a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("changes, message", BAD_FIELDS)
+def test_bad_field_is_refused_before_anything_is_written(
+    changes, message, existing, tmp_path):
+  config = tiny_config(**changes)
+  with pytest.raises(errors.ConfigError, match=message):
+    config_check.validate(config)
+  fresh = tmp_path / "fresh"
+  _refused(errors.ConfigError, message, config, fresh)
+  assert not fresh.exists()
+  _refused(errors.ConfigError, message, config, existing)
+
+
+def test_every_numeric_field_of_base_has_a_range():
+  config = base.base_config()
+  ranged = (set(config_check._MIN_INT) | set(config_check._OPTIONAL_INT) |
+            set(config_check._REAL) | set(config_check._POSITIVE_REAL))
+  numeric = {k for k, v in config.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+  numeric |= set(config_check._OPTIONAL_INT)  # placeholders: None here
+  assert numeric - ranged == set()
+  config_check.validate(config, 8)  # the paper's config on 8 devices passes
+  for arg in ("tiny", "A1", "B2", "C4", "location", "multires"):
+    config_check.validate(base.get_config(arg))
+
+
+def test_max_tokens_names_the_real_minimum_once(existing, tmp_path):
+  num_devices = 4  # conftest
+  # 24-token limits: one 24-token row per device.
+  message = _refused(errors.ConfigError, r"config.max_tokens must be >= 96",
+                     tiny_config(max_tokens=95), tmp_path / "fresh")
+  assert "on each of 4 devices" in message
+  assert not (tmp_path / "fresh").exists()
+  _refused(errors.ConfigError, "max_tokens", tiny_config(max_tokens=8),
+           existing)
+  # The minimum serves every training batch, whatever the sentence lengths.
+  config = tiny_config(max_tokens=96)
+  config_check.validate(config, num_devices)
+  tok = data.get_tokenizer(config, str(existing))
+  batches = data.train_batches(config, tok, num_global_devices=num_devices,
+                               process_index=0, process_count=1)
+  assert next(batches)["inputs"].shape[0] % num_devices == 0
+
+
+def test_workdir_that_is_a_file_is_refused(tmp_path):
+  path = tmp_path / "file"
+  path.write_text("not a workdir\n")
+  _refused(errors.WorkdirError, f"--workdir={path} is not a folder",
+           tiny_config(), path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"vocab_size": 512,', r"config.json is not valid JSON \(Expecting"),
+    ("[1, 2]", r"config.json does not hold a config"),
+])
+def test_unreadable_config_json_is_named(copy, text, message):
+  (copy / "config.json").write_text(text)
+  error = _refused(errors.WorkdirError, message, tiny_config(), copy)
+  assert str(copy / "config.json") in error
+  with pytest.raises(errors.WorkdirError, match=message):
+    workdir_lib.load_config(str(copy))  # eval's reader names it too
+
+
+def test_other_model_in_the_workdir_is_refused(existing):
+  _refused(errors.ConfigError, r"num_heads=4 .* num_heads=2",
+           tiny_config(num_heads=2), existing)
+
+
+@pytest.mark.parametrize("field", ["eval_split", "test_split", "train_split"])
+def test_every_split_is_opened_before_the_first_step(field, existing,
+                                                     tmp_path):
+  config = tiny_config(**{field: "nonexistent"})
+  message = rf"config.{field}='nonexistent': The synthetic dataset has no"
+  _refused(data.DataError, message, config, tmp_path / "fresh")
+  assert not (tmp_path / "fresh").exists()
+  _refused(data.DataError, message, config, existing)
+
+
+def _lock(workdir: pathlib.Path, **holder) -> None:
+  info = dict(host=socket.gethostname(), pid=1,
+              started="2026-11-23T10:00:00+00:00")
+  info.update(holder)
+  (workdir / "lock").write_text(json.dumps(info))
+
+
+def test_a_lock_of_a_running_process_refuses_the_run(copy):
+  sleeper = subprocess.Popen(["sleep", "60"])
+  try:
+    _lock(copy, pid=sleeper.pid)
+    message = _refused(errors.WorkdirError, "is in use by process",
+                       tiny_config(), copy)
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+  assert (f"process {sleeper.pid} on {socket.gethostname()} (started "
+          f"2026-11-23T10:00:00+00:00; lock {copy / 'lock'})") in message
+
+
+def test_a_lock_of_another_host_names_it_and_the_file(copy):
+  _lock(copy, host="tpu-vm-7", pid=4242)
+  message = _refused(errors.WorkdirError, "locked by process 4242 on host "
+                     r"tpu-vm-7 \(started 2026-11-23T10:00:00\+00:00\)",
+                     tiny_config(), copy)
+  assert message.endswith(f"If that run is gone, delete {copy / 'lock'}.")
+
+
+def test_two_locks_on_one_workdir_exactly_one_holds(tmp_path):
+  first = workdir_lib.WorkdirLock(str(tmp_path))
+  second = workdir_lib.WorkdirLock(str(tmp_path))
+  first.acquire()
+  with pytest.raises(errors.WorkdirError,
+                     match=f"in use by process {os.getpid()}"):
+    second.acquire()
+  assert json.loads((tmp_path / "lock").read_text()) == first.info
+  first.release()
+  assert not (tmp_path / "lock").exists()
+  second.acquire()  # free again
+  second.release()
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_lock_is_taken_over_and_unlogged_steps_dropped(copy, caplog):
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  _lock(copy, pid=dead.pid)
+  seen = []
+  get_tokenizer = trainer.data.get_tokenizer
+
+  def recording(config, workdir):
+    seen.append(json.loads((copy / "lock").read_text()))
+    return get_tokenizer(config, workdir)
+
+  trainer.data.get_tokenizer = recording
+  try:
+    trainer.train_and_evaluate(tiny_config(num_train_steps=0), str(copy))
+  finally:
+    trainer.data.get_tokenizer = get_tokenizer
+  assert "Taking over the stale lock" in caplog.text
+  assert f"of process {dead.pid}" in caplog.text
+  assert seen[-1]["pid"] == os.getpid()  # held while the run wrote
+  assert not (copy / "lock").exists()  # released at the end
+  # No checkpoint: the step 5 logged by the killed run is dropped.
+  assert metrics_lib.read_metrics(str(copy)) == []
+
+
+def test_lock_is_released_and_new_folder_removed_on_a_bug(tmp_path,
+                                                         monkeypatch):
+  workdir = tmp_path / "run"
+  held = []
+
+  def failing(config, folder):
+    held.append(json.loads(pathlib.Path(folder.lock_path).read_text()))
+    raise RuntimeError("a bug")
+
+  monkeypatch.setattr(trainer, "_train", failing)
+  with pytest.raises(RuntimeError, match="a bug"):  # keeps its type
+    trainer.train_and_evaluate(tiny_config(), str(workdir))
+  assert held[0]["pid"] == os.getpid()
+  assert not workdir.exists()
+
+
+def test_non_finite_loss_is_training_diverged():
+  with pytest.raises(errors.TrainingDiverged, match="at step 7"):
+    trainer._check_finite(7, {"loss": np.nan})
+  assert issubclass(errors.TrainingDiverged, errors.UserError)
+
+
+# Runs train.py's flag parser and main in one process for several command
+# lines (one jax import), then the last one through absl's app.run.
+_DRIVER = r"""
+import contextlib, io, json, sys
+from absl import app, flags
+import train
+results = []
+cases = json.loads(sys.argv[1])
+for i, argv in enumerate(cases):
+  argv = ["train.py"] + argv
+  sys.argv = argv
+  flags.FLAGS.unparse_flags()
+  for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+    delattr(flags.FLAGS, name)  # config_flags defines them at each parse
+  err = io.StringIO()
+  code = 0
+  with contextlib.redirect_stderr(err):
+    try:
+      if i == len(cases) - 1:
+        app.run(train.main, argv=argv, flags_parser=train.parse_flags)
+      else:
+        train.main(train.parse_flags(argv))
+    except SystemExit as e:
+      code = e.code
+  results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def test_train_py_bad_input_is_one_line_and_exit_1(existing, tmp_path):
+  regular = tmp_path / "file"
+  regular.write_text("x\n")
+  bad_json = tmp_path / "bad_json"
+  shutil.copytree(existing, bad_json)
+  (bad_json / "config.json").write_text("{")
+  locked = tmp_path / "locked"
+  shutil.copytree(existing, locked)
+  _lock(locked, pid=os.getpid())  # this test's process: running
+  tiny = ["--config=configs/quickstart.py:tiny"] + [
+      f"--config.{k}={v}" for k, v in TINY_OVERRIDES.items()]
+  fresh = str(tmp_path / "fresh")
+  cases = [
+      (["--config=configs/nonexistent.py", f"--workdir={fresh}"],
+       "train.py: --config: the config file configs/nonexistent.py does not "
+       "exist (relative paths start in "),
+      ([*tiny, "--config.num_heads=0", f"--workdir={fresh}"],
+       "train.py: config.num_heads must be >= 1, got 0."),
+      ([*tiny, f"--workdir={regular}"],
+       f"train.py: --workdir={regular} is not a folder"),
+      ([*tiny, f"--workdir={bad_json}"],
+       f"train.py: {bad_json / 'config.json'} is not valid JSON"),
+      ([*tiny, "--config.eval_split=nonexistent", f"--workdir={fresh}"],
+       "train.py: config.eval_split='nonexistent': The synthetic dataset has "
+       "no split"),
+      ([*tiny, f"--workdir={locked}"],
+       f"train.py: {locked} is in use by process {os.getpid()} on "),
+      (["--config=configs/base.py:Z9", f"--workdir={fresh}"],
+       "train.py: --config=configs/base.py:Z9: Unknown config argument 'Z9'; "
+       "known: tiny, A1,"),
+  ]
+  before = {p: snapshot(p) for p in (regular, bad_json, locked)}
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+             JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, "-c", _DRIVER, json.dumps([c for c, _ in cases])],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+      check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  outputs = json.loads(result.stdout.strip().splitlines()[-1])
+  for (argv, expected), (code, stderr) in zip(cases, outputs):
+    lines = [line for line in stderr.splitlines()
+             if line.startswith("train.py:")]
+    assert code == 1, (argv, stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith(expected), (argv, stderr)
+    assert "Traceback" not in stderr, (argv, stderr)
+  assert {p: snapshot(p) for p in before} == before
+  assert not os.path.exists(fresh)
