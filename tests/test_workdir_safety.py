@@ -23,6 +23,7 @@ from mha import config_check
 from mha import data
 from mha import errors
 from mha import metrics as metrics_lib
+from mha.data import batching
 from mha import trainer
 from mha import workdir as workdir_lib
 
@@ -165,6 +166,29 @@ def test_max_tokens_names_the_real_minimum_once(existing, tmp_path):
   batches = data.train_batches(config, tok, num_global_devices=num_devices,
                                process_index=0, process_count=1)
   assert next(batches)["inputs"].shape[0] % num_devices == 0
+
+
+def test_batch_plan_names_the_minimum_of_its_longest_bucket():
+  lengths = np.array([5, 12, 20])  # buckets 8, 16 and 24
+  with pytest.raises(data.DataError, match="raise max_tokens to at least 48"):
+    batching.BucketPlan(np.arange(3), lengths, lengths, max_tokens=8,
+                        inputs_cap=24, targets_cap=24, num_devices=2, seed=0)
+
+
+def test_evaluation_serves_sentences_longer_than_the_training_limits(
+    existing):
+  # The smallest budget for 8-token training limits on 4 devices (8 x 4):
+  # validation sentences of up to 16 pieces get one row per device.
+  config = tiny_config(max_source_length=8, max_target_length=8,
+                       max_tokens=32)
+  config_check.validate(config, 4)
+  tok = data.get_tokenizer(config, str(existing))
+  batches = data.eval_batches(config, tok, "validation[:40]",
+                              num_global_devices=4, process_index=0,
+                              process_count=1)
+  assert max(b["inputs"].shape[1] for b in batches) > 8
+  assert {b["inputs"].shape[0] for b in batches} == {4}
+  assert sum(int((b["inputs"] > 0).any(1).sum()) for b in batches) == 40
 
 
 def test_workdir_that_is_a_file_is_refused(tmp_path):

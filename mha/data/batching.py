@@ -127,6 +127,8 @@ class BucketPlan:
     grid = length_grid(max(inputs_cap, targets_cap))
     bucket = np.searchsorted(grid, np.maximum(inputs_lengths,
                                               targets_lengths))
+    if len(bucket):  # the longest bucket names the real minimum, once
+      rows_for(max_tokens, grid[int(bucket.max())], num_devices)
     self.shapes, self._members = [], []
     for b in np.unique(bucket):
       g = grid[b]

@@ -147,7 +147,8 @@ def eval_batches(config: ml_collections.ConfigDict, tok: Tokenizer,
   Only examples longer than `config.max_len` tokens on a side are dropped
   (counted and logged). Each global batch holds `batch_rows` consecutive
   examples (rounded up to a multiple of the global device count; default:
-  as many as `config.max_tokens` allows for the split's longest example),
+  as many as `config.max_tokens` allows for the split's longest example, but
+  at least one per device),
   the last one completed with all-zero rows, both sides padded to the
   smallest length of a fixed grid (multiples of 8 up to `config.max_len`)
   that holds the batch's longest sentence.
@@ -174,9 +175,12 @@ def eval_batches(config: ml_collections.ConfigDict, tok: Tokenizer,
   grid = np.asarray(batching.length_grid(config.max_len))
   longest = np.maximum(data.inputs_lengths[ids], data.targets_lengths[ids])
   if batch_rows is None:
-    batch_rows = batching.rows_for(
-        config.max_tokens, int(grid[np.searchsorted(grid, longest.max())]),
-        num_global_devices)
+    # At least one row per device: a sentence longer than the training
+    # limits (only config.max_len bounds evaluation) is evaluated, not
+    # refused at the first evaluation of a run.
+    length = int(grid[np.searchsorted(grid, longest.max())])
+    batch_rows = max(config.max_tokens // length // num_global_devices,
+                     1) * num_global_devices
   rows = batching.round_up(batch_rows, num_global_devices)
   batches = []
   for start in range(0, len(ids), rows):
