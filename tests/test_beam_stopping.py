@@ -1,0 +1,199 @@
+"""Beam search's early stop and length penalty (§6.1, Wu et al. 2016).
+
+A correct stopping rule never changes the result: once no live hypothesis
+can beat the worst of the `beam` finished ones, running on to the length
+limit adds nothing to the finished set. So the search is compared with a
+NumPy beam search of the same algorithm that never stops early (it runs
+until its sentence's limit or until no live hypothesis is left), on many
+small random models, one sentence per search (in a batch the loop runs
+until every sentence is done, which hides a sentence stopped too early), and
+must return the same hypotheses and scores in every beam slot. A constructed case shows a rule that stops too early
+returning a worse translation. Mutations caught (tests/README.md): the
+bound `best_live / lp(t + 1)` alone, the best instead of the worst finished
+score, lp's 5 or 6 changed, |Y| without its EOS.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha import decoding
+
+EOS = 1
+VOCAB = 6  # 0 = pad / start (logit -inf), 1 = EOS, 2..5 words
+BATCH = 128
+MAX_LEN = 30
+
+
+def lp(length: int, alpha: float) -> float:
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+class RandomModels:
+  """One random model per sentence: logits(y_0..y_t) = A[b, t, y_t] + Σ_{j<=t}
+  B[b, j, y_j] + eos_bias[b] at EOS (y_0 = 0 the start symbol).
+
+  Each row A[b, t, y] has a random sharpness that depends on the sentence
+  and the last token y: some tokens lead to near-certain continuations, so
+  a live prefix can run on for many steps at little cost and overtake the
+  finished hypotheses through the growing lp(|Y|): the situation the
+  stopping bound must get right. The tables are per sentence; the step
+  function reads them from `source_` cache leaves (repeated per beam, never
+  reordered) and keeps the running sum per row (`acc`, reordered with its
+  hypothesis).
+  """
+
+  def __init__(self, seed: int):
+    rng = np.random.default_rng(seed)
+    sharpness = np.exp(rng.uniform(np.log(2.0), np.log(30.0),
+                                   size=(BATCH, 1, VOCAB, 1)))
+    self.a = rng.normal(size=(BATCH, MAX_LEN, VOCAB, VOCAB)) * sharpness
+    self.b = rng.normal(size=(BATCH, MAX_LEN, VOCAB, VOCAB)) * 0.1
+    self.eos_bias = rng.uniform(-6.0, 3.0, size=BATCH)
+
+  def init_cache(self, b: int):
+    """The cache of a search of sentence b alone."""
+    return {'source_a': jnp.asarray(self.a[b:b + 1], jnp.float32),
+            'source_b': jnp.asarray(self.b[b:b + 1], jnp.float32),
+            'source_eos': jnp.asarray(self.eos_bias[b:b + 1], jnp.float32),
+            'acc': jnp.zeros((1, VOCAB), jnp.float32),
+            'cache_index': jnp.array(0, jnp.int32)}
+
+  @staticmethod
+  def step(tokens, cache):
+    pos = cache['cache_index']
+    token = tokens[:, 0]  # [rows]
+    rows = jnp.arange(token.shape[0])
+    acc = cache['acc'] + cache['source_b'][rows, pos, token]  # [rows, V]
+    logits = cache['source_a'][rows, pos, token] + acc
+    logits = logits.at[:, EOS].add(cache['source_eos'])
+    logits = logits.at[:, 0].set(-jnp.inf)
+    return logits, dict(cache, acc=acc, cache_index=pos + 1)
+
+  def log_probs(self, b: int, prefix: tuple[int, ...]) -> np.ndarray:
+    """log P(. | prefix) in float64 from the whole prefix."""
+    full = (0,) + prefix
+    t = len(prefix)
+    logits = self.a[b, t, full[t]] + sum(self.b[b, j, y]
+                                         for j, y in enumerate(full))
+    logits[EOS] += self.eos_bias[b]
+    logits[0] = -np.inf
+    return logits - np.logaddexp.reduce(logits)
+
+
+def exhaustive_beam(log_probs, beam: int, alpha: float, limit: int):
+  """Beam search without the early stop, in NumPy.
+
+  Each step scores the best 2·beam extensions of the live hypotheses; those
+  ending in EOS or at the limit compete for the beam finished slots (score
+  log P / lp(|Y|)), the others for the beam live slots. It runs until the
+  limit or until no live hypothesis is left. Returns [(score, tokens)] best
+  first.
+  """
+  live = [(0.0, ())]
+  finished = []
+  for length in range(1, limit + 1):
+    candidates = []
+    for logprob, seq in live:
+      step = log_probs(seq)
+      for v in range(1, VOCAB):
+        candidates.append((logprob + step[v], seq + (v,)))
+    candidates.sort(key=lambda c: -c[0])
+    candidates = candidates[:2 * beam]
+    ends = [c for c in candidates if c[1][-1] == EOS or length == limit]
+    live = [c for c in candidates if not (c[1][-1] == EOS or
+                                          length == limit)][:beam]
+    finished += [(logprob / lp(length, alpha), seq) for logprob, seq in ends]
+    finished = sorted(finished, key=lambda f: -f[0])[:beam]
+    if not live:
+      break
+  return finished
+
+
+def hypothesis(tokens) -> tuple[int, ...]:
+  tokens = [int(t) for t in tokens]
+  if EOS in tokens:
+    return tuple(tokens[:tokens.index(EOS) + 1])
+  while tokens and tokens[-1] == 0:
+    tokens.pop()
+  return tuple(tokens)
+
+
+@pytest.mark.parametrize('alpha, beam', [(0.6, 2), (1.0, 3)])
+def test_early_stop_returns_what_running_to_the_limit_returns(alpha, beam):
+  models = RandomModels(seed=0)
+  # Long limits (the paper's is input length + 50): lp(limit) / lp(t + 1)
+  # is large, so a wrong bound stops many steps too early.
+  limits = np.random.default_rng(1).integers(MAX_LEN // 2, MAX_LEN + 1,
+                                             size=BATCH)
+  # One sentence per search: in a batch, the loop runs until every sentence
+  # is done, and a sentence stopped too early would be searched on anyway.
+  search = jax.jit(lambda cache, limit: decoding.beam_search(
+      RandomModels.step, cache, 1, beam, alpha, MAX_LEN, EOS, limit))
+  longer = 0  # sentences whose best hypothesis is longer than 2 tokens
+  for b in range(BATCH):
+    tokens, scores = search(models.init_cache(b),
+                            jnp.asarray(limits[b:b + 1], jnp.int32))
+    tokens, scores = np.asarray(tokens)[0], np.asarray(scores)[0]
+    expected = exhaustive_beam(lambda seq: models.log_probs(b, seq), beam,
+                               alpha, int(limits[b]))
+    got = [hypothesis(t) for t in tokens]
+    assert got == [seq for _, seq in expected], b
+    np.testing.assert_allclose(scores, [s for s, _ in expected],
+                               rtol=1e-5, atol=1e-5, err_msg=str(b))
+    longer += len(expected[0][1]) > 2
+  assert longer > BATCH // 4  # not a test of one-token outputs
+
+
+# The constructed case (beam 2, α = 0.6, limit 20; tokens 1 EOS, 2 a, 3 c):
+#   first token: EOS 0.39, c 0.41, a 0.20;  after c: EOS (~1);
+#   after a: a (~1) until 15 a's are written, then EOS (~1).
+# After 2 steps the finished slots hold [EOS] (log 0.39 / lp(1) = -0.942)
+# and [c EOS] (log 0.41 / lp(2) = -0.813); the best live prefix is [a a]
+# (log 0.2 = -1.609). It can still reach -1.609 / lp(20) = -0.684, so the
+# search must go on, and a^15 EOS scores -1.609 / lp(16) = -0.759, the best
+# hypothesis. The wrong bound -1.609 / lp(3) = -1.354 < -0.942 stops at
+# step 2 with [c EOS].
+CHAIN = 15
+LIMIT = 20
+CERTAIN = -30.0  # logit of the alternatives to a (nearly) certain token
+
+
+def _constructed_step(tokens, cache):
+  pos = cache['cache_index']  # tokens written so far
+  last = tokens[:, 0]  # [rows]
+  first = jnp.log(jnp.array([1.0, 0.39, 0.20, 0.41]))  # pad, EOS, a, c
+  end = jnp.array([0.0, 0.0, CERTAIN, CERTAIN])
+  more_a = jnp.array([0.0, CERTAIN, 0.0, CERTAIN])
+  after_a = jnp.where(pos < CHAIN, more_a, end)
+  logits = jnp.where((last == 3)[:, None], end[None], after_a[None])
+  logits = jnp.where(pos == 0, first[None], logits)
+  logits = logits.at[:, 0].set(-jnp.inf)  # never the pad token
+  return logits, {'cache_index': pos + 1}
+
+
+def test_stopping_too_early_would_lose_the_best_hypothesis():
+  cache = {'cache_index': jnp.array(0, jnp.int32)}
+  tokens, scores = jax.jit(lambda c: decoding.beam_search(
+      _constructed_step, c, 1, 2, 0.6, LIMIT, EOS))(cache)
+  best = hypothesis(np.asarray(tokens)[0, 0])
+  assert best == (2,) * CHAIN + (EOS,)
+  assert float(scores[0, 0]) == pytest.approx(np.log(0.2) / lp(16, 0.6),
+                                              rel=1e-5)
+  # The runner-up is [c EOS], the answer of a search stopped at step 2.
+  assert hypothesis(np.asarray(tokens)[0, 1]) == (3, EOS)
+  assert float(scores[0, 1]) == pytest.approx(np.log(0.41) / lp(2, 0.6),
+                                              rel=1e-5)
+  assert np.log(0.2) / lp(3, 0.6) < np.log(0.39) / lp(1, 0.6)  # the trap
+
+
+def test_length_penalty_golden_values():
+  # lp(Y) = ((5 + |Y|) / 6)^α, by hand: (6/6)^0.6 = 1, (9/6)^0.6 = 1.5^0.6,
+  # (11/6)^0.6, (7/6)^1 and α = 0 gives 1.
+  assert float(decoding.length_penalty(1, 0.6)) == pytest.approx(1.0)
+  assert float(decoding.length_penalty(4, 0.6)) == pytest.approx(
+      1.2754245, rel=1e-6)
+  assert float(decoding.length_penalty(6, 0.6)) == pytest.approx(
+      1.4386159, rel=1e-6)
+  assert float(decoding.length_penalty(2, 1.0)) == pytest.approx(7 / 6)
+  assert float(decoding.length_penalty(30, 0.0)) == 1.0
