@@ -277,6 +277,22 @@ def _wait_for(predicate, process, timeout=240.0):
   return False
 
 
+# train.py, killed (SIGKILL) inside the save of step $MHA_TEST_KILL_AT_SAVE:
+# its files are written under Orbax's temporary name, not yet renamed.
+_KILLED_IN_SAVE = r"""
+import os, runpy, signal, sys
+from orbax.checkpoint._src.path import atomicity
+finalize = atomicity.AtomicRenameTemporaryPath.finalize
+async def killing(self):
+  if self.get_final().name == os.environ["MHA_TEST_KILL_AT_SAVE"]:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return await finalize(self)
+atomicity.AtomicRenameTemporaryPath.finalize = killing
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
 def test_sigkill_and_resume_is_bit_identical(tmp_path):
   flags = _flags(num_train_steps=40, checkpoint_every_steps=10,
                  keep_checkpoints=10, eval_every_steps=1000,
@@ -287,6 +303,17 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path):
 
   interrupted = tmp_path / "interrupted"
   _seed_vocabulary(straight, interrupted)
+  # 1. Killed inside the first save: steps 5 and 10 logged, no checkpoint.
+  killed = subprocess.run(
+      [sys.executable, "-c", _KILLED_IN_SAVE, f"--workdir={interrupted}",
+       *flags], cwd=REPO, env=dict(_env(2), MHA_TEST_KILL_AT_SAVE="10"),
+      capture_output=True, check=False)
+  assert killed.returncode == -signal.SIGKILL
+  assert checkpoints.all_steps(str(interrupted)) == []
+  assert [p.name for p in (interrupted / "checkpoints").iterdir()
+          if p.name.startswith("10.")], "not killed inside the save"
+  assert (interrupted / "lock").exists()  # left by the killed run
+  # 2. Killed from outside at whatever moment follows the first checkpoint.
   process = subprocess.Popen(_train_cmd(interrupted, *flags), cwd=REPO,
                              env=_env(2), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -299,10 +326,18 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path):
     process.kill()
   killed_at = checkpoints.latest_step(str(interrupted))
   assert killed_at < 40, "the run finished before it could be killed"
+  # 3. Resumed to the end: the same parameters, each step logged once.
   subprocess.run(_train_cmd(interrupted, *flags), cwd=REPO, env=_env(2),
                  check=True, capture_output=True)
   assert checkpoints.latest_step(str(interrupted)) == 40
   _assert_trees_equal(_params(interrupted, 40), _params(straight, 40))
+
+  def logged(workdir):
+    return [r["step"] for r in metrics_lib.read_metrics(str(workdir))
+            if "loss" in r]
+
+  assert logged(interrupted) == logged(straight) == list(range(5, 41, 5))
+  assert not (interrupted / "lock").exists()
 
 
 def test_sigterm_saves_a_checkpoint_where_it_stopped(tmp_path):
