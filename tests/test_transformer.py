@@ -6,7 +6,6 @@ import pytest
 
 import mha
 from configs import base
-from configs import big
 from mha.transformer import EncoderLayer
 
 
@@ -189,11 +188,6 @@ def count_params(config) -> int:
   shapes = jax.eval_shape(model.init, jax.random.key(0), ids, ids)
   return sum(int(np.prod(p.shape))
              for p in jax.tree_util.tree_leaves(shapes["params"]))
-
-
-def test_parameter_counts_match_table3():
-  assert 62e6 <= count_params(base.get_config()) <= 66e6  # paper: 65M
-  assert 210e6 <= count_params(big.get_config()) <= 216e6  # paper: 213M
 
 
 def test_table3_rows_as_config_arguments():
