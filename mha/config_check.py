@@ -171,10 +171,10 @@ def validate(config: ml_collections.ConfigDict,
   if num_devices is not None:
     least = min_max_tokens(config, num_devices)
     if config.max_tokens < least:
-      raise _refuse(
-          "max_tokens", config.max_tokens,
-          f">= {least}: one row of the longest allowed sentence "
-          f"(max_source_length={config.max_source_length}, "
-          f"max_target_length={config.max_target_length}, padded to "
-          f"{least // num_devices} tokens) on each of {num_devices} devices; "
-          "raise it or lower the length limits")
+      raise ConfigError(
+          f"config.max_tokens must be >= {least}, got {config.max_tokens}: "
+          "one row of the longest allowed sentence (max_source_length="
+          f"{config.max_source_length}, max_target_length="
+          f"{config.max_target_length}, padded to {least // num_devices} "
+          f"tokens) on each of {num_devices} device(s). Raise it or lower "
+          "the length limits.")

@@ -155,7 +155,7 @@ def test_max_tokens_names_the_real_minimum_once(existing, tmp_path):
   # 24-token limits: one 24-token row per device.
   message = _refused(errors.ConfigError, r"config.max_tokens must be >= 96",
                      tiny_config(max_tokens=95), tmp_path / "fresh")
-  assert "on each of 4 devices" in message
+  assert "got 95: one row" in message and "on each of 4 device(s)" in message
   assert not (tmp_path / "fresh").exists()
   _refused(errors.ConfigError, "max_tokens", tiny_config(max_tokens=8),
            existing)
