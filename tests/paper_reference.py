@@ -59,7 +59,7 @@ def attention(p, x_q: jax.Array, x_kv: jax.Array, mask: np.ndarray,
   v = jnp.einsum("bkm,mhd->bhkd", x_kv, p["value_kernel"])
   d_k = q.shape[-1]
   logits = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(d_k)
-  mask = np.asarray(mask)[:, None]  # [B, 1, Q, K]
+  mask = jnp.asarray(mask)[:, None]  # [B, 1, Q, K]
   logits = jnp.where(mask, logits, -jnp.inf)
   any_key = mask.any(-1, keepdims=True)
   logits = jnp.where(any_key, logits, 0.0)
@@ -86,7 +86,7 @@ def logits(params, inputs: np.ndarray, targets: np.ndarray, *,
            num_layers: int, drop: Drop = no_dropout,
            layer_norm_kind: str = "post") -> jax.Array:
   """Teacher-forced logits [B, T, V] for source and target ids (0 = pad)."""
-  inputs, targets = np.asarray(inputs), np.asarray(targets)
+  inputs, targets = jnp.asarray(inputs), jnp.asarray(targets)
   table = params["source_embed"]["embedding"]  # [V, d_model]
   d_model = table.shape[1]
   pe = sinusoids(max(inputs.shape[1], targets.shape[1]), d_model)
@@ -95,7 +95,7 @@ def logits(params, inputs: np.ndarray, targets: np.ndarray, *,
 
   x = table[inputs] * np.sqrt(d_model) + pe[:s]
   x = drop(x, "embedding")
-  enc_mask = np.broadcast_to(src_real[:, None, :], (len(inputs), s, s))
+  enc_mask = jnp.broadcast_to(src_real[:, None, :], (len(inputs), s, s))
   for i in range(num_layers):
     p = params[f"encoder_layers_{i}"]
     x = residual(p["attention_block"]["layer_norm"], x,
@@ -108,12 +108,12 @@ def logits(params, inputs: np.ndarray, targets: np.ndarray, *,
   if layer_norm_kind == "pre":
     x = layer_norm(params["encoder_norm"], x)
 
-  shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # start symbol 0
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # start symbol 0
   y = table[shifted] * np.sqrt(d_model) + pe[:t]
   y = drop(y, "embedding")
   causal = np.tril(np.ones((t, t), bool))
   self_mask = causal[None] & tgt_real[:, None, :]
-  cross_mask = np.broadcast_to(src_real[:, None, :], (len(targets), t, s))
+  cross_mask = jnp.broadcast_to(src_real[:, None, :], (len(targets), t, s))
   for i in range(num_layers):
     p = params[f"decoder_layers_{i}"]
     y = residual(p["self_attention_block"]["layer_norm"], y,
@@ -132,16 +132,16 @@ def logits(params, inputs: np.ndarray, targets: np.ndarray, *,
   return y @ table.T  # the pre-softmax projection shares the embeddings
 
 
-def smoothed_loss(logits_: jax.Array, targets: np.ndarray,
-                  epsilon: float) -> tuple[jax.Array, float]:
+def smoothed_loss(logits_: jax.Array, targets: jax.Array,
+                  epsilon: float) -> tuple[jax.Array, jax.Array]:
   """Σ over non-pad tokens of KL(q || p), q = 1 - ε on the gold token and
   ε / (V - 1) on every other; returns (sum, token count)."""
-  targets = np.asarray(targets)
   vocab = logits_.shape[-1]
-  q = np.full(targets.shape + (vocab,), epsilon / (vocab - 1))
-  np.put_along_axis(q, targets[..., None], 1.0 - epsilon, axis=-1)
-  log_q = np.log(np.where(q > 0, q, 1.0))
+  gold = jnp.arange(vocab) == jnp.asarray(targets)[..., None]  # [B, T, V]
+  q = jnp.where(gold, 1.0 - epsilon, epsilon / (vocab - 1))
+  log_q = jnp.log(jnp.where(q > 0, q, 1.0))
   log_p = jax.nn.log_softmax(logits_, axis=-1)
   per_token = jnp.sum(q * (log_q - log_p), axis=-1)
-  weights = targets > 0
-  return jnp.sum(jnp.where(weights, per_token, 0.0)), float(weights.sum())
+  weights = jnp.asarray(targets) > 0
+  return (jnp.sum(jnp.where(weights, per_token, 0.0)),
+          jnp.sum(weights).astype(jnp.float32))
