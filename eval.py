@@ -11,11 +11,22 @@ Uses the config and vocabulary stored in the workdir; beam size, alpha and
 the output limit default to the config's (the paper: 4, 0.6, input + 50).
 Writes translations.txt and metrics.json into --output_dir (default
 <workdir>/eval/<split>_<step>/, <split>_avg<N>_<step>/ for averages,
-file_<step>/ for --source_file) and prints BLEU with its sacrebleu signature.
-With --source_file=- it writes one translation per input line to standard
-output, in order, and everything else to standard error. Bad input (no
-checkpoint, unknown step, mismatched files, ...) prints one message and exits
-with status 1.
+file_<step>/ for --source_file; followed by _beam<B>, _alpha<A>, _extra<E>
+for each search setting that differs from the config's, e.g.
+eval/test_800_beam8_alpha1.0/) and prints BLEU with its sacrebleu signature.
+Results are never replaced by those of other settings: a folder whose
+metrics.json records another split, step, beam, alpha, max_decode_extra or
+source file is refused, and the files are written through a temporary folder,
+so a failed evaluation leaves earlier results as they were. With
+--source_file=- it writes one translation per input line to standard output,
+in order, and everything else to standard error.
+
+Every flag is checked before anything is read (alpha finite and >= 0,
+beam_size, batch_size, average_last >= 1, checkpoint_step, max_decode_extra,
+plot_attention >= 0, plot_layer within the model). Bad input (a flag, no
+checkpoint, unknown or damaged step, unreadable config.json or spm.model,
+mismatched files, ...) prints one line, `eval.py: <message>`, and exits with
+status 1; any other error is a bug and keeps its stack.
 
 --plot_attention=N (default 0, off) also draws the attention maps of the
 first N sentences of the split or source file (the paper's Figures 3-5):
@@ -36,6 +47,7 @@ from absl import flags
 
 from mha import compilation_cache
 from mha import evaluator
+from mha.errors import UserError
 
 flags.DEFINE_string("workdir", None, "A training workdir.")
 flags.DEFINE_string("split", None, "Dataset split (default: test_split).")
@@ -81,7 +93,7 @@ def main(argv):
         reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
         write=not piped or FLAGS.output_dir is not None,
         plot_attention=FLAGS.plot_attention, plot_layer=FLAGS.plot_layer)
-  except evaluator.EvalError as e:
+  except UserError as e:  # bad input; anything else is a bug
     print(f"eval.py: {e}", file=sys.stderr)
     return 1
   # With --source_file=- standard output holds the translations only.

@@ -9,28 +9,74 @@ A workdir holds `checkpoints/<step>/` written by orbax-checkpoint's
 * `meta`: a JSON dict (data-loader position and other metadata).
 
 Orbax writes each step in a temporary folder and renames it when complete, so
-a step folder that exists is whole; `save` waits for the write to finish.
-The paper averages the last 5 (base) or 20 (big) checkpoints for evaluation:
-`average_checkpoints`.
+a step folder that exists was whole when written; `save` waits for the write
+to finish. The paper averages the last 5 (base) or 20 (big) checkpoints for
+evaluation: `average_checkpoints`.
+
+Every read checks the step first: the items' metadata files must exist and
+every stored value of the items read must be readable in full (a synchronous
+TensorStore read, so a truncated file is found before Orbax's asynchronous
+restore, which would fail with a stack per array). A damaged step raises
+`DamagedCheckpointError` naming `<workdir>/checkpoints/<step>`, what is wrong
+and the newest intact earlier step, with the fix (`--checkpoint_step` for
+evaluation; moving the step folder aside to resume training). A step deleted
+while it is read (a running trainer keeps only the last `keep_checkpoints`)
+raises `CheckpointNotFound`, so that a reader can choose its steps again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+import contextlib
+import json
 import os
-from typing import Any
+import re
+import time
+from typing import Any, Literal
 
 from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
+
+from mha.errors import CheckpointError
 
 PyTree = Any
 
 CHECKPOINTS_SUBDIR = 'checkpoints'
 STATE = 'state'
 META = 'meta'
+# Files without which an item cannot be restored (relative to a step folder).
+REQUIRED_FILES = {
+    STATE: ('state/_METADATA', 'state/manifest.ocdbt'),
+    META: ('meta/metadata',),
+}
+# Values checked per synchronous TensorStore batch (bounds the memory held).
+_CHECK_BATCH = 64
+# Who reads: the fix a damaged-checkpoint message gives.
+Purpose = Literal['train', 'eval']
+
+
+class CheckpointNotFound(CheckpointError, FileNotFoundError):
+  """No checkpoint, no checkpoint of the step asked for, or a step deleted
+  while it was read."""
+
+
+class DamagedCheckpointError(CheckpointError):
+  """A step folder whose files are missing or cannot be read.
+
+  Attributes:
+    path: the step folder.
+    step: its step.
+    intact_step: the newest earlier step that can be read, or None.
+  """
+
+  def __init__(self, message: str, path: epath.Path, step: int,
+               intact_step: int | None):
+    super().__init__(message)
+    self.path, self.step, self.intact_step = path, step, intact_step
 
 
 def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
@@ -97,7 +143,8 @@ def save(manager: ocp.CheckpointManager, step: int, state: PyTree,
 
 
 def restore(manager: ocp.CheckpointManager, step: int | None,
-            target_state: PyTree) -> tuple[PyTree, dict[str, Any]]:
+            target_state: PyTree, purpose: Purpose = 'train'
+            ) -> tuple[PyTree, dict[str, Any]]:
   """Restores checkpoint `step` (None: the latest) into `target_state`'s form.
 
   Args:
@@ -106,27 +153,51 @@ def restore(manager: ocp.CheckpointManager, step: int | None,
     target_state: a pytree with the structure, shapes and dtypes to restore
       (real arrays or `jax.ShapeDtypeStruct`s); jax arrays come back with the
       target's sharding, NumPy arrays as NumPy.
+    purpose: the fix a damaged step's message gives ('train': move the step
+      aside and resume from the newest intact one).
 
   Returns:
     `(state, meta)`.
 
   Raises:
-    FileNotFoundError: no checkpoint, or no checkpoint `step`.
+    CheckpointNotFound: no checkpoint, or no checkpoint `step`.
+    DamagedCheckpointError: the step's files are missing or unreadable.
   """
+  directory = manager.directory
   steps = sorted(manager.all_steps())
-  step = _check_step(manager.directory, steps, step)
-  restored = manager.restore(
-      step,
-      args=ocp.args.Composite(**{
-          STATE: ocp.args.StandardRestore(target_state),
-          META: ocp.args.JsonRestore(),
-      }))
+  step = _check_step(directory, steps, step)
+  _verify(directory, step, (STATE, META), purpose)
+  with _read_errors(directory, [step], (STATE, META), purpose):
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(**{
+            STATE: ocp.args.StandardRestore(target_state),
+            META: ocp.args.JsonRestore(),
+        }))
   return restored[STATE], restored[META]
 
 
 def all_steps(workdir: str | os.PathLike[str]) -> list[int]:
   """The finalised checkpoint steps in `<workdir>/checkpoints`, ascending."""
   return sorted(ocp.utils.checkpoint_steps(checkpoint_dir(workdir)))
+
+
+def check_step(workdir: str | os.PathLike[str], step: int | None = None,
+               purpose: Purpose = 'train') -> int:
+  """Checks that checkpoint `step` (None: the latest) can be restored whole,
+  without restoring it: for a caller that must refuse before writing.
+
+  Returns:
+    The step.
+
+  Raises:
+    CheckpointNotFound: no checkpoint, or no checkpoint `step`.
+    DamagedCheckpointError: as `restore`.
+  """
+  directory = checkpoint_dir(workdir)
+  step = _check_step(directory, all_steps(workdir), step)
+  _verify(directory, step, (STATE, META), purpose)
+  return step
 
 
 def latest_step(workdir: str | os.PathLike[str]) -> int | None:
@@ -138,48 +209,216 @@ def latest_step(workdir: str | os.PathLike[str]) -> int | None:
 def _check_step(directory: epath.Path, steps: Sequence[int],
                 step: int | None) -> int:
   if not steps:
-    raise FileNotFoundError(
+    raise CheckpointNotFound(
         f'No checkpoint in {directory}: expected step folders '
         f'{directory}/<step>/ written by training.')
   if step is None:
     return steps[-1]
   if int(step) not in steps:
-    raise FileNotFoundError(
+    raise CheckpointNotFound(
         f'No checkpoint for step {step} in {directory}; available steps: '
         f'{list(steps)}.')
   return int(step)
 
 
-def _reader(workdir: str | os.PathLike[str]) -> ocp.CheckpointManager:
-  """A manager that reads items without knowing their targets in advance."""
-  return ocp.CheckpointManager(
-      checkpoint_dir(workdir),
-      options=ocp.CheckpointManagerOptions(create=False),
-      item_handlers={
-          STATE: ocp.PyTreeCheckpointHandler(),
-          META: ocp.JsonCheckpointHandler(),
-      })
+def _step_path(directory: epath.Path, step: int) -> epath.Path:
+  return directory / str(int(step))
 
 
-def _read_params(reader: ocp.CheckpointManager, step: int) -> PyTree:
-  """Reads only `state['params']` of `step`, as NumPy arrays."""
-  metadata = reader.item_metadata(step)[STATE].tree['params']
-  target = {'params': jax.tree.map(
-      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)}
-  restore_args = jax.tree.map(
-      lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
-  restored = reader.restore(
-      step,
-      args=ocp.args.Composite(**{
-          STATE: ocp.args.PyTreeRestore(item=target,
-                                        restore_args=restore_args,
-                                        partial_restore=True),
-      }))
+_LOCAL_FILE_RE = re.compile(r'local file "([^"]+)"')
+
+
+def _describe(error: str, step_dir: epath.Path) -> str:
+  """A TensorStore error as 'file is truncated' or 'file cannot be read'."""
+  match = _LOCAL_FILE_RE.search(error)
+  name = (os.path.relpath(match[1], os.fspath(step_dir)) if match
+          else 'a data file of state/')
+  if error.startswith('OUT_OF_RANGE'):
+    return f'{name} is truncated'
+  return f"{name} cannot be read ({' '.join(error.split())[:200]})"
+
+
+def _unreadable_value(step_dir: epath.Path, prefix: str) -> str | None:
+  """Why a stored value of the state under `prefix` cannot be read, or None.
+
+  Reads every value of the item's OCDBT store synchronously (TensorStore
+  futures, no event loop), `_CHECK_BATCH` at a time.
+  """
+  state_dir = os.fspath(step_dir / STATE)
+  if '://' in state_dir:
+    return None  # not a local file: left to Orbax's own read
+  try:
+    store = ts.KvStore.open({'driver': 'ocdbt',
+                             'base': f'file://{state_dir}'}).result()
+    keys = [k for k in store.list().result()
+            if k.decode('utf-8', 'replace').startswith(prefix)]
+    if not keys:
+      return f'state/ holds no {prefix.rstrip(".") or "values"}'
+    for start in range(0, len(keys), _CHECK_BATCH):
+      batch = keys[start:start + _CHECK_BATCH]
+      for key, future in [(k, store.read(k)) for k in batch]:
+        if future.result().state != 'value':
+          return f"state/ lacks the value {key.decode('utf-8', 'replace')}"
+  except ValueError as e:
+    return _describe(str(e), step_dir)
+  return None
+
+
+def _problem(step_dir: epath.Path, items: Sequence[str],
+             params_only: bool = False) -> str | None:
+  """What is wrong with a step folder for reading `items`, or None."""
+  for item in items:
+    for name in REQUIRED_FILES[item]:
+      if not (step_dir / name).exists():
+        return f'{name} is missing'
+  if META in items:
+    try:
+      json.loads((step_dir / REQUIRED_FILES[META][0]).read_text())
+    except (OSError, ValueError) as e:
+      return f'meta/metadata cannot be read as JSON ({e})'
+  if STATE in items:
+    return _unreadable_value(step_dir, 'params.' if params_only else '')
+  return None
+
+
+def _deleted(paths: Sequence[epath.Path]) -> epath.Path | None:
+  """The first of `paths` that is gone, or goes within a moment (a deletion
+  under way: Orbax removes an old step's files, then its folder), or None."""
+  for attempt in range(6):
+    if attempt:
+      time.sleep(0.02)
+    for path in paths:
+      if not path.exists():
+        return path
+  return None
+
+
+def _deleted_error(path: epath.Path) -> CheckpointNotFound:
+  return CheckpointNotFound(
+      f'Checkpoint {path} was deleted while it was read (a running train.py '
+      'keeps only the last keep_checkpoints steps).')
+
+
+def _newest_intact(directory: epath.Path, below: int, items: Sequence[str],
+                   params_only: bool) -> int | None:
+  """The newest step before `below` that `_problem` finds whole, or None.
+
+  Steps without their metadata files are skipped at once; the first step
+  that has them is read in full.
+  """
+  earlier = sorted((s for s in ocp.utils.checkpoint_steps(directory)
+                    if s < below), reverse=True)
+  for step in earlier:
+    if _problem(_step_path(directory, step), items, params_only) is None:
+      return step
+  return None
+
+
+def _damaged(directory: epath.Path, step: int, problem: str,
+             items: Sequence[str], purpose: Purpose,
+             params_only: bool = False) -> CheckpointError:
+  """The error for a damaged step: a deleted one, or one naming the fix."""
+  path = _step_path(directory, step)
+  if _deleted([path]):
+    return _deleted_error(path)
+  intact = _newest_intact(directory, step, items, params_only)
+  aside = f'mv {path} {directory.parent}/damaged_checkpoint_{step}'
+  if purpose == 'eval':
+    fix = (f'the newest intact checkpoint is step {intact}: evaluate it with '
+           f'--checkpoint_step={intact}' if intact is not None
+           else 'no earlier checkpoint is intact')
+  elif intact is not None:
+    fix = (f'the newest intact checkpoint is step {intact}: to resume from '
+           f'it, move the damaged step out of {directory} ({aside}) and run '
+           'train.py again')
+  else:
+    fix = (f'no earlier checkpoint is intact: move it out of {directory} '
+           f'({aside}) to train from the start, or use another --workdir')
+  return DamagedCheckpointError(
+      f'Checkpoint {path} is damaged: {problem}; {fix}.', path, step, intact)
+
+
+def _verify(directory: epath.Path, step: int, items: Sequence[str],
+            purpose: Purpose, params_only: bool = False) -> None:
+  """Raises `_damaged`'s error if `_problem` finds one in step `step`."""
+  problem = _problem(_step_path(directory, step), items, params_only)
+  if problem is not None:
+    raise _damaged(directory, step, problem, items, purpose, params_only)
+
+
+@contextlib.contextmanager
+def _read_errors(directory: epath.Path, steps: Sequence[int],
+                 items: Sequence[str], purpose: Purpose,
+                 params_only: bool = False) -> Iterator[None]:
+  """Orbax's errors while reading `steps` as this module's errors.
+
+  A step deleted meanwhile raises `CheckpointNotFound`; a TensorStore error
+  (a status such as 'OUT_OF_RANGE: ...') on a step still there raises
+  `DamagedCheckpointError`; anything else is a bug and propagates.
+  """
+  try:
+    yield
+  except (FileNotFoundError, ValueError, KeyError, AttributeError) as e:
+    gone = _deleted([_step_path(directory, step) for step in steps])
+    if gone is not None:
+      raise _deleted_error(gone) from None
+    status = re.match(r'^[A-Z_]+: ', str(e))
+    if not status or len(steps) != 1:
+      raise
+    raise _damaged(directory, steps[0], _describe(str(e), _step_path(
+        directory, steps[0])), items, purpose, params_only) from None
+
+
+@contextlib.contextmanager
+def _reader(workdir: str | os.PathLike[str], steps: Sequence[int],
+            items: Sequence[str], purpose: Purpose
+            ) -> Iterator[ocp.CheckpointManager]:
+  """A manager that reads items without knowing their targets in advance.
+
+  Orbax lists and reads the steps' metadata when it is made: a step deleted
+  meanwhile raises `CheckpointNotFound` (`_read_errors`).
+  """
+  directory = checkpoint_dir(workdir)
+  with _read_errors(directory, steps, items, purpose):
+    reader = ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(create=False),
+        item_handlers={
+            STATE: ocp.PyTreeCheckpointHandler(),
+            META: ocp.JsonCheckpointHandler(),
+        })
+  with reader:
+    yield reader
+
+
+def _read_params(reader: ocp.CheckpointManager, step: int,
+                 purpose: Purpose) -> PyTree:
+  """Reads only `state['params']` of `step`, as NumPy arrays.
+
+  Raises:
+    CheckpointNotFound: the step was deleted while it was read.
+    DamagedCheckpointError: its state cannot be read.
+  """
+  directory = epath.Path(reader.directory)
+  _verify(directory, step, (STATE,), purpose, params_only=True)
+  with _read_errors(directory, [step], (STATE,), purpose, params_only=True):
+    metadata = reader.item_metadata(step)[STATE].tree['params']
+    target = {'params': jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metadata)}
+    restore_args = jax.tree.map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    restored = reader.restore(
+        step,
+        args=ocp.args.Composite(**{
+            STATE: ocp.args.PyTreeRestore(item=target,
+                                          restore_args=restore_args,
+                                          partial_restore=True),
+        }))
   return restored[STATE]['params']
 
 
-def restore_params(workdir: str | os.PathLike[str],
-                   step: int | None = None) -> tuple[PyTree, int]:
+def restore_params(workdir: str | os.PathLike[str], step: int | None = None,
+                   purpose: Purpose = 'eval') -> tuple[PyTree, int]:
   """The parameters of one checkpoint, for evaluation.
 
   Only `params` are read (Orbax partial restore), not the optimizer state.
@@ -187,27 +426,38 @@ def restore_params(workdir: str | os.PathLike[str],
   Args:
     workdir: the run's folder.
     step: the checkpoint step; None = the latest.
+    purpose: the fix a damaged step's message gives ('eval':
+      `--checkpoint_step` of the newest intact step).
 
   Returns:
     `(params, step)`, params as NumPy arrays with their saved dtypes.
 
   Raises:
-    FileNotFoundError: no checkpoint in the workdir (names the folder), or no
-      checkpoint `step` (lists the available steps).
+    CheckpointNotFound: no checkpoint in the workdir (names the folder), no
+      checkpoint `step` (lists the available steps), or the step was deleted
+      while it was read.
+    DamagedCheckpointError: the step's state cannot be read.
   """
   step = _check_step(checkpoint_dir(workdir), all_steps(workdir), step)
-  with _reader(workdir) as reader:
-    return _read_params(reader, step), step
+  with _reader(workdir, [step], (STATE,), purpose) as reader:
+    return _read_params(reader, step, purpose), step
 
 
-def read_meta(workdir: str | os.PathLike[str],
-              step: int | None = None) -> dict[str, Any]:
+def read_meta(workdir: str | os.PathLike[str], step: int | None = None,
+              purpose: Purpose = 'eval') -> dict[str, Any]:
   """The JSON saved beside checkpoint `step` (None: the latest): `step`,
-  `data_position` (micro-batches read), `grad_accum_steps`."""
-  step = _check_step(checkpoint_dir(workdir), all_steps(workdir), step)
-  with _reader(workdir) as reader:
-    restored = reader.restore(
-        step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+  `data_position` (micro-batches read), `grad_accum_steps`.
+
+  Raises:
+    CheckpointNotFound, DamagedCheckpointError: as `restore_params`.
+  """
+  directory = checkpoint_dir(workdir)
+  step = _check_step(directory, all_steps(workdir), step)
+  _verify(directory, step, (META,), purpose)
+  with _reader(workdir, [step], (META,), purpose) as reader:
+    with _read_errors(directory, [step], (META,), purpose):
+      restored = reader.restore(
+          step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
   return dict(restored[META])
 
 
@@ -269,20 +519,24 @@ def average_params(trees: Iterable[PyTree]) -> PyTree:
 def average_checkpoints(
     workdir: str | os.PathLike[str],
     num_last: int | None = None,
-    steps: Sequence[int] | None = None) -> tuple[PyTree, list[int]]:
+    steps: Sequence[int] | None = None,
+    purpose: Purpose = 'eval') -> tuple[PyTree, list[int]]:
   """The mean parameters of several checkpoints (the paper's averaging).
 
   Args:
     workdir: the run's folder.
     num_last: average the last `num_last` checkpoints.
     steps: or average these steps. With neither, every checkpoint.
+    purpose: as in `restore_params`.
 
   Returns:
     `(params, steps_used)`: NumPy arrays in the saved dtypes (accumulated in
     float32), and the steps averaged, ascending.
 
   Raises:
-    FileNotFoundError: no checkpoint, or a requested step is missing.
+    CheckpointNotFound: no checkpoint, a requested step is missing, or a step
+      was deleted while it was read (the caller may choose steps again).
+    DamagedCheckpointError: a step's state cannot be read.
     ValueError: fewer checkpoints than `num_last`, or both arguments given.
   """
   directory = checkpoint_dir(workdir)
@@ -306,6 +560,7 @@ def average_checkpoints(
     steps_used = available[-num_last:]
   else:
     steps_used = available
-  with _reader(workdir) as reader:
-    params = average_params(_read_params(reader, s) for s in steps_used)
+  with _reader(workdir, steps_used, (STATE,), purpose) as reader:
+    params = average_params(_read_params(reader, s, purpose)
+                            for s in steps_used)
   return params, steps_used

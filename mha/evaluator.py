@@ -21,10 +21,14 @@ training) reuse the compiled search.
 """
 import dataclasses
 import json
+import math
+import numbers
 import os
 import re
+import shutil
 import sys
 import time
+import uuid
 from typing import Any, Sequence
 
 from absl import logging
@@ -47,6 +51,8 @@ METRICS_FILE = "metrics.json"
 # decode cache is bucket + max_decode_extra long whatever the batch holds.
 LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROW_MULTIPLE = 8
+# How often load_params chooses its steps again when one is deleted meanwhile.
+READ_ATTEMPTS = 3
 
 
 class EvalError(UserError, ValueError):
@@ -257,7 +263,8 @@ def read_lines(path: str, what: str = "File") -> list[str]:
   """Lines of a UTF-8 text file ('-' = standard input), without newlines.
 
   Only '\\n' (and a '\\r' before it) ends a line, so line numbers agree with
-  `wc -l`; a last line without a newline counts.
+  `wc -l`; a last line without a newline counts. A byte order mark at the
+  start is dropped (it would stay in the first sentence and its score).
 
   Raises:
     EvalError: the file does not exist or is not UTF-8.
@@ -268,7 +275,7 @@ def read_lines(path: str, what: str = "File") -> list[str]:
     else:
       with open(path, "rb") as f:
         raw = f.read()
-    text = raw.decode("utf-8")
+    text = raw.decode("utf-8-sig")  # without a byte order mark
   except FileNotFoundError:
     raise EvalError(f"{what} {path} does not exist.") from None
   except IsADirectoryError:
@@ -329,6 +336,12 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
                 average_last: int | None = None) -> tuple[Any, int, list[int]]:
   """The parameters to evaluate: one checkpoint or the mean of the last N.
 
+  A running trainer deletes its oldest checkpoint after each save
+  (`keep_checkpoints`), possibly while they are read here. The steps are
+  chosen from those present; if one of them is deleted before or while it is
+  read, they are chosen again from those present then (at most
+  `READ_ATTEMPTS` times), and the steps returned are those actually read.
+
   Args:
     workdir: the training workdir.
     checkpoint_step: None = the latest.
@@ -339,68 +352,151 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
     `(params, checkpoint step, averaged steps)`; params as NumPy arrays.
 
   Raises:
-    EvalError: as `resolve_steps`.
+    EvalError: as `resolve_steps`, or the steps kept vanishing.
+    checkpoints.DamagedCheckpointError: a chosen step cannot be read (the
+      message names it and the newest intact step).
   """
-  steps = resolve_steps(workdir, checkpoint_step, average_last)
-  try:
-    if len(steps) > 1:
-      params, steps = checkpoints.average_checkpoints(workdir, steps=steps)
-    else:
-      params, _ = checkpoints.restore_params(workdir, steps[0])
-  except (FileNotFoundError, ValueError) as e:
-    raise EvalError(f"Cannot restore {workdir} steps {steps}: {e}") from None
-  return params, steps[-1], list(steps)
+  for attempt in range(READ_ATTEMPTS):
+    steps = resolve_steps(workdir, checkpoint_step, average_last)
+    try:
+      if len(steps) > 1:
+        params, steps = checkpoints.average_checkpoints(workdir, steps=steps)
+      else:
+        params, _ = checkpoints.restore_params(workdir, steps[0])
+      return params, steps[-1], list(steps)
+    except checkpoints.CheckpointNotFound as e:
+      logging.warning("Attempt %d of %d: %s Choosing the steps again.",
+                      attempt + 1, READ_ATTEMPTS, e)
+  raise EvalError(
+      f"Checkpoints of {checkpoints.checkpoint_dir(workdir)} were deleted "
+      f"while they were read, {READ_ATTEMPTS} times: the trainer deletes "
+      "them faster than they can be read. Evaluate again with a larger "
+      "keep_checkpoints, or after training.")
 
 
 def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
   """(config, tokenizer) stored in a workdir, read without modifying it.
 
+  Never trains a vocabulary: a workdir without `spm.model` is refused.
+
   Raises:
-    EvalError: the workdir, its config.json or its spm.model is missing.
+    EvalError: the workdir or its spm.model is missing.
+    UserError: config.json or spm.model cannot be read (the message names
+      the file).
   """
   try:
     workdir_lib.check_local(workdir)
+  except UserError:
+    raise
   except ValueError as e:
     raise EvalError(str(e)) from None
   if not files.exists(workdir):
     raise EvalError(f"Workdir {workdir} does not exist.")
+  if not os.path.isdir(workdir):
+    raise EvalError(f"--workdir={workdir} is a file, not a workdir folder.")
   try:
     config = workdir_lib.load_config(workdir)
-  except (FileNotFoundError, json.JSONDecodeError) as e:
+  except UserError:
+    raise
+  except (OSError, ValueError) as e:  # before workdir.load_config names it
     raise EvalError(f"Workdir {workdir}: {e}") from None
   path = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
   if not files.exists(path):
     # get_tokenizer would train and write a new vocabulary: refuse instead.
     raise EvalError(f"{path} does not exist: the workdir has no vocabulary.")
-  try:
-    tokenizer = data.get_tokenizer(config, workdir)
-  except data.DataError as e:
-    raise EvalError(str(e)) from None
-  return config, tokenizer
+  return config, data.get_tokenizer(config, workdir)
 
 
 def _safe(name: str) -> str:
   return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "split"
 
 
-def default_output_dir(workdir: str, split_name: str, steps: Sequence[int]
-                       ) -> str:
-  """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages."""
+def settings_suffix(config: Any, beam_size: int, alpha: float,
+                    max_decode_extra: int) -> str:
+  """'' for the config's search settings, else e.g. '_beam8_alpha1.0'.
+
+  Names each of beam size, α and max_decode_extra (`_extra<n>`) that differs
+  from the workdir's config, so that evaluations with other settings get
+  other folders.
+  """
+  parts = []
+  if beam_size != config.beam_size:
+    parts.append(f"beam{beam_size}")
+  if float(alpha) != float(config.alpha):
+    parts.append(f"alpha{float(alpha)!r}")
+  if max_decode_extra != config.max_decode_extra:
+    parts.append(f"extra{max_decode_extra}")
+  return "".join("_" + p for p in parts)
+
+
+def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],
+                       suffix: str = "") -> str:
+  """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages,
+  followed by `suffix` (`settings_suffix`)."""
   name = _safe(split_name)
   if len(steps) > 1:
     name += f"_avg{len(steps)}"
-  return os.path.join(workdir, EVAL_DIR, f"{name}_{steps[-1]}")
+  return os.path.join(workdir, EVAL_DIR, f"{name}_{steps[-1]}{suffix}")
 
 
 # ------------------------------------------------------------------ evaluate
 
 
+def _is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_flags(*, checkpoint_step: int | None = None,
+                average_last: int | None = None,
+                beam_size: int | None = None, alpha: float | None = None,
+                max_decode_extra: int | None = None, batch_size: int = 64,
+                plot_attention: int = 0) -> None:
+  """Checks the numeric flags that need no workdir; None = the default.
+
+  Raises:
+    EvalError: naming the first flag out of range (α must be finite).
+  """
+  minimum = {"checkpoint_step": (checkpoint_step, 0),
+             "average_last": (average_last, 1),
+             "beam_size": (beam_size, 1),
+             "max_decode_extra": (max_decode_extra, 0),
+             "batch_size": (batch_size, 1),
+             "plot_attention": (plot_attention, 0)}
+  for name, (value, low) in minimum.items():
+    if value is not None and not _is_int(value):
+      raise EvalError(f"--{name} must be an integer, got {value!r}.")
+    if value is not None and value < low:
+      raise EvalError(f"--{name} must be >= {low}, got {value}.")
+  if alpha is not None and (
+      not isinstance(alpha, numbers.Real) or isinstance(alpha, bool)
+      or not math.isfinite(alpha) or alpha < 0):
+    raise EvalError(f"--alpha must be a finite number >= 0 (the length "
+                    f"penalty; the paper: 0.6), got {alpha!r}.")
+
+
+def _search_settings(config: Any, workdir: str, beam_size: int | None,
+                     alpha: float | None, max_decode_extra: int | None
+                     ) -> tuple[int, float, int]:
+  """The flags, or the config's values where not given, all checked."""
+  given = {"beam_size": beam_size, "alpha": alpha,
+           "max_decode_extra": max_decode_extra}
+  settings = {k: config.get(k) if v is None else v for k, v in given.items()}
+  for field, value in settings.items():
+    try:
+      check_flags(**{field: value})
+    except EvalError as e:
+      if given[field] is not None:
+        raise
+      path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+      message = str(e).replace(f"--{field}",
+                               f"{field} (the default of --{field})", 1)
+      raise EvalError(f"{path}: {message} Give --{field}.") from None
+  return settings["beam_size"], settings["alpha"], settings["max_decode_extra"]
+
+
 def _check_plot_flags(config, plot_attention: int, plot_layer: int,
                       write: bool) -> None:
-  """--plot_attention >= 0, --plot_layer within both stacks, somewhere to
-  write."""
-  if plot_attention < 0:
-    raise EvalError(f"--plot_attention must be >= 0, got {plot_attention}.")
+  """--plot_layer within both stacks and somewhere to write, if plotting."""
   if not plot_attention:
     return
   if not write:
@@ -409,11 +505,132 @@ def _check_plot_flags(config, plot_attention: int, plot_layer: int,
   layers = [config.get(side) or config.num_layers
             for side in ("num_encoder_layers", "num_decoder_layers")]
   n = min(layers)
-  if not -n <= plot_layer < n:
+  if not _is_int(plot_layer) or not -n <= plot_layer < n:
     raise EvalError(
         f"--plot_layer={plot_layer} is out of range: the model has "
         f"{layers[0]} encoder and {layers[1]} decoder layers (use 0..{n - 1}, "
         f"or {-n}..-1 from the last).")
+
+
+def _read_inputs(config: Any, workdir: str, split: str | None,
+                 source_file: str | None, reference_file: str | None
+                 ) -> tuple[str, list[str], list[str] | None]:
+  """(split name or 'file', sources, references or None), all checked."""
+  if source_file:
+    sources = read_lines(source_file, "Source file")
+    if not sources:
+      raise EvalError(f"Source file {source_file} is empty.")
+    references = (read_lines(reference_file, "Reference file")
+                  if reference_file else None)
+    if references is not None and len(references) != len(sources):
+      raise EvalError(
+          f"Source file {source_file} has {len(sources)} lines but reference "
+          f"file {reference_file} has {len(references)}.")
+    return "file", sources, references
+  split_name = split or config.test_split
+  try:
+    sources, references = data.load_text_pairs(config, split_name)
+  except data.DataError as e:
+    raise EvalError(f"Split {split_name!r} of {workdir}'s dataset: "
+                    f"{e}") from None
+  if not sources:
+    raise EvalError(f"Split {split_name!r} of {config.dataset_name} is "
+                    "empty.")
+  return split_name, sources, references
+
+
+# metrics.json fields that say which results a folder holds.
+SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
+                   "alpha", "max_decode_extra", "source_file",
+                   "reference_file")
+
+
+def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
+  """Refuses a folder whose metrics.json holds results of other settings.
+
+  Args:
+    output_dir: where the evaluation would write.
+    settings: the `SETTINGS_FIELDS` of this evaluation.
+
+  Raises:
+    EvalError: `output_dir` is a file, or holds a metrics.json that cannot be
+      read or that records another value of a `SETTINGS_FIELDS` field.
+  """
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise EvalError(f"Output folder {output_dir} is a file.")
+  path = os.path.join(output_dir, METRICS_FILE)
+  if not os.path.exists(path):
+    return
+  fix = f"give another --output_dir, or delete {output_dir} first"
+  try:
+    with open(path, encoding="utf-8") as f:
+      earlier = json.load(f)
+    if not isinstance(earlier, dict):
+      raise ValueError("not a JSON object")
+  except (OSError, ValueError) as e:
+    raise EvalError(f"{path} cannot be read ({e}); eval.py does not replace "
+                    f"it: {fix}.") from None
+  differ = [f"{k} {earlier.get(k)!r}, not {settings.get(k)!r}"
+            for k in SETTINGS_FIELDS if earlier.get(k) != settings.get(k)]
+  if differ:
+    raise EvalError(f"{output_dir} holds the results of another evaluation "
+                    f"({'; '.join(differ)}); eval.py never replaces them: "
+                    f"{fix}.")
+
+
+def write_outputs(output_dir: str, translations: Sequence[str],
+                  metrics: dict[str, Any], draw=None) -> list[str]:
+  """Writes translations.txt and metrics.json (and `draw`'s files) at once.
+
+  Everything is written into a new folder beside `output_dir` first
+  (`.<name>.tmp-<random>`); a failure there leaves `output_dir` as it was.
+  Then the new folder is renamed to `output_dir` if that does not exist, or
+  its entries replace those of the same name in `output_dir` one by one, each
+  by a rename, metrics.json last; other files in `output_dir` stay.
+
+  Args:
+    output_dir: the folder of the results.
+    translations: one line each.
+    metrics: written as JSON; a NaN or infinite value raises ValueError.
+    draw: optional function of a folder that writes files there and returns
+      their paths.
+
+  Returns:
+    The paths `draw` wrote, under `output_dir`.
+  """
+  text = json.dumps(metrics, indent=2, ensure_ascii=False, allow_nan=False)
+  parent, name = os.path.split(os.path.abspath(output_dir))
+  os.makedirs(parent, exist_ok=True)
+  staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+  os.mkdir(staging)
+  try:
+    with open(os.path.join(staging, TRANSLATIONS_FILE), "w",
+              encoding="utf-8") as f:
+      f.writelines(t + "\n" for t in translations)
+    drawn = draw(staging) if draw else []
+    with open(os.path.join(staging, METRICS_FILE), "w",
+              encoding="utf-8") as f:
+      f.write(text + "\n")
+    _publish(staging, output_dir)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return [os.path.join(output_dir, os.path.relpath(p, staging))
+          for p in drawn]
+
+
+def _publish(staging: str, output_dir: str) -> None:
+  """Moves `staging`'s entries into `output_dir` by renames, metrics last."""
+  if not os.path.exists(output_dir):
+    os.rename(staging, output_dir)
+    return
+  names = sorted(os.listdir(staging), key=lambda n: n == METRICS_FILE)
+  for entry in names:
+    source = os.path.join(staging, entry)
+    target = os.path.join(output_dir, entry)
+    if os.path.isdir(source) and os.path.isdir(target):
+      old = os.path.join(staging, f"{entry}.old")
+      os.rename(target, old)
+    os.replace(source, target)
 
 
 def evaluate(workdir: str, *, split: str | None = None,
@@ -428,8 +645,15 @@ def evaluate(workdir: str, *, split: str | None = None,
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
   Uses the config (`config.json`) and vocabulary (`spm.model`) stored in the
-  workdir. Every input is checked (workdir, steps, files) before any
-  checkpoint is read.
+  workdir. Every input is checked (flags, workdir, steps, files, the output
+  folder) before any checkpoint is read, and nothing is written before the
+  translations are done.
+
+  Results are never replaced by those of other settings: the default output
+  folder is named by the split, step(s) and the search settings that differ
+  from the config's (`default_output_dir`, `settings_suffix`), and a folder
+  whose metrics.json records other settings is refused (`check_output_dir`).
+  The files are written through a temporary folder (`write_outputs`).
 
   Args:
     workdir: a training workdir (config.json, spm.model, checkpoints/).
@@ -439,7 +663,8 @@ def evaluate(workdir: str, *, split: str | None = None,
     average_last: average the parameters of the last N checkpoints (up to
       `checkpoint_step` if given).
     beam_size: default the config's (the paper: 4); 1 = greedy.
-    alpha: length penalty; default the config's (the paper: 0.6).
+    alpha: length penalty, finite and >= 0; default the config's (the
+      paper: 0.6).
     max_decode_extra: output limit = input length + this; default the
       config's (the paper: 50).
     batch_size: sentences per decoding batch.
@@ -447,7 +672,9 @@ def evaluate(workdir: str, *, split: str | None = None,
       standard input.
     reference_file: its references, one a line (without them: no scores).
     output_dir: default `<workdir>/eval/<split>_<step>` (`<split>_avgN_<step>`
-      for averages, `file_<step>` for a source file).
+      for averages, `file_<step>` for a source file), followed by
+      `_beam<B>`, `_alpha<α>`, `_extra<E>` for each setting that differs
+      from the config's.
     write: write `translations.txt` and `metrics.json` into `output_dir`.
     plot_attention: draw the attention maps of the first N sentences (all,
       if fewer) into `<output_dir>/attention/`
@@ -467,93 +694,96 @@ def evaluate(workdir: str, *, split: str | None = None,
     written) and `attention_maps` (the PNGs written, with plot_attention).
 
   Raises:
-    EvalError: bad input, with a message naming it.
+    mha.errors.UserError: bad input, with a message naming it (EvalError
+      for flags, steps, files and the output folder; WorkdirError,
+      DataError, CheckpointError for the workdir's files).
   """
-  config, tokenizer = load_workdir(workdir)
-  beam_size = config.beam_size if beam_size is None else beam_size
-  alpha = config.alpha if alpha is None else alpha
-  max_decode_extra = (config.max_decode_extra if max_decode_extra is None
-                      else max_decode_extra)
-  if beam_size < 1:
-    raise EvalError(f"--beam_size must be >= 1, got {beam_size}.")
-  if max_decode_extra < 0:
-    raise EvalError(f"--max_decode_extra must be >= 0, got "
-                    f"{max_decode_extra}.")
-  if batch_size < 1:
-    raise EvalError(f"--batch_size must be >= 1, got {batch_size}.")
+  check_flags(checkpoint_step=checkpoint_step, average_last=average_last,
+              beam_size=beam_size, alpha=alpha,
+              max_decode_extra=max_decode_extra, batch_size=batch_size,
+              plot_attention=plot_attention)
   if reference_file and not source_file:
     raise EvalError("--reference_file needs --source_file.")
   if source_file and split:
     raise EvalError("Give --split or --source_file, not both.")
+  config, tokenizer = load_workdir(workdir)
+  beam_size, alpha, max_decode_extra = _search_settings(
+      config, workdir, beam_size, alpha, max_decode_extra)
   _check_plot_flags(config, plot_attention, plot_layer, write)
   steps = resolve_steps(workdir, checkpoint_step, average_last)
-
+  split_name, sources, references = _read_inputs(
+      config, workdir, split, source_file, reference_file)
+  settings = {"split": split_name, "beam_size": beam_size, "alpha": alpha,
+              "max_decode_extra": max_decode_extra}
   if source_file:
-    sources = read_lines(source_file, "Source file")
-    if not sources:
-      raise EvalError(f"Source file {source_file} is empty.")
-    references = (read_lines(reference_file, "Reference file")
-                  if reference_file else None)
-    if references is not None and len(references) != len(sources):
-      raise EvalError(
-          f"Source file {source_file} has {len(sources)} lines but reference "
-          f"file {reference_file} has {len(references)}.")
-    split_name = "file"
-  else:
-    split_name = split or config.test_split
-    try:
-      sources, references = data.load_text_pairs(config, split_name)
-    except data.DataError as e:
-      raise EvalError(f"Split {split_name!r} of {workdir}'s dataset: "
-                      f"{e}") from None
-    if not sources:
-      raise EvalError(f"Split {split_name!r} of {config.dataset_name} is "
-                      "empty.")
+    settings.update(source_file=source_file, reference_file=reference_file)
 
-  params, step, averaged = load_params(workdir, steps[-1], len(steps))
+  def where(steps):
+    folder = output_dir or default_output_dir(
+        workdir, split_name, steps,
+        settings_suffix(config, beam_size, alpha, max_decode_extra))
+    if write:
+      check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
+                                    averaged_steps=list(steps)))
+    return folder
+
+  where(steps)  # refuse before reading any checkpoint
+  params, step, averaged = load_params(workdir, checkpoint_step,
+                                       average_last)
+  folder = where(averaged)  # the steps may have changed meanwhile
   model_config = TransformerConfig.from_config(config, deterministic=True)
-  logging.info("Evaluating %s step(s) %s on %s (%d sentences), beam %d, "
-               "alpha %s.", workdir, averaged, split_name, len(sources),
-               beam_size, alpha)
+  result = _translate_and_score(
+      model_config, params, tokenizer, sources, references,
+      dict(settings, checkpoint_step=step, averaged_steps=averaged,
+           batch_size=batch_size))
+  if write:
+    result["output_dir"] = folder
+    draw = None
+    if plot_attention:
+      def draw(staging):
+        from mha import attention_maps  # pylint: disable=import-outside-toplevel
+        n = min(plot_attention, len(sources))
+        return attention_maps.write_attention_maps(
+            model_config, params, tokenizer, sources[:n],
+            os.path.join(staging, attention_maps.ATTENTION_DIR),
+            beam_size=beam_size, alpha=alpha,
+            max_decode_extra=max_decode_extra, batch_size=batch_size,
+            layer=plot_layer, translations=result["translations"][:n])
+    metrics = {k: v for k, v in result.items()
+               if k not in ("translations", "output_dir")}
+    maps = write_outputs(folder, result["translations"], metrics, draw)
+    if plot_attention:
+      result["attention_maps"] = maps
+    logging.info("Wrote %s.", folder)
+  return result
+
+
+def _translate_and_score(model_config: TransformerConfig, params: Any,
+                         tokenizer: data.Tokenizer, sources: Sequence[str],
+                         references: Sequence[str] | None,
+                         settings: dict[str, Any]) -> dict[str, Any]:
+  """The metrics of translating `sources` with `settings`' search, plus
+  `translations`."""
+  logging.info("Evaluating step(s) %s on %s (%d sentences), beam %d, "
+               "alpha %s.", settings["averaged_steps"], settings["split"],
+               len(sources), settings["beam_size"], settings["alpha"])
   start = time.perf_counter()
   hypotheses = translate_texts(
-      model_config, params, tokenizer, sources, beam_size=beam_size,
-      alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size)
+      model_config, params, tokenizer, sources,
+      beam_size=settings["beam_size"], alpha=settings["alpha"],
+      max_decode_extra=settings["max_decode_extra"],
+      batch_size=settings["batch_size"])
   seconds = time.perf_counter() - start
   result: dict[str, Any] = {}
   if references is not None:
     result.update(score(hypotheses, references))
-  result.update({
-      "split": split_name, "num_sentences": len(sources),
-      "checkpoint_step": step, "averaged_steps": averaged,
-      "beam_size": beam_size, "alpha": alpha,
-      "max_decode_extra": max_decode_extra, "batch_size": batch_size,
-      "decode_seconds": seconds,
-      "sentences_per_second": len(sources) / max(seconds, 1e-9),
-  })
-  if source_file:
-    result.update(source_file=source_file, reference_file=reference_file)
-  if write:
-    output_dir = output_dir or default_output_dir(workdir, split_name,
-                                                  averaged)
-    os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, TRANSLATIONS_FILE), "w",
-              encoding="utf-8") as f:
-      f.writelines(h + "\n" for h in hypotheses)
-    with open(os.path.join(output_dir, METRICS_FILE), "w",
-              encoding="utf-8") as f:
-      json.dump(result, f, indent=2, ensure_ascii=False)
-      f.write("\n")
-    result["output_dir"] = output_dir
-    logging.info("Wrote %s.", output_dir)
-    if plot_attention:
-      from mha import attention_maps  # pylint: disable=import-outside-toplevel
-      n = min(plot_attention, len(sources))
-      result["attention_maps"] = attention_maps.write_attention_maps(
-          model_config, params, tokenizer, sources[:n],
-          os.path.join(output_dir, attention_maps.ATTENTION_DIR),
-          beam_size=beam_size, alpha=alpha,
-          max_decode_extra=max_decode_extra, batch_size=batch_size,
-          layer=plot_layer, translations=hypotheses[:n])
+  result.update({k: settings[k] for k in (
+      "split", "checkpoint_step", "averaged_steps", "beam_size", "alpha",
+      "max_decode_extra", "batch_size")})
+  result.update(num_sentences=len(sources), decode_seconds=seconds,
+                sentences_per_second=len(sources) / max(seconds, 1e-9))
+  if "source_file" in settings:
+    result.update(source_file=settings["source_file"],
+                  reference_file=settings["reference_file"])
   result["translations"] = hypotheses
   return result

@@ -39,3 +39,22 @@ def multi30k():
     pytest.skip("Multi30k not found: set MHA_MULTI30K_DIR or place it at "
                 "../shared/data/multi30k")
   return path
+
+
+@pytest.fixture(scope="session")
+def tiny_workdir(tmp_path_factory) -> pathlib.Path:
+  """A workdir trained for 6 steps (checkpoints 2, 4, 6) of the tiny config.
+
+  Shared by the evaluation tests: a test that writes anything but eval/
+  into it, or changes files there, works on a copy (shutil.copytree).
+  """
+  from configs import quickstart  # pylint: disable=import-outside-toplevel
+  from mha import trainer  # pylint: disable=import-outside-toplevel
+  path = tmp_path_factory.mktemp("tiny_workdir") / "run"
+  config = quickstart.get_config("tiny")
+  config.update(vocab_size=512, max_source_length=24, max_target_length=24,
+                max_tokens=768, num_train_steps=6, checkpoint_every_steps=2,
+                eval_every_steps=100, eval_bleu_sentences=0, keep_checkpoints=5,
+                max_decode_extra=8, eval_split="validation[:16]")
+  trainer.train_and_evaluate(config, str(path))
+  return path

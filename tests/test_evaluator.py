@@ -17,7 +17,7 @@ from mha import checkpoints
 from mha import data
 from mha import decoding
 from mha import evaluator
-from mha import trainer
+from mha.errors import UserError
 from mha.transformer import TransformerConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -41,20 +41,13 @@ def _snapshot(path: pathlib.Path) -> dict[str, tuple[str, int] | None]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[pathlib.Path, dict]:
+def trained(tiny_workdir) -> tuple[pathlib.Path, dict]:
   """Checkpoints at steps 2, 4, 6 of a tiny run, and the workdir's snapshot.
 
   Tests only evaluate it (writing under eval/); the last test checks that
   nothing else changed.
   """
-  path = tmp_path_factory.mktemp("evaluator") / "run"
-  config = quickstart.get_config("tiny")
-  config.update(vocab_size=512, max_source_length=24, max_target_length=24,
-                max_tokens=768, num_train_steps=6, checkpoint_every_steps=2,
-                eval_every_steps=100, eval_bleu_sentences=0, keep_checkpoints=5,
-                max_decode_extra=8, eval_split="validation[:16]")
-  trainer.train_and_evaluate(config, str(path))
-  return path, _snapshot(path)
+  return tiny_workdir, _snapshot(tiny_workdir)
 
 
 @pytest.fixture(scope="module")
@@ -261,12 +254,12 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
       (dict(workdir=w, reference_file=str(reference)), "needs --source_file"),
       (dict(workdir=w, split="test", source_file=str(source)), "not both"),
       (dict(workdir=w, split="nonexistent"), "nonexistent"),
-      (dict(workdir=w, beam_size=0), "--beam_size must be >= 1"),
+      (dict(workdir=w, beam_size=0), "--beam_size must be >= 1, got 0"),
       (dict(workdir=w, source_file=str(tmp_path)), "is a directory"),
       (dict(workdir="gs://bucket/run"), "gs://bucket/run: URLs are not"),
   ]
   for kwargs, message in cases:
-    with pytest.raises(evaluator.EvalError, match=message):
+    with pytest.raises(UserError, match=message):
       evaluator.evaluate(**kwargs)
   assert not (no_checkpoint / "eval").exists()
   assert sorted(p.name for p in no_vocab.iterdir()) == ["config.json"]

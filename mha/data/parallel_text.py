@@ -12,17 +12,21 @@ environment variable `MHA_TFDS_DIR`, else `TFDS_DATA_DIR`, else
 read-only). The cache is keyed by the folder's absolute path and the names,
 sizes and modification times of its files, so different folders, or a folder
 whose files changed, never share a cache entry:
-`<tfds dir>/parallel_text/<lang1>-<lang2>-<fingerprint>/1.0.0/`.
+`<tfds dir>/parallel_text/<lang1>-<lang2>-<fingerprint>/<VERSION>/`.
 
 Files are checked before preparation; a bad folder raises one `DataError`
-naming the folder, file, split or line (missing folder or file, different
-line counts, empty split, invalid UTF-8).
+naming the folder, file, split or line (missing folder or file, a directory
+where a file should be, different line counts, empty split, invalid UTF-8, a
+damaged gzip file). A UTF-8 byte order mark at the start of a file is
+dropped.
 """
+import codecs
 import dataclasses
 import gzip
 import hashlib
 import os
 import re
+import zlib
 
 import tensorflow_datasets as tfds
 
@@ -76,7 +80,7 @@ def split_files(folder: str, split: str, languages: tuple[str, ...]
 
   Raises:
     DataError: a language appears in no file of the folder, or the split
-      lacks the file of a language.
+      lacks the file of a language (or it is a directory).
   """
   splits = scan_folder(folder)
   found = sorted({lang for langs in splits.values() for lang in langs})
@@ -88,6 +92,11 @@ def split_files(folder: str, split: str, languages: tuple[str, ...]
                       f"{split}.{lang}.gz.")
   files = splits.get(split, {})
   for lang in languages:
+    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
+      if lang not in files and os.path.isdir(os.path.join(folder, name)):
+        raise DataError(f"{os.path.join(folder, name)} is a directory, not "
+                        f"the text file of split {split!r}, language "
+                        f"{lang!r}.")
     if lang not in files:
       pair_splits = sorted(s for s, langs in splits.items()
                            if all(l in langs for l in languages))
@@ -101,22 +110,30 @@ def split_files(folder: str, split: str, languages: tuple[str, ...]
 def read_lines(path: str) -> list[str]:
   """The lines of a UTF-8 text file (plain or gzip), without line endings.
 
+  A byte order mark (U+FEFF) at the start of the file is dropped.
+
   Raises:
-    DataError: the file is not valid UTF-8 (naming the line) or not a
-      readable gzip file.
+    DataError: the file is a directory, not valid UTF-8 (naming the line), or
+      not a readable gzip file (a damaged deflate stream included).
   """
   opener = gzip.open if path.endswith(".gz") else open
   try:
     with opener(path, "rb") as f:
       data = f.read()
-  except (OSError, EOFError) as e:
-    raise DataError(f"Cannot read {path}: {e}") from e
+  except IsADirectoryError:
+    raise DataError(f"{path} is a directory, not a text file.") from None
+  except (OSError, EOFError, zlib.error) as e:
+    damaged = (" The gzip file is damaged or cut short: copy or download it "
+               "again." if path.endswith(".gz") and not isinstance(
+                   e, (FileNotFoundError, PermissionError)) else "")
+    raise DataError(f"Cannot read {path}: {e}.{damaged}") from None
+  start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
   try:
-    text = data.decode("utf-8")
+    text = data[start:].decode("utf-8")
   except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, e.start) + 1
+    line = data.count(b"\n", 0, start + e.start) + 1
     raise DataError(f"{path}, line {line}: invalid UTF-8 "
-                    f"({e.reason} at byte {e.start}).") from None
+                    f"({e.reason} at byte {start + e.start}).") from None
   lines = text.split("\n")
   if lines and lines[-1] == "":
     lines.pop()
@@ -165,8 +182,11 @@ class ParallelTextConfig(tfds.core.BuilderConfig):
 class ParallelText(tfds.core.GeneratorBasedBuilder):
   """Sentence-aligned text files of a local folder, as a TFDS dataset."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  VERSION = tfds.core.Version("1.0.1")
+  RELEASE_NOTES = {
+      "1.0.0": "Initial release.",
+      "1.0.1": "A UTF-8 byte order mark at the start of a file is dropped.",
+  }
   BUILDER_CONFIGS = []  # Made per folder by `make_builder`.
   # No checksums or metadata files beside the code. (TFDS 4.9.10 would
   # otherwise need the `importlib_resources` package to locate them.)

@@ -46,9 +46,17 @@ class Tokenizer:
   """
 
   def __init__(self, model_proto: bytes, path: str | None = None):
-    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
-    self._normalizer = spm.SentencePieceNormalizer(
-        model_proto=model_proto, remove_extra_whitespaces=True)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+      self._normalizer = spm.SentencePieceNormalizer(
+          model_proto=model_proto, remove_extra_whitespaces=True)
+    except RuntimeError:  # SentencePiece's parse error names no file
+      what = path or "The SentencePiece model"
+      raise DataError(
+          f"{what} is not a SentencePiece model (damaged or another file). "
+          "Check that --workdir is the right folder; or delete it and run "
+          "train.py with this workdir's config to train it again (the same "
+          "config gives the same vocabulary).") from None
     self.path = path
     self.sha256 = hashlib.sha256(model_proto).hexdigest()
     ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(),
@@ -156,13 +164,19 @@ def get_tokenizer(config: ml_collections.ConfigDict,
   """Loads `<workdir>/spm.model`, or trains and saves it if absent.
 
   Raises:
-    DataError: the saved model's vocabulary size differs from
-      `config.vocab_size` (it is never retrained silently), or its special ids
-      differ from the project's.
+    DataError: the saved model cannot be read or is not a SentencePiece
+      model, its vocabulary size differs from `config.vocab_size` (it is
+      never retrained silently), or its special ids differ from the
+      project's; each names the file.
   """
   path = os.path.join(workdir, MODEL_FILENAME)
   if files.exists(path):
-    tok = Tokenizer(files.read_bytes(path), path=path)
+    try:
+      proto = files.read_bytes(path)
+    except OSError as e:
+      raise DataError(f"{path} cannot be read ({e.strerror or e}): check "
+                      "that --workdir is the right folder.") from None
+    tok = Tokenizer(proto, path=path)
     if tok.vocab_size != config.vocab_size:
       raise DataError(
           f"{path} has a vocabulary of {tok.vocab_size} pieces but "

@@ -1,0 +1,402 @@
+"""Evaluation never replaces other results; bad input is one line naming it.
+
+Flags are checked before anything is read, results of other settings get
+their own folder (or are refused), a failed evaluation leaves the earlier
+results byte-identical, `--average_last` survives a trainer deleting
+checkpoints meanwhile, and damaged checkpoints, vocabularies and data files
+are named with the fix.
+"""
+import codecs
+import gzip
+import hashlib
+import importlib
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+
+from absl import flags
+import numpy as np
+import pytest
+
+from configs import quickstart
+from mha import checkpoints
+from mha import data
+from mha import evaluator
+from mha.data import parallel_text
+from mha.errors import CheckpointError
+from mha.errors import UserError
+
+SPLIT = "test[:4]"
+
+
+def _hashes(path: pathlib.Path) -> dict[str, str | None]:
+  """sha256 of every file under `path` (folders: None)."""
+  return {str(p.relative_to(path)):
+          hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+          for p in sorted(path.rglob("*"))}
+
+
+@pytest.fixture
+def copy(tiny_workdir, tmp_path) -> pathlib.Path:
+  """A private copy of the trained tiny workdir (it may be written)."""
+  path = tmp_path / "run"
+  shutil.copytree(tiny_workdir, path, ignore=shutil.ignore_patterns("eval"))
+  return path
+
+
+@pytest.fixture
+def eval_py():
+  """eval.py's main, with its flags parsed in this process and reset after."""
+  module = importlib.import_module("eval")
+
+  def run(*args):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["eval.py", *args])
+    return module.main(["eval.py"])
+
+  yield run
+  flags.FLAGS.unparse_flags()
+
+
+# ------------------------------------------------------------------- flags
+
+
+def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
+                                                      capsys):
+  before = _hashes(copy)
+  cases = [
+      (dict(alpha=math.nan), r"--alpha must be a finite number >= 0 \(the "
+       r"length penalty; the paper: 0.6\), got nan"),
+      (dict(alpha=math.inf), "--alpha .* got inf"),
+      (dict(alpha=-5.0), "--alpha .* got -5.0"),
+      (dict(beam_size=0), "--beam_size must be >= 1, got 0"),
+      (dict(max_decode_extra=-1), "--max_decode_extra must be >= 0, got -1"),
+      (dict(batch_size=0), "--batch_size must be >= 1, got 0"),
+      (dict(checkpoint_step=-2), "--checkpoint_step must be >= 0, got -2"),
+      (dict(average_last=0), "--average_last must be >= 1, got 0"),
+      (dict(plot_attention=-1), "--plot_attention must be >= 0, got -1"),
+      (dict(beam_size=2.5), "--beam_size must be an integer, got 2.5"),
+  ]
+  for kwargs, message in cases:
+    # Checked first: a workdir that does not exist is not even looked at.
+    with pytest.raises(evaluator.EvalError, match=message):
+      evaluator.evaluate(str(copy / "absent"), **kwargs)
+    with pytest.raises(evaluator.EvalError, match=message):
+      evaluator.evaluate(str(copy), split=SPLIT, **kwargs)
+  # eval.py: one line, exit 1, the workdir unchanged (no eval/ folder).
+  capsys.readouterr()
+  assert eval_py(f"--workdir={copy}", "--alpha=nan") == 1
+  out, err = capsys.readouterr()
+  assert out == "" and err == (
+      "eval.py: --alpha must be a finite number >= 0 (the length penalty; "
+      "the paper: 0.6), got nan.\n")
+  assert _hashes(copy) == before
+
+
+def test_bad_config_defaults_name_config_json(copy):
+  config = json.loads((copy / "config.json").read_text())
+  config["alpha"] = -1.0
+  (copy / "config.json").write_text(json.dumps(config))
+  before = _hashes(copy)
+  with pytest.raises(evaluator.EvalError, match=re.escape(
+      f"{copy / 'config.json'}: alpha (the default of --alpha) must be a "
+      "finite number >= 0 (the length penalty; the paper: 0.6), got -1.0. "
+      "Give --alpha.")):
+    evaluator.evaluate(str(copy), split=SPLIT)
+  assert _hashes(copy) == before
+
+
+# ------------------------------------------------------ never overwritten
+
+
+def _fake_search(model_config, params, tokenizer, sources, *, beam_size,
+                 alpha, max_decode_extra, batch_size):
+  """Stands in for the beam search (tested in test_evaluator.py): output
+  that depends on the settings, without compiling a search per setting."""
+  del model_config, params, tokenizer, batch_size
+  return [f"{s} {beam_size} {alpha} {max_decode_extra}" for s in sources]
+
+
+def test_other_settings_never_replace_results(copy, monkeypatch):
+  monkeypatch.setattr(evaluator, "translate_texts", _fake_search)
+  first = evaluator.evaluate(str(copy), split=SPLIT)
+  out = copy / "eval" / "test_4_6"
+  assert first["output_dir"] == str(out)
+  kept = _hashes(out)
+  metrics = json.loads((out / "metrics.json").read_text())
+  assert (metrics["beam_size"], metrics["alpha"]) == (4, 0.6)
+
+  # Other settings: another folder, named by what differs from the config.
+  for kwargs, name in [(dict(beam_size=8, alpha=1.0), "test_4_6_beam8_alpha1.0"),
+                       (dict(max_decode_extra=3), "test_4_6_extra3"),
+                       (dict(average_last=2, alpha=0), "test_4_avg2_6_alpha0.0")]:
+    result = evaluator.evaluate(str(copy), split=SPLIT, **kwargs)
+    assert result["output_dir"] == str(copy / "eval" / name)
+    assert json.loads((copy / "eval" / name / "metrics.json").read_text())[
+        "alpha"] == kwargs.get("alpha", 0.6)
+  assert _hashes(out) == kept
+
+  # A folder that records other settings is refused before any checkpoint
+  # is read.
+  def no_reading(*args, **kwargs):
+    raise AssertionError("a checkpoint was read")
+
+  monkeypatch.setattr(evaluator, "load_params", no_reading)
+  with pytest.raises(evaluator.EvalError, match=re.escape(
+      f"{out} holds the results of another evaluation (beam_size 4, not 1); "
+      f"eval.py never replaces them: give another --output_dir, or delete "
+      f"{out} first.")):
+    evaluator.evaluate(str(copy), split=SPLIT, beam_size=1,
+                       output_dir=str(out))
+  with pytest.raises(evaluator.EvalError, match=re.escape(
+      "(split 'test[:4]', not 'test[:3]'; checkpoint_step 6, not 4; "
+      "averaged_steps [6], not [4])")):
+    evaluator.evaluate(str(copy), split="test[:3]", checkpoint_step=4,
+                       output_dir=str(out))
+  assert _hashes(out) == kept
+
+  # A failure after decoding (here a NaN score: a bug, so it keeps its type)
+  # leaves the earlier results as they were and no temporary folder.
+  monkeypatch.undo()
+  monkeypatch.setattr(evaluator, "translate_texts", _fake_search)
+  monkeypatch.setattr(evaluator, "score", lambda h, r: {"bleu": math.nan})
+  with pytest.raises(ValueError, match="Out of range float"):
+    evaluator.evaluate(str(copy), split=SPLIT)
+  assert _hashes(out) == kept
+  assert sorted(p.name for p in (copy / "eval").iterdir()) == [
+      "test_4_6", "test_4_6_beam8_alpha1.0", "test_4_6_extra3",
+      "test_4_avg2_6_alpha0.0"]
+
+
+def test_write_outputs_replaces_entries_and_keeps_other_files(tmp_path):
+  out = tmp_path / "out"
+  evaluator.write_outputs(str(out), ["a"], {"bleu": 1.0})
+  (out / "notes.txt").write_text("mine")
+
+  def draw(folder):
+    path = pathlib.Path(folder) / "attention" / "x.png"
+    path.parent.mkdir()
+    path.write_bytes(b"png")
+    return [str(path)]
+
+  maps = evaluator.write_outputs(str(out), ["b"], {"bleu": 2.0}, draw)
+  assert maps == [str(out / "attention" / "x.png")]
+  assert (out / "translations.txt").read_text() == "b\n"
+  assert json.loads((out / "metrics.json").read_text()) == {"bleu": 2.0}
+  assert (out / "notes.txt").read_text() == "mine"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# ------------------------------------------------------- damaged inputs
+
+
+def _state(value: float) -> dict:
+  return {"params": {"w": np.full((4, 3), value, np.float32),
+                     "b": np.arange(3, dtype=np.float32) * value},
+          "opt_state": {"mu": np.zeros(3, np.float32)},
+          "step": np.array(int(value), np.int32)}
+
+
+def _save(workdir: pathlib.Path, steps, keep: int = 5) -> None:
+  manager = checkpoints.make_manager(workdir, keep=keep)
+  for step in steps:
+    checkpoints.save(manager, step, _state(step), {"step": step})
+  manager.close()
+
+
+def _truncate_data(step_dir: pathlib.Path) -> None:
+  for path in (step_dir / "state" / "d").iterdir():
+    with open(path, "r+b") as f:
+      f.truncate(path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize("damage", ["meta/metadata", "state/_METADATA",
+                                    "truncated"])
+def test_damaged_checkpoint_names_path_and_intact_step(tmp_path, damage,
+                                                       capfd):
+  _save(tmp_path, [1, 2, 3])
+  step_dir = tmp_path / "checkpoints" / "3"
+  (tmp_path / "checkpoints" / "2" / "state" / "_METADATA").unlink()
+  if damage == "truncated":
+    _truncate_data(step_dir)
+    problem = r"state/d/[0-9a-f]+ is truncated"
+  else:
+    (step_dir / damage).unlink()
+    problem = f"{damage} is missing"
+  before = _hashes(tmp_path)
+  head = f"Checkpoint {re.escape(str(step_dir))} is damaged: {problem}; "
+  aside = re.escape(f"(mv {step_dir} {tmp_path}/damaged_checkpoint_3)")
+  manager = checkpoints.make_manager(tmp_path, keep=5)
+  with pytest.raises(checkpoints.DamagedCheckpointError, match=(
+      head + "the newest intact checkpoint is step 1: to resume from it, "
+      f"move the damaged step out of .*checkpoints {aside} and run train.py "
+      "again.$")):
+    checkpoints.restore(manager, None, _state(0))
+  manager.close()
+  with pytest.raises(checkpoints.DamagedCheckpointError, match=head):
+    checkpoints.check_step(tmp_path)
+  eval_fix = "the newest intact checkpoint is step 1: evaluate it with " \
+             "--checkpoint_step=1.$"
+  if damage == "meta/metadata":  # evaluation reads params only
+    assert checkpoints.restore_params(tmp_path)[1] == 3
+    with pytest.raises(CheckpointError, match=head):
+      checkpoints.read_meta(tmp_path)
+  else:
+    with pytest.raises(CheckpointError, match=head + eval_fix):
+      checkpoints.restore_params(tmp_path)
+    with pytest.raises(CheckpointError, match=head + eval_fix):
+      evaluator.load_params(str(tmp_path))
+  assert checkpoints.restore_params(tmp_path, 1)[1] == 1
+  assert _hashes(tmp_path) == before
+  # No stack from Orbax's or asyncio's threads (they would print to fd 2).
+  assert "Traceback" not in capfd.readouterr().err
+
+
+def test_no_intact_checkpoint_says_so(tmp_path):
+  _save(tmp_path, [1])
+  _truncate_data(tmp_path / "checkpoints" / "1")
+  manager = checkpoints.make_manager(tmp_path, keep=5)
+  with pytest.raises(CheckpointError, match=(
+      "no earlier checkpoint is intact: move it out of .* to train from the "
+      "start, or use another --workdir.$")):
+    checkpoints.restore(manager, 1, _state(0))
+  manager.close()
+  with pytest.raises(CheckpointError, match="no earlier checkpoint is intact"
+                     ".$"):
+    checkpoints.restore_params(tmp_path)
+
+
+def test_eval_py_damaged_checkpoint_and_vocabulary(copy, eval_py, capsys,
+                                                   tmp_path):
+  (copy / "checkpoints" / "6" / "state" / "_METADATA").unlink()
+  before = _hashes(copy)
+  capsys.readouterr()
+  assert eval_py(f"--workdir={copy}", f"--split={SPLIT}") == 1
+  assert capsys.readouterr().err == (
+      f"eval.py: Checkpoint {copy}/checkpoints/6 is damaged: state/_METADATA "
+      "is missing; the newest intact checkpoint is step 4: evaluate it with "
+      "--checkpoint_step=4.\n")
+  assert _hashes(copy) == before
+
+  # A damaged spm.model: named, never retrained (train or eval), unchanged.
+  (copy / "spm.model").write_bytes(b"\x00not a model")
+  before = _hashes(copy)
+  message = (f"{copy}/spm.model is not a SentencePiece model (damaged or "
+             "another file)")
+  assert eval_py(f"--workdir={copy}") == 1
+  err = capsys.readouterr().err
+  assert err.startswith(f"eval.py: {message}") and err.count("\n") == 1
+  with pytest.raises(data.DataError, match=re.escape(message)):
+    data.get_tokenizer(quickstart.get_config("tiny"), str(copy))
+  assert _hashes(copy) == before
+
+  # An invalid config.json: one line naming the file.
+  (copy / "config.json").write_text("{")
+  assert eval_py(f"--workdir={copy}") == 1
+  err = capsys.readouterr().err
+  assert err.startswith("eval.py: ") and f"{copy}/config.json" in err
+  assert err.count("\n") == 1
+
+
+# ------------------------------------------------- average_last and deletion
+
+
+def _mean_params(workdir, steps):
+  trees = [checkpoints.restore_params(workdir, s)[0] for s in steps]
+  return checkpoints.average_params(trees)
+
+
+def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
+                                                             monkeypatch):
+  _save(tmp_path, [2, 4, 6], keep=3)
+  read = checkpoints._read_params  # pylint: disable=protected-access
+  calls = []
+
+  def trainer_saves_meanwhile(reader, step, purpose):
+    calls.append(step)
+    if len(calls) == 1:  # the trainer saves step 8 and deletes step 2
+      _save(tmp_path, [8], keep=3)
+    return read(reader, step, purpose)
+
+  monkeypatch.setattr(checkpoints, "_read_params", trainer_saves_meanwhile)
+  params, step, averaged = evaluator.load_params(str(tmp_path),
+                                                 average_last=3)
+  assert (step, averaged) == (8, [4, 6, 8])
+  monkeypatch.undo()
+  np.testing.assert_allclose(params["w"],
+                             _mean_params(tmp_path, [4, 6, 8])["w"])
+
+  # Deleted without a new step: the message counts what is there now.
+  def trainer_deletes(reader, step, purpose):
+    shutil.rmtree(tmp_path / "checkpoints" / "4", ignore_errors=True)
+    return read(reader, step, purpose)
+
+  monkeypatch.setattr(checkpoints, "_read_params", trainer_deletes)
+  with pytest.raises(evaluator.EvalError, match=re.escape(
+      f"--average_last=3 but {tmp_path}/checkpoints holds 2 checkpoint(s) up "
+      "to step 8: [6, 8].")):
+    evaluator.load_params(str(tmp_path), average_last=3)
+
+  # Deleted at every attempt: a bounded number of tries, then one line.
+  def always_deleted(reader, step, purpose):
+    raise checkpoints.CheckpointNotFound(f"Checkpoint {step} was deleted")
+
+  monkeypatch.setattr(checkpoints, "_read_params", always_deleted)
+  with pytest.raises(evaluator.EvalError, match=(
+      f"deleted while they were read, {evaluator.READ_ATTEMPTS} times")):
+    evaluator.load_params(str(tmp_path), average_last=2)
+
+
+def test_a_step_deleted_under_orbax_is_not_called_damaged(tmp_path,
+                                                          monkeypatch):
+  _save(tmp_path, [1, 2])
+  restore = checkpoints.ocp.CheckpointManager.restore
+
+  def deleted_meanwhile(self, step, *args, **kwargs):
+    shutil.rmtree(tmp_path / "checkpoints" / str(step))
+    return restore(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "restore",
+                      deleted_meanwhile)
+  with pytest.raises(checkpoints.CheckpointNotFound,
+                     match="2 was deleted while it was read"):
+    checkpoints.restore_params(tmp_path, 2)
+
+
+# ------------------------------------------------------------ data files
+
+
+def test_damaged_gzip_directory_split_and_bom(tmp_path, monkeypatch):
+  monkeypatch.setenv("MHA_TFDS_DIR", str(tmp_path / "tfds"))
+  folder = tmp_path / "text"
+  folder.mkdir()
+  (folder / "train.en").write_text("a b\nc d\n")
+  good = gzip.compress("e f\ng h\n".encode() * 50)
+  damaged = bytearray(good)
+  damaged[len(good) // 2] ^= 0xFF
+  (folder / "train.de.gz").write_bytes(bytes(damaged))
+  with pytest.raises(data.DataError, match=(
+      f"Cannot read {re.escape(str(folder / 'train.de.gz'))}: .*The gzip "
+      "file is damaged or cut short: copy or download it again.$")):
+    parallel_text.make_builder(str(folder), ("de", "en"))
+  assert not (tmp_path / "tfds").exists()
+
+  (folder / "test.de").mkdir()
+  (folder / "test.en").write_text("x\n")
+  with pytest.raises(data.DataError, match=re.escape(
+      f"{folder / 'test.de'} is a directory, not the text file of split "
+      "'test', language 'de'.")):
+    parallel_text.split_files(str(folder), "test", ("de", "en"))
+
+  bom = tmp_path / "bom.txt"
+  bom.write_bytes(codecs.BOM_UTF8 + "Ein Hund.\nZwei.\n".encode())
+  assert parallel_text.read_lines(str(bom)) == ["Ein Hund.", "Zwei."]
+  assert evaluator.read_lines(str(bom)) == ["Ein Hund.", "Zwei."]
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(codecs.BOM_UTF8 + b"ok\n\xff\n")
+  with pytest.raises(data.DataError, match=r"bad.txt, line 2: invalid UTF-8 "
+                     r"\(invalid start byte at byte 6\)"):
+    parallel_text.read_lines(str(bad))
