@@ -1,5 +1,6 @@
 """The README's two commands: the test command is what CI runs, and the
 quickstart command, shortened, runs end to end (train, then evaluate)."""
+import json
 import pathlib
 import re
 import shlex
@@ -34,7 +35,8 @@ def test_quickstart_command_shortened(tmp_path):
   # Run from another folder, keeping the README's relative workdir (and so
   # checking relative paths), with the scripts and configs made absolute.
   shorten = ["--config.num_train_steps=30", "--config.eval_every_steps=30",
-             "--config.checkpoint_every_steps=30"]
+             "--config.checkpoint_every_steps=30",
+             "--config.log_every_steps=10"]
   outputs = []
   workdir = None
   for program in programs:
@@ -51,5 +53,46 @@ def test_quickstart_command_shortened(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     outputs.append(result.stdout + result.stderr)
-  assert re.search(r"BLEU", outputs[-1])
-  assert list((workdir / "eval").glob("*/metrics.json"))
+  # eval.py prints what the README shows for the full run, with this run's
+  # numbers: the header line, then BLEU and chrF with the same signature.
+  sample = readme_quickstart_output()
+  assert re.search(r"test\[:40\], step 30, beam 4, alpha 0\.6: 40 sentences "
+                   r"in [0-9.]+ s \([0-9.]+ sentences/s\)", outputs[-1])
+  signature = re.search(r"\((nrefs:[^)]*)\)", sample[-1]).group(1)
+  assert re.search(r"BLEU [0-9.]+  chrF [0-9.]+  \(" + re.escape(signature)
+                   + r"\)", outputs[-1])
+  metrics = json.loads(next((workdir / "eval").glob("*/metrics.json"))
+                       .read_text())
+  assert (metrics["checkpoint_step"], metrics["num_sentences"]) == (30, 40)
+  assert metrics["sacrebleu_signature"] == signature
+  # The training loss falls over the 30 steps (the full run's BLEU of ~97
+  # takes its 800 steps, ~1.5 minutes: too long for the suite).
+  losses = [json.loads(line)["loss"] for line in
+            (workdir / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line]
+  assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5
+
+
+def readme_quickstart_output() -> list[str]:
+  """The sample output the README shows after the quickstart command."""
+  text = (REPO / "README.md").read_text()
+  after = text.split("<!-- quickstart-command -->", 1)[1]
+  after = after.split("```bash", 1)[1].split("```", 1)[1]  # past the command
+  blocks = re.findall(r"```\n(.+?)\n```", after, re.DOTALL)
+  assert blocks, "README.md shows no output of the quickstart"
+  return blocks[0].splitlines()
+
+
+def test_readme_quickstart_claims_match_the_config():
+  # The README's "800 steps" and its sample output are the config's.
+  from configs import quickstart
+  text = (REPO / "README.md").read_text()
+  after = text.split("<!-- quickstart-command -->", 1)[1][:2000]
+  steps = int(re.search(r"\((\d+) steps at", after).group(1))
+  assert steps == quickstart.get_config().num_train_steps
+  sample = readme_quickstart_output()
+  assert re.match(rf"test, step {steps}, beam "
+                  rf"{quickstart.get_config().beam_size}, alpha "
+                  rf"{quickstart.get_config().alpha}: ", sample[0])
+  assert re.search(rf"Wrote workdirs/quickstart/eval/test_{steps}$",
+                   sample[1])

@@ -88,8 +88,12 @@ def test_end_to_end_loss_falls_and_workdir_layout(trained_workdir):
     assert key in train[-1]
   evals = [r for r in records if "eval_loss" in r]
   assert [r["step"] for r in evals] == [6, 12]
-  assert 0.0 <= evals[-1]["eval_bleu"] <= 100.0  # beam search on 8 sentences
-  assert evals[-1]["eval_decode_sentences_per_sec"] > 0
+  # BLEU, chrF and decode speed of the 8 sentences are logged at each eval
+  # (their values after 12 steps say nothing; the quickstart test and the
+  # evaluator's tests check BLEU itself).
+  for record in evals:
+    assert all(np.isfinite(record[k]) for k in (
+        "eval_bleu", "eval_chrf", "eval_decode_sentences_per_sec"))
   assert checkpoints.all_steps(str(workdir)) == [4, 8, 12]
   assert (workdir / "spm.model").exists()
   saved = json.loads((workdir / "config.json").read_text())
@@ -105,17 +109,22 @@ def test_end_to_end_loss_falls_and_workdir_layout(trained_workdir):
 
 
 def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
+  # Without its step-12 checkpoint the run resumes from step 8 and must
+  # train steps 9-12 to the very parameters of the uninterrupted run.
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
+  shutil.rmtree(copy / "checkpoints" / "12")
+  assert checkpoints.latest_step(str(copy)) == 8
   result = trainer.train_and_evaluate(
-      tiny_config(num_train_steps=16, checkpoint_every_steps=4,
+      tiny_config(num_train_steps=12, checkpoint_every_steps=4,
                   eval_every_steps=100, log_every_steps=2), str(copy))
-  assert result["step"] == 16
-  assert checkpoints.all_steps(str(copy))[-1] == 16
+  assert result["step"] == 12
+  assert checkpoints.all_steps(str(copy)) == [4, 8, 12]
+  _assert_trees_equal(_params(copy, 12), _params(workdir, 12))
   steps = [r["step"] for r in metrics_lib.read_metrics(str(copy))
            if "loss" in r]
-  assert steps == [2, 4, 6, 8, 10, 12, 14, 16]
+  assert steps[-2:] == [10, 12]
 
 
 def test_finished_workdir_is_left_as_it_is_without_reading_data(
