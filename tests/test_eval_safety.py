@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import importlib
 import json
+import logging
 import math
 import os
 import pathlib
@@ -26,6 +27,7 @@ from mha import checkpoints
 from mha import data
 from mha import evaluator
 from mha.data import parallel_text
+from mha.data import tokenized
 from mha.errors import CheckpointError
 from mha.errors import UserError
 
@@ -400,3 +402,18 @@ def test_damaged_gzip_directory_split_and_bom(tmp_path, monkeypatch):
   with pytest.raises(data.DataError, match=r"bad.txt, line 2: invalid UTF-8 "
                      r"\(invalid start byte at byte 6\)"):
     parallel_text.read_lines(str(bad))
+
+
+def test_damaged_tokenized_cache_is_made_again(copy, caplog):
+  config, tok = evaluator.load_workdir(str(copy))
+  (cache,) = (copy / "tokenized").glob("validation_16_-*.npz")
+  good = cache.read_bytes()
+  expected = tokenized.tokenize_split(config, tok, "validation[:16]")
+  cache.write_bytes(good[:len(good) // 2])
+  with caplog.at_level(logging.WARNING):
+    again = tokenized.tokenize_split(config, tok, "validation[:16]")
+  assert f"Tokenized cache {cache} cannot be read" in caplog.text
+  for field in ("inputs", "inputs_offsets", "targets", "targets_offsets"):
+    np.testing.assert_array_equal(getattr(again, field),
+                                  getattr(expected, field))
+  assert cache.read_bytes() == good

@@ -6,12 +6,14 @@ WMT-sized split costs a few bytes per token and batches are gathered with
 vectorized indexing. The arrays are cached in
 `<workdir>/tokenized/<split>-<hash>.npz`, the hash covering the dataset, its
 version or file fingerprint, the direction, the split and the SentencePiece
-model, so a changed vocabulary or dataset never reads a stale cache.
+model, so a changed vocabulary or dataset never reads a stale cache. A cache
+file that cannot be read (damaged) is made again, with a warning.
 """
 import dataclasses
 import io
 import itertools
 import os
+import zipfile
 
 from absl import logging
 import ml_collections
@@ -95,6 +97,18 @@ def _encode_split(text_split: sources.TextSplit, tok: Tokenizer
   return TokenizedSplit(**arrays)
 
 
+def _read_cache(path: str) -> TokenizedSplit | None:
+  """The cached arrays at `path`, or None (with a warning) if the file cannot
+  be read: the cache is made again from the data and replaces it."""
+  try:
+    with np.load(io.BytesIO(files.read_bytes(path))) as f:
+      return TokenizedSplit(**{k: f[k] for k in f.files})
+  except (OSError, ValueError, EOFError, TypeError, zipfile.BadZipFile) as e:
+    logging.warning("Tokenized cache %s cannot be read (%s): tokenizing the "
+                    "split again.", path, e)
+    return None
+
+
 def tokenize_split(config: ml_collections.ConfigDict, tok: Tokenizer,
                    split: str) -> TokenizedSplit:
   """The split's token ids, from the workdir cache when present.
@@ -113,11 +127,11 @@ def tokenize_split(config: ml_collections.ConfigDict, tok: Tokenizer,
     path = os.path.join(os.path.dirname(tok.path), "tokenized",
                         f"{sources.safe_name(split)}-{key}.npz")
   if path and files.exists(path):
-    with np.load(io.BytesIO(files.read_bytes(path))) as f:
-      result = TokenizedSplit(**{k: f[k] for k in f.files})
-    logging.info("Read %d tokenized pairs of %s from %s.", len(result),
-                 text_split.description, path)
-    return result
+    result = _read_cache(path)
+    if result is not None:
+      logging.info("Read %d tokenized pairs of %s from %s.", len(result),
+                   text_split.description, path)
+      return result
   result = _encode_split(text_split, tok)
   if not len(result):
     raise DataError(f"Split {text_split.description} is empty.")
