@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from mha import checkpoints
+from mha.errors import CheckpointError
 
 
 class Tiny(nn.Module):
@@ -190,9 +191,12 @@ def test_average_params_errors():
 def test_errors_name_the_folder_and_the_steps(tmp_path, three_checkpoints):
   empty = tmp_path / 'empty_run'
   folder = re.escape(str(empty / 'checkpoints'))
-  with pytest.raises(FileNotFoundError, match=f'No checkpoint in {folder}'):
+  # A CheckpointError (a UserError: one line from eval.py and train.py) that
+  # is also a FileNotFoundError.
+  with pytest.raises(checkpoints.CheckpointNotFound,
+                     match=f'No checkpoint in {folder}'):
     checkpoints.restore_params(empty)
-  with pytest.raises(FileNotFoundError, match=f'No checkpoint in {folder}'):
+  with pytest.raises(CheckpointError, match=f'No checkpoint in {folder}'):
     checkpoints.average_checkpoints(empty, num_last=1)
 
   workdir, states = three_checkpoints
