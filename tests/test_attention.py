@@ -125,14 +125,21 @@ def test_attention_dropout_is_inverted_and_keyed():
 
 def test_footnote4_dot_products_grow_with_dk_and_scaling_restores_unit_variance():
   # q, k with independent unit-variance components: q·k has variance d_k.
+  # Read the library's logits off its weights over two keys (values = the
+  # identity): log(w_1 / w_2) = (q·k_1 - q·k_2) · scale, of variance
+  # 2 d_k · scale². Unscaled it grows with d_k; scaled it stays 2.
   rng = np.random.default_rng(6)
   n = 20000
-  for d_k in (4, 64, 512):
-    q = rng.normal(size=(n, d_k))
-    k = rng.normal(size=(n, d_k))
-    dots = np.einsum("nd,nd->n", q, k)
-    assert dots.var() == pytest.approx(d_k, rel=0.05)
-    assert (dots / np.sqrt(d_k)).var() == pytest.approx(1.0, rel=0.05)
+  eye = jnp.broadcast_to(jnp.eye(2, dtype=jnp.float32)[None, :, None, :],
+                         (n, 2, 1, 2))
+  for d_k in (4, 16, 64):
+    q = jnp.asarray(rng.normal(size=(n, 1, 1, d_k)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(n, 2, 1, d_k)), jnp.float32)
+    for attend, variance in [(mha.dot_product_attention, 2.0 * d_k),
+                             (mha.scaled_dot_product_attention, 2.0)]:
+      w = np.asarray(attend(q, k, eye), np.float64)[:, 0, 0]  # [n, 2]
+      assert np.log(w[:, 0] / w[:, 1]).var() == pytest.approx(variance,
+                                                                 rel=0.05)
   # The module's scale is exactly 1/sqrt(d_k): logits of one key scale so.
   d_k = 64
   q = jnp.asarray(rng.normal(size=(1, 1, 1, d_k)), jnp.float32)
