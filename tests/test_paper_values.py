@@ -93,7 +93,7 @@ def test_table3_row_is_the_papers_row(row):
 
 
 def test_rows_apply_to_big_too():
-  # A row on the big model changes only its own columns (C5's d_model too).
+  # A row applied to the big model changes only its own column.
   config = big.get_config("D1")
   assert resolved(config) == dict(BIG, dropout_rate=0.0)
   assert config.keep_checkpoints == 20

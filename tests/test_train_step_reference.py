@@ -71,7 +71,7 @@ def _random_params(config, seed: int):
   return jax.tree_util.tree_map_with_path(leaf, shapes)
 
 
-def _reference_updates(params, batches, config):
+def _reference_updates(params, batches):
   """(loss, grad norm, params) after each update, from the paper alone."""
   params = jax.tree_util.tree_map(lambda p: np.asarray(p, np.float64),
                                   params)
@@ -124,7 +124,7 @@ def test_two_updates_equal_the_slow_reference():
   state = trainer.replicate(state, devices)
   step = jax.pmap(trainer.make_train_step(model, tx, config),
                   axis_name=trainer.AXIS, devices=devices)
-  expected = _reference_updates(params, batches, config)
+  expected = _reference_updates(params, batches)
   for batch, (loss, grad_norm, want) in zip(batches, expected):
     state, metrics = step(state, trainer.shard(batch, NUM_DEVICES),
                           np.zeros((NUM_DEVICES,), np.int32))
