@@ -14,7 +14,10 @@ same order, are applied by the hand-written Transformer of
 The training-mode logits must equal the hand composition. One-line changes
 that this catches (tests/README.md): no residual dropout, dropout after the
 add, no dropout on the embedding sums or dropout before the positions are
-added, attention dropout dropped or taken from P_drop, the wrong rate.
+added, attention dropout dropped or taken from P_drop, the wrong rate. As
+the whole model is composed by hand, it also catches a change of the
+√d_model scale, the sinusoids, 1/√d_k, the -inf masks, the causal mask, the
+shift right, ReLU, the LayerNorm placement or the shared embeddings.
 """
 import jax
 import jax.numpy as jnp
