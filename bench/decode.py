@@ -52,6 +52,7 @@ from configs import multi30k
 from mha import data
 from mha import decoding
 from mha import evaluator
+from mha.errors import UserError
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -177,7 +178,7 @@ def _workdir_setup(args):
   try:
     config, tokenizer = evaluator.load_workdir(args.workdir)
     params, step, _ = evaluator.load_params(args.workdir)
-  except evaluator.EvalError as e:
+  except UserError as e:
     sys.exit(f"bench/decode.py: {e}")
   split = args.split or config.test_split
   sources, references = data.load_text_pairs(config, split)

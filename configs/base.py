@@ -133,6 +133,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every_steps = 1000
   c.eval_bleu_sentences = 256
   c.log_every_steps = 100
+  # Warm start: 'WORKDIR' or 'WORKDIR:STEP', whose parameters and vocabulary
+  # a new run starts from (not its optimizer state or step; mha/warm_start.py).
+  # A run that resumes from its own checkpoint ignores it.
+  c.init_from = config_dict.placeholder(str)
 
   # Decoding (§6.1).
   c.beam_size = 4

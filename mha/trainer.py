@@ -32,7 +32,9 @@ from mha import evaluator
 from mha import losses
 from mha import metrics as metrics_lib
 from mha import optim
+from mha import warm_start
 from mha import workdir as workdir_lib
+from mha.data import files
 from mha.data import sources
 from mha.errors import TrainingDiverged
 from mha.errors import WorkdirError
@@ -325,10 +327,20 @@ def check_inputs(config: ml_collections.ConfigDict,
   workdir.check_config(config)
   if os.path.exists(workdir.vocabulary_path):
     data.get_tokenizer(config, workdir.path)  # reads it: writes nothing
-  if os.path.isdir(workdir.checkpoints_path):
-    latest = checkpoints.latest_step(workdir.path)
-    if latest is not None and latest >= config.num_train_steps:
+  latest = (checkpoints.latest_step(workdir.path)
+            if os.path.isdir(workdir.checkpoints_path) else None)
+  if latest is not None:
+    # A damaged latest step is refused here, before config.json or the
+    # event files are touched, naming the newest intact step.
+    checkpoints.check_step(workdir.path, latest, "train")
+    if latest >= config.num_train_steps:
       return
+  elif config.init_from:
+    warm_start.vocabulary(config.init_from, workdir.path)
+    model = Transformer(TransformerConfig.from_config(config))
+    ids = jnp.ones((1, 8), jnp.int32)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), ids, ids)
+    warm_start.load(config.init_from, shapes["params"])
   for field in ("train_split", "eval_split", "test_split"):
     try:
       sources.open_split(config, config[field])
@@ -389,7 +401,14 @@ def _train(config: ml_collections.ConfigDict,
   is_primary = jax.process_index() == 0
   folder.check_config(config)  # again: another run may have written it
   changed = folder.changed_data_fields(config)
-  tokenizer = data.get_tokenizer(config, workdir)
+  warm = bool(config.init_from) and checkpoints.latest_step(workdir) is None
+  if warm:  # the vocabulary of the run it starts from (checked before)
+    proto = warm_start.vocabulary(config.init_from, workdir)
+    if is_primary and not os.path.exists(folder.vocabulary_path):
+      files.write_bytes_atomic(folder.vocabulary_path, proto)
+    tokenizer = data.Tokenizer(proto, path=folder.vocabulary_path)
+  else:
+    tokenizer = data.get_tokenizer(config, workdir)
   check_same_vocabulary(tokenizer)
   if is_primary:
     folder.write_config(config)
@@ -418,6 +437,11 @@ def _train(config: ml_collections.ConfigDict,
   else:
     start_step, meta = 0, {}
     logging.info("Starting a new run in %s.", workdir)
+    if warm:
+      params, from_step = warm_start.load(config.init_from, state["params"])
+      state = dict(state, params=params)
+      logging.info("Warm start: parameters of %s (step %d).",
+                   config.init_from, from_step)
     # A run killed before its first checkpoint logged steps it will redo.
     writer.truncate_after(0)
   state = replicate(state, devices)

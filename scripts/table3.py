@@ -66,6 +66,7 @@ from mha import data  # pylint: disable=g-import-not-at-top,wrong-import-positio
 from mha import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import metrics as metrics_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.errors import UserError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.transformer import Transformer  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -607,5 +608,5 @@ if __name__ == "__main__":
   absl_logging.set_verbosity(absl_logging.INFO)
   try:
     main()
-  except (Table3Error, evaluator.EvalError) as e:
+  except (Table3Error, UserError) as e:
     sys.exit(f"scripts/table3.py: {e}")

@@ -303,6 +303,21 @@ def test_eval_py_damaged_checkpoint_and_vocabulary(copy, eval_py, capsys,
   assert err.count("\n") == 1
 
 
+def test_train_refuses_a_damaged_latest_step_before_writing(copy):
+  from mha import trainer
+  from mha import workdir as workdir_lib
+  from mha.errors import CheckpointError
+  config = workdir_lib.load_config(str(copy))
+  config.num_train_steps = 8
+  (copy / "checkpoints" / "6" / "state" / "_METADATA").unlink()
+  before = _hashes(copy)
+  with pytest.raises(CheckpointError, match=(
+      f"{re.escape(str(copy))}/checkpoints/6 is damaged: state/_METADATA is "
+      "missing; the newest intact checkpoint is step 4: to resume from it")):
+    trainer.train_and_evaluate(config, str(copy))
+  assert _hashes(copy) == before  # no config.json, events file or lock
+
+
 # ------------------------------------------------- average_last and deletion
 
 

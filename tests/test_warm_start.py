@@ -1,0 +1,124 @@
+"""Warm start (config.init_from): parameters of another workdir's checkpoint."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha import checkpoints
+from mha import warm_start
+from mha.errors import ConfigError
+
+
+def _params(seed, hidden=8):
+  rng = np.random.default_rng(seed)
+  return {"dense": {"kernel": rng.normal(size=(4, hidden)).astype(np.float32),
+                    "bias": rng.normal(size=(hidden,)).astype(np.float32)},
+          "norm": {"scale": rng.normal(size=(hidden,)).astype(np.float32)}}
+
+
+@pytest.fixture(scope="module")
+def source_workdir(tmp_path_factory):
+  """A workdir with checkpoints at steps 2 and 4 of different parameters."""
+  workdir = tmp_path_factory.mktemp("source")
+  manager = checkpoints.make_manager(workdir, keep=5)
+  for step in (2, 4):
+    state = {"step": np.int32(step), "params": _params(step),
+             "opt_state": {"mu": _params(step + 100)},
+             "rng": np.zeros((2,), np.uint32)}
+    checkpoints.save(manager, step, state, {"step": step})
+  manager.wait_until_finished()
+  manager.close()
+  return workdir
+
+
+def test_parse():
+  assert warm_start.parse("/runs/a") == ("/runs/a", None)
+  assert warm_start.parse("/runs/a:1200") == ("/runs/a", 1200)
+  assert warm_start.parse("gs://b/run:7") == ("gs://b/run", 7)
+
+
+def test_loads_only_the_parameters_of_the_step_asked(source_workdir):
+  target = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.bfloat16),
+                        _params(0))
+  latest, step = warm_start.load(str(source_workdir), target)
+  assert step == 4
+  earlier, step = warm_start.load(f"{source_workdir}:2", target)
+  assert step == 2
+  for loaded, seed in ((latest, 4), (earlier, 2)):
+    expected = _params(seed)
+    for path in (("dense", "kernel"), ("dense", "bias"), ("norm", "scale")):
+      value = loaded[path[0]][path[1]]
+      assert value.dtype == jnp.bfloat16  # the new model's dtype
+      np.testing.assert_array_equal(
+          value, expected[path[0]][path[1]].astype(jnp.bfloat16))
+
+
+def test_refuses_naming_the_first_mismatch(source_workdir):
+  spec = str(source_workdir)
+  with pytest.raises(ConfigError, match=(
+      r"init_from=.*parameter dense/bias has shape \(8,\) in the checkpoint "
+      r"but \(16,\) in the model")):
+    warm_start.load(spec, _params(0, hidden=16))
+  extra = dict(_params(0), out={"kernel": np.zeros((8, 3), np.float32)})
+  with pytest.raises(ConfigError, match="model's parameter out/kernel"):
+    warm_start.load(spec, extra)
+  fewer = {"dense": _params(0)["dense"]}
+  with pytest.raises(ConfigError, match="checkpoint's parameter norm/scale "
+                                        "is not in the model"):
+    warm_start.load(spec, fewer)
+  with pytest.raises(ConfigError, match="init_from=.*:3'.*step 3"):
+    warm_start.load(f"{spec}:3", _params(0))
+
+
+def _tiny_config(**changes):
+  """The config of conftest's tiny_workdir, for one more run."""
+  from configs import quickstart
+  config = quickstart.get_config("tiny")
+  config.update(vocab_size=512, max_source_length=24, max_target_length=24,
+                max_tokens=768, num_train_steps=1, checkpoint_every_steps=1,
+                eval_every_steps=100, eval_bleu_sentences=0,
+                keep_checkpoints=5, max_decode_extra=8,
+                eval_split="validation[:16]")
+  config.update(changes)
+  return config
+
+
+def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path):
+  from mha import trainer
+  from mha.data import tokenizer
+  source, _ = checkpoints.restore_params(str(tiny_workdir), 4)
+  new = tmp_path / "warm"
+  # learning_rate_scale 1e-30: the one update moves nothing a float32 holds,
+  # so step 1 holds the parameters the run started from.
+  trainer.train_and_evaluate(
+      _tiny_config(init_from=f"{tiny_workdir}:4", learning_rate_scale=1e-30),
+      str(new))
+  started, step = checkpoints.restore_params(str(new))
+  assert step == 1
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6,
+                                                       atol=1e-20),
+               started, source)
+  latest, _ = checkpoints.restore_params(str(tiny_workdir), 6)
+  assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(started),
+                                                   jax.tree.leaves(latest)))
+  name = tokenizer.MODEL_FILENAME
+  assert (new / name).read_bytes() == (tiny_workdir / name).read_bytes()
+  # Resuming ignores init_from (even one that no longer exists).
+  trainer.train_and_evaluate(
+      _tiny_config(init_from=str(tmp_path / "gone"), num_train_steps=2,
+                   learning_rate_scale=1e-30),
+      str(new))
+  assert checkpoints.latest_step(str(new)) == 2
+
+
+def test_a_mismatched_warm_start_writes_nothing(tiny_workdir, tmp_path):
+  from mha import trainer
+  new = tmp_path / "other_shape"
+  with pytest.raises(ConfigError, match=r"init_from=.*shape"):
+    trainer.train_and_evaluate(
+        _tiny_config(init_from=str(tiny_workdir), d_ff=48), str(new))
+  assert not new.exists()
+  with pytest.raises(ConfigError, match=r"init_from=.*spm.model cannot be"):
+    trainer.train_and_evaluate(
+        _tiny_config(init_from=str(tmp_path / "none")), str(new))
+  assert not new.exists()
