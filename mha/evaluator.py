@@ -38,6 +38,7 @@ import sacrebleu
 from mha import checkpoints
 from mha import data
 from mha import decoding
+from mha import paper_bleu as paper_bleu_lib
 from mha import workdir as workdir_lib
 from mha.errors import UserError
 from mha.data import files
@@ -641,7 +642,8 @@ def evaluate(workdir: str, *, split: str | None = None,
              reference_file: str | None = None,
              output_dir: str | None = None,
              write: bool = True, plot_attention: int = 0,
-             plot_layer: int = -1) -> dict[str, Any]:
+             plot_layer: int = -1, paper_bleu: bool = False
+             ) -> dict[str, Any]:
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
   Uses the config (`config.json`) and vocabulary (`spm.model`) stored in the
@@ -683,6 +685,9 @@ def evaluate(workdir: str, *, split: str | None = None,
       from 1); needs `write`.
     plot_layer: the encoder and decoder layer drawn (0 = first, negative
       from the end; default the last).
+    paper_bleu: also score the paper's tokenized, compound-split BLEU
+      (`mha.paper_bleu`, tensor2tensor's get_ende_bleu.sh) in the config's
+      target language, as `bleu_paper` and `bleu_paper_signature`.
 
   Returns:
     The metrics written to metrics.json (`bleu`, `chrf`,
@@ -735,7 +740,8 @@ def evaluate(workdir: str, *, split: str | None = None,
   result = _translate_and_score(
       model_config, params, tokenizer, sources, references,
       dict(settings, checkpoint_step=step, averaged_steps=averaged,
-           batch_size=batch_size))
+           batch_size=batch_size),
+      paper_bleu_lang=config.target_lang if paper_bleu else None)
   if write:
     result["output_dir"] = folder
     draw = None
@@ -761,9 +767,12 @@ def evaluate(workdir: str, *, split: str | None = None,
 def _translate_and_score(model_config: TransformerConfig, params: Any,
                          tokenizer: data.Tokenizer, sources: Sequence[str],
                          references: Sequence[str] | None,
-                         settings: dict[str, Any]) -> dict[str, Any]:
+                         settings: dict[str, Any],
+                         paper_bleu_lang: str | None = None
+                         ) -> dict[str, Any]:
   """The metrics of translating `sources` with `settings`' search, plus
-  `translations`."""
+  `translations`; with `paper_bleu_lang`, the paper's BLEU beside
+  sacreBLEU's."""
   logging.info("Evaluating step(s) %s on %s (%d sentences), beam %d, "
                "alpha %s.", settings["averaged_steps"], settings["split"],
                len(sources), settings["beam_size"], settings["alpha"])
@@ -777,6 +786,9 @@ def _translate_and_score(model_config: TransformerConfig, params: Any,
   result: dict[str, Any] = {}
   if references is not None:
     result.update(score(hypotheses, references))
+    if paper_bleu_lang:
+      result.update(paper_bleu_lib.paper_bleu(hypotheses, references,
+                                              paper_bleu_lang))
   result.update({k: settings[k] for k in (
       "split", "checkpoint_step", "averaged_steps", "beam_size", "alpha",
       "max_decode_extra", "batch_size")})

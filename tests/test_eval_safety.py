@@ -53,6 +53,9 @@ def copy(tiny_workdir, tmp_path) -> pathlib.Path:
 def eval_py():
   """eval.py's main, with its flags parsed in this process and reset after."""
   module = importlib.import_module("eval")
+  # Parsing absl's flags sets the absl logger's level (--verbosity): put it
+  # back, or later tests' caplog would miss the library's INFO lines.
+  level = logging.getLogger("absl").level
 
   def run(*args):
     flags.FLAGS.unparse_flags()
@@ -61,6 +64,7 @@ def eval_py():
 
   yield run
   flags.FLAGS.unparse_flags()
+  logging.getLogger("absl").setLevel(level)
 
 
 # ------------------------------------------------------------------- flags

@@ -1,4 +1,5 @@
 """configs/wmt14.py: the paper's WMT 2014 en→de recipe."""
+import numpy as np
 import pytest
 
 from configs import base
@@ -78,3 +79,36 @@ def test_cost_estimate_flops_match_six_times_parameters_times_tokens():
   # The paper's 12 hours on 8 P100s imply this utilisation of fp32 peak:
   implied = steps * flops / (8 * 10.6e12 * 12 * 3600)
   assert f"implied: base {implied:.0%}" in wmt14_cost.table()
+
+
+def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path):
+  """The WMT14 path a TPU user runs, through TFDS's mock data (no download):
+  the real config (its dataset, languages and splits) with the tiny model,
+  trained, evaluated in training on newstest2013's split, then evaluated on
+  newstest2014's with sacreBLEU and the paper's BLEU."""
+  import json
+  import tensorflow_datasets as tfds
+  from mha import evaluator
+  from mha import trainer
+
+  config = wmt14.get_config("tiny")
+  config.update(vocab_size=40, max_len=64, max_source_length=64,
+                max_target_length=64, max_tokens=1024, num_train_steps=2,
+                checkpoint_every_steps=2, eval_every_steps=2,
+                eval_bleu_sentences=4, max_decode_extra=4)
+  workdir = str(tmp_path / "wmt14")
+  with tfds.testing.mock_data(num_examples=24,
+                              policy=tfds.testing.MockPolicy.USE_CODE):
+    last = trainer.train_and_evaluate(config, workdir)
+    result = evaluator.evaluate(workdir, paper_bleu=True)
+  assert last["step"] == 2 and np.isfinite(last["eval_loss"])
+  assert "eval_bleu" in last
+  assert result["split"] == "test" and result["num_sentences"] == 24
+  with open(f"{workdir}/eval/test_2/metrics.json") as f:
+    metrics = json.load(f)
+  for key in ("bleu", "sacrebleu_signature", "bleu_paper",
+              "bleu_paper_signature"):
+    assert metrics[key] == result[key]
+  assert 0 <= metrics["bleu_paper"] <= 100
+  assert "moses-tok(lang:de)" in metrics["bleu_paper_signature"]
+  assert "tok:13a" in metrics["sacrebleu_signature"]
