@@ -245,19 +245,51 @@ class _StopSignal:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def evaluate_loss(p_eval_step: Callable, params, batches: list,
-                  num_devices: int) -> dict[str, float]:
-  """Token-weighted loss, perplexity and accuracy over `batches`."""
-  totals: dict[str, float] = {}
-  for batch in batches:
-    sums = unreplicate(p_eval_step(params, shard(batch, num_devices)))
-    for k, v in sums.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
-  tokens = max(totals.get("tokens", 0.0), 1.0)
-  return {"eval_loss": totals["loss"] / tokens,
-          "eval_nll": totals["nll"] / tokens,
-          "eval_perplexity": float(np.exp(totals["nll"] / tokens)),
-          "eval_accuracy": totals["correct"] / tokens}
+class DevLoss:
+  """Dev-split loss evaluation, the one place it is written.
+
+  Token-weighted label-smoothed loss, per-token NLL, perplexity and accuracy
+  over every batch of `config.eval_split`, without dropout. The trainer
+  calls it at its evaluation steps; `scripts/table3.py` calls it on a
+  checkpoint's parameters (`evaluate_params`).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer,
+               model: Transformer | None = None):
+    """Compiles nothing yet; the split is read at the first call.
+
+    Args:
+      config: the run's config (model, data and `eval_split`).
+      tokenizer: the run's vocabulary.
+      model: the deterministic model; None builds it from `config`.
+    """
+    self._config = config
+    self._tokenizer = tokenizer
+    model = model or Transformer(
+        TransformerConfig.from_config(config, deterministic=True))
+    self._eval_step = jax.pmap(make_eval_step(model, config), axis_name=AXIS)
+    self._batches = None
+
+  def __call__(self, params) -> dict[str, float]:
+    """The metrics for `params` replicated over the local devices."""
+    if self._batches is None:
+      self._batches = data.eval_batches(self._config, self._tokenizer,
+                                        self._config.eval_split)
+    num_devices = jax.local_device_count()
+    totals: dict[str, float] = {}
+    for batch in self._batches:
+      sums = unreplicate(self._eval_step(params, shard(batch, num_devices)))
+      for k, v in sums.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+    tokens = max(totals.get("tokens", 0.0), 1.0)
+    return {"eval_loss": totals["loss"] / tokens,
+            "eval_nll": totals["nll"] / tokens,
+            "eval_perplexity": float(np.exp(totals["nll"] / tokens)),
+            "eval_accuracy": totals["correct"] / tokens}
+
+  def evaluate_params(self, params) -> dict[str, float]:
+    """The metrics for host `params` (e.g. a restored checkpoint's)."""
+    return self(replicate(params, jax.local_devices()))
 
 
 def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
@@ -394,152 +426,269 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     return _train(config, folder)
 
 
-def _train(config: ml_collections.ConfigDict,
-           folder: workdir_lib.Workdir) -> dict[str, float]:
-  """The run itself, under the workdir's lock."""
-  workdir = folder.path
+@dataclasses.dataclass
+class _Run:
+  """What the set-up builds for a run.
+
+  Attributes:
+    tokenizer: the run's vocabulary (read, trained, or a warm start's).
+    model: the training model (with dropout).
+    eval_model: the same model without dropout.
+    tx: the optimizer.
+    state: the step-0 state, on the host.
+    warm: a new run that starts from `config.init_from`'s parameters.
+    changed: data-order fields that differ from the workdir's config.json.
+  """
+  tokenizer: data.Tokenizer
+  model: Transformer
+  eval_model: Transformer
+  tx: optax.GradientTransformation
+  state: State
+  warm: bool
+  changed: list[str]
+
+
+def _set_up(config: ml_collections.ConfigDict,
+            folder: workdir_lib.Workdir) -> _Run:
+  """Set-up: vocabulary, config.json, models, optimizer and step-0 state."""
   is_primary = jax.process_index() == 0
   folder.check_config(config)  # again: another run may have written it
   changed = folder.changed_data_fields(config)
-  warm = bool(config.init_from) and checkpoints.latest_step(workdir) is None
+  warm = (bool(config.init_from) and
+          checkpoints.latest_step(folder.path) is None)
   if warm:  # the vocabulary of the run it starts from (checked before)
-    proto = warm_start.vocabulary(config.init_from, workdir)
+    proto = warm_start.vocabulary(config.init_from, folder.path)
     if is_primary and not os.path.exists(folder.vocabulary_path):
       files.write_bytes_atomic(folder.vocabulary_path, proto)
     tokenizer = data.Tokenizer(proto, path=folder.vocabulary_path)
   else:
-    tokenizer = data.get_tokenizer(config, workdir)
+    tokenizer = data.get_tokenizer(config, folder.path)
   check_same_vocabulary(tokenizer)
   if is_primary:
     folder.write_config(config)
-
-  devices = jax.local_devices()
-  num_devices = len(devices)
   model = Transformer(TransformerConfig.from_config(config))
   eval_model = Transformer(TransformerConfig.from_config(config,
                                                          deterministic=True))
   tx = optim.create_optimizer(config)
-  state = init_state(config, model, tx)
+  return _Run(tokenizer, model, eval_model, tx,
+              init_state(config, model, tx), warm, changed)
 
-  manager = checkpoints.make_manager(workdir, config.keep_checkpoints)
-  start_step = checkpoints.latest_step(workdir)
-  writer = metrics_lib.MetricsWriter(workdir, is_primary)
-  if start_step is not None:
-    state, meta = checkpoints.restore(manager, start_step, jax.device_get(state))
-    logging.info("Resumed from %s at step %d.", workdir, start_step)
-    if changed:
+
+@dataclasses.dataclass
+class _Start:
+  """Where the run starts.
+
+  Attributes:
+    state: the state at `step`, on the host.
+    step: the first update's step (0, or the restored checkpoint's).
+    data_position: micro-batches read before `step`.
+  """
+  state: State
+  step: int
+  data_position: int
+
+
+def _resume_or_start(config: ml_collections.ConfigDict,
+                     folder: workdir_lib.Workdir, run: _Run,
+                     manager, writer: metrics_lib.MetricsWriter) -> _Start:
+  """Resume-or-start: the latest checkpoint, or step 0 (warm or not).
+
+  metrics.jsonl loses the lines of steps after the start: they are redone.
+  """
+  workdir = folder.path
+  step = checkpoints.latest_step(workdir)
+  if step is not None:
+    state, meta = checkpoints.restore(manager, step,
+                                      jax.device_get(run.state))
+    logging.info("Resumed from %s at step %d.", workdir, step)
+    if run.changed:
       logging.warning(
           "Resuming %s with other data settings (%s): training goes on from "
           "the checkpoint's position in the data, but the batches differ "
           "from those of an uninterrupted run, so the result is not "
-          "bit-identical.", workdir, "; ".join(changed))
-    writer.truncate_after(start_step)
+          "bit-identical.", workdir, "; ".join(run.changed))
   else:
-    start_step, meta = 0, {}
+    state, step, meta = run.state, 0, {}
     logging.info("Starting a new run in %s.", workdir)
-    if warm:
+    if run.warm:
       params, from_step = warm_start.load(config.init_from, state["params"])
       state = dict(state, params=params)
       logging.info("Warm start: parameters of %s (step %d).",
                    config.init_from, from_step)
-    # A run killed before its first checkpoint logged steps it will redo.
-    writer.truncate_after(0)
-  state = replicate(state, devices)
-
-  accum = config.grad_accum_steps
-  # Micro-batches read before start_step: the checkpoint's own count, so a
+  # A run killed before its checkpoint logged steps it will redo.
+  writer.truncate_after(step)
+  # Micro-batches read before `step`: the checkpoint's own count, so a
   # resume with another grad_accum_steps neither replays nor skips data.
-  data_start = int(meta.get("data_position", start_step * accum))
-  update = _Updater(model, tx, config)
-  p_eval_step = jax.pmap(make_eval_step(eval_model, config), axis_name=AXIS)
-  eval_batches = None
-  bleu_pairs = None  # (sources, references) of the eval split's first lines
-
-  if start_step < config.num_train_steps:
-    batches = data.train_batches(config, tokenizer, start_step=data_start)
-    batches = (shard(b, num_devices) for b in batches)
-  else:  # already finished: do not read or plan the training split
+  position = int(meta.get("data_position", step * config.grad_accum_steps))
+  if step >= config.num_train_steps:
     logging.info("%s is at step %d >= num_train_steps=%d: nothing to train.",
-                 workdir, start_step, config.num_train_steps)
-    batches = iter(())
+                 workdir, step, config.num_train_steps)
+  return _Start(state, step, position)
 
-  def save(step, state):
-    host_state = unreplicate(state)
-    checkpoints.save(manager, step, host_state,
-                     {"step": step,
-                      "data_position": data_start + (step - start_step) * accum,
+
+def _train_batches(config: ml_collections.ConfigDict, tokenizer,
+                   start: _Start) -> Iterator[dict[str, np.ndarray]]:
+  """The training batches from the start's data position, sharded."""
+  if start.step >= config.num_train_steps:
+    return iter(())  # already finished: do not read or plan the split
+  num_devices = jax.local_device_count()
+  batches = data.train_batches(config, tokenizer,
+                               start_step=start.data_position)
+  return (shard(b, num_devices) for b in batches)
+
+
+@dataclasses.dataclass
+class _Saver:
+  """Saving: a checkpoint with the data position it has reached."""
+  manager: Any
+  start: _Start
+  grad_accum_steps: int
+
+  def __call__(self, step: int, state: State) -> None:
+    """Saves the replicated `state` of `step` (waits for the write)."""
+    accum = self.grad_accum_steps
+    position = self.start.data_position + (step - self.start.step) * accum
+    checkpoints.save(self.manager, step, unreplicate(state),
+                     {"step": step, "data_position": position,
                       "grad_accum_steps": accum}, force=True)
     logging.info("Saved checkpoint at step %d.", step)
 
-  progress = metrics_lib.Progress(start_step, config.num_train_steps)
-  last: dict[str, float] = {}
-  pending = None  # (step, device metrics) of the update in flight
-  window: list[dict[str, float]] = []
-  window_start = time.perf_counter()
-  step = start_step
-  stop_now = False
 
-  def finish(pending):
-    """Fetches an update's metrics: NaN check, logging, preemption flag."""
-    nonlocal last, window, window_start, stop_now
-    done_step, device_metrics = pending
+class MetricsWindow:
+  """The updates since the last logged step.
+
+  Each update's metrics are fetched (a non-finite loss raises
+  TrainingDiverged), and at every `log_every_steps`-th step (and the last)
+  their means, the perplexity and the token and step rates are written.
+
+  Attributes:
+    last: the last written summary and evaluation metrics.
+    stop: some process asked to stop (SIGTERM) in an update fetched so far.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict,
+               writer: metrics_lib.MetricsWriter,
+               progress: metrics_lib.Progress):
+    self.last: dict[str, float] = {}
+    self.stop = False
+    self._config = config
+    self._writer = writer
+    self._progress = progress
+    self._window: list[dict[str, float]] = []
+    self._start = time.perf_counter()
+
+  def add(self, step: int, device_metrics) -> None:
+    """Fetches the metrics of the update that made `step`."""
     m = {k: float(v) for k, v in unreplicate(device_metrics).items()}
-    _check_finite(done_step, m)
-    window.append(m)
-    stop_now = stop_now or m.pop("stop") > 0
-    if done_step % config.log_every_steps == 0 or done_step == config.num_train_steps:
-      elapsed = time.perf_counter() - window_start
-      tokens = sum(w["tokens"] for w in window)
-      summary = {k: float(np.mean([w[k] for w in window]))
-                 for k in ("loss", "nll", "accuracy", "learning_rate",
-                           "grad_norm")}
-      summary["tokens_per_sec"] = tokens / max(elapsed, 1e-9)
-      summary["steps_per_sec"] = len(window) / max(elapsed, 1e-9)
-      summary["perplexity"] = float(np.exp(summary["nll"]))
-      writer.write(done_step, summary)
-      progress.report(done_step, summary["loss"])
-      last.update(summary)
-      window, window_start = [], time.perf_counter()
+    _check_finite(step, m)
+    self.stop = self.stop or m.pop("stop") > 0
+    self._window.append(m)
+    if (step % self._config.log_every_steps == 0 or
+        step == self._config.num_train_steps):
+      self._log(step)
 
+  def _log(self, step: int) -> None:
+    window = self._window
+    elapsed = max(time.perf_counter() - self._start, 1e-9)
+    summary = {k: float(np.mean([w[k] for w in window]))
+               for k in ("loss", "nll", "accuracy", "learning_rate",
+                         "grad_norm")}
+    summary["tokens_per_sec"] = sum(w["tokens"] for w in window) / elapsed
+    summary["steps_per_sec"] = len(window) / elapsed
+    summary["perplexity"] = float(np.exp(summary["nll"]))
+    self.write(step, summary)
+    self._progress.report(step, summary["loss"])
+    self._window, self._start = [], time.perf_counter()
+
+  def write(self, step: int, metrics: dict[str, float]) -> None:
+    """Writes `metrics` (a summary or an evaluation) and keeps them."""
+    self._writer.write(step, metrics)
+    self.last.update(metrics)
+
+
+class InTrainingEval:
+  """Periodic evaluation, handed to the loop: dev loss, then BLEU.
+
+  The BLEU of the config's beam search on the first
+  `config.eval_bleu_sentences` pairs of `config.eval_split` (none if 0).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer,
+               eval_model: Transformer):
+    self._config = config
+    self._tokenizer = tokenizer
+    self._model_config = eval_model.config
+    self._dev_loss = DevLoss(config, tokenizer, eval_model)
+    self._bleu_pairs = None  # (sources, references), read at first use
+
+  def __call__(self, state: State) -> dict[str, float]:
+    """The metrics of the replicated `state`'s parameters."""
+    config = self._config
+    metrics = self._dev_loss(state["params"])
+    if config.eval_bleu_sentences > 0:
+      if self._bleu_pairs is None:
+        sources, references = data.load_text_pairs(config, config.eval_split)
+        self._bleu_pairs = (sources[:config.eval_bleu_sentences],
+                            references[:config.eval_bleu_sentences])
+      metrics.update(evaluate_bleu(
+          self._model_config, unreplicate(state["params"]), self._tokenizer,
+          *self._bleu_pairs, config))
+    return metrics
+
+
+def _is_due(step: int, every: int, config: ml_collections.ConfigDict) -> bool:
+  return step % every == 0 or step == config.num_train_steps
+
+
+def _loop(config: ml_collections.ConfigDict, state: State, step: int,
+          batches: Iterator, update: _Updater, window: MetricsWindow,
+          save: _Saver, evaluate: Callable[[State], dict[str, float]]) -> int:
+  """Updates from `step` to num_train_steps; returns the last step.
+
+  Preemption: a SIGTERM on any process sets the stop flag of the next
+  update; once fetched, the run saves that step and returns.
+  """
+  num_devices = jax.local_device_count()
+  pending = None  # (step, device metrics) of the update in flight
   with _StopSignal() as sigterm:
     while step < config.num_train_steps:
-      micro = [next(batches) for _ in range(accum)]
+      micro = [next(batches) for _ in range(config.grad_accum_steps)]
       stop = np.full((num_devices,), int(sigterm.received), np.int32)
       state, device_metrics = update(state, micro, stop)
       if pending is not None:
-        finish(pending)  # overlaps with the update just dispatched
+        window.add(*pending)  # overlaps with the update just dispatched
       step += 1
       pending = (step, device_metrics)
-      need_save = (step % config.checkpoint_every_steps == 0 or
-                   step == config.num_train_steps)
-      need_eval = (step % config.eval_every_steps == 0 or
-                   step == config.num_train_steps)
-      if need_save or need_eval or stop_now:
-        finish(pending)
+      need_save = _is_due(step, config.checkpoint_every_steps, config)
+      need_eval = _is_due(step, config.eval_every_steps, config)
+      if need_save or need_eval or window.stop:
+        window.add(*pending)
         pending = None
-      if need_save or stop_now:
+      if need_save or window.stop:
         save(step, state)
       if need_eval:
-        if eval_batches is None:
-          eval_batches = data.eval_batches(config, tokenizer,
-                                           config.eval_split)
-        eval_metrics = evaluate_loss(p_eval_step, state["params"],
-                                     eval_batches, num_devices)
-        if config.eval_bleu_sentences > 0:
-          if bleu_pairs is None:
-            sources, references = data.load_text_pairs(config,
-                                                       config.eval_split)
-            bleu_pairs = (sources[:config.eval_bleu_sentences],
-                          references[:config.eval_bleu_sentences])
-          eval_metrics.update(evaluate_bleu(
-              eval_model.config, unreplicate(state["params"]), tokenizer,
-              *bleu_pairs, config))
-        writer.write(step, eval_metrics)
-        last.update(eval_metrics)
-      if stop_now:
+        window.write(step, evaluate(state))
+      if window.stop:
         logging.warning("Preempted: saved step %d; exiting.", step)
         break
+  return step
+
+
+def _train(config: ml_collections.ConfigDict,
+           folder: workdir_lib.Workdir) -> dict[str, float]:
+  """The run itself, under the workdir's lock: the steps above in order."""
+  run = _set_up(config, folder)
+  manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
+  writer = metrics_lib.MetricsWriter(folder.path, jax.process_index() == 0)
+  start = _resume_or_start(config, folder, run, manager, writer)
+  state = replicate(start.state, jax.local_devices())
+  update = _Updater(run.model, run.tx, config)
+  evaluate = InTrainingEval(config, run.tokenizer, run.eval_model)
+  batches = _train_batches(config, run.tokenizer, start)
+  window = MetricsWindow(config, writer, metrics_lib.Progress(
+      start.step, config.num_train_steps))
+  step = _loop(config, state, start.step, batches, update, window,
+               _Saver(manager, start, config.grad_accum_steps), evaluate)
   manager.wait_until_finished()
   writer.flush()
-  last["step"] = step
-  return last
+  return dict(window.last, step=step)

@@ -62,7 +62,6 @@ import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-positi
 from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import table3 as table3_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import data  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import metrics as metrics_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -240,20 +239,13 @@ def computed_dev_loss(workdir: str, step: int | None = None
                       ) -> dict[str, float]:
   """The same evaluation recomputed from the checkpoint at `step`.
 
-  The trainer's code (`trainer.evaluate_loss`: per-token NLL over the whole
+  The trainer's code (`trainer.DevLoss`: per-token NLL over the whole
   `config.eval_split`, without label smoothing) on the stored config,
   vocabulary and parameters.
   """
   config, tokenizer = evaluator.load_workdir(workdir)
   params, _, _ = evaluator.load_params(workdir, step)
-  devices = jax.local_devices()
-  model = Transformer(TransformerConfig.from_config(config,
-                                                    deterministic=True))
-  p_eval_step = jax.pmap(trainer.make_eval_step(model, config),
-                         axis_name=trainer.AXIS)
-  batches = data.eval_batches(config, tokenizer, config.eval_split)
-  return trainer.evaluate_loss(p_eval_step, trainer.replicate(params, devices),
-                               batches, len(devices))
+  return trainer.DevLoss(config, tokenizer).evaluate_params(params)
 
 
 def loop_speed(workdir: str, last_step: int) -> dict[str, float]:
