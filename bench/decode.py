@@ -25,7 +25,7 @@ Two modes, and the output says which one ran:
 
 Each distinct batch shape is compiled (and run once) before timing, then
 `--repeats` full passes are timed (the fastest is reported). Sentences are
-decoded as `eval.py` does (`mha.evaluator`: length-sorted batches of
+decoded as `eval.py` does (`mha.translate`: length-sorted batches of
 `--batch_size`, bucketed padding). Prints sentences/s and tokens/s for
 greedy and for beam search and the greedy/beam speed ratio, then beam search
 again in one stage (`first_stage_extra=None`: every step over the whole
@@ -52,6 +52,8 @@ from configs import multi30k
 from mha import data
 from mha import decoding
 from mha import evaluator
+from mha import scoring
+from mha import translate
 from mha.errors import UserError
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -105,13 +107,13 @@ def _timed(model_config, params, batches, num_sentences, *, beam_size,
   seen = {}
   for batch in batches:
     seen.setdefault(batch.shape_key, batch)
-  evaluator.decode_batches(model_config, params, list(seen.values()),
+  translate.decode_batches(model_config, params, list(seen.values()),
                            **kwargs)
   warmup = time.perf_counter() - start
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    outputs = evaluator.decode_batches(model_config, params, batches,
+    outputs = translate.decode_batches(model_config, params, batches,
                                        **kwargs)
     times.append(time.perf_counter() - start)
   seconds = min(times)
@@ -147,7 +149,7 @@ def _random_setup(args):
     if args.num_sentences:
       sources = sources[:args.num_sentences]
       references = references[:args.num_sentences]
-    encoded = evaluator.encode_sources(tokenizer, sources, model_config.max_len)
+    encoded = translate.encode_sources(tokenizer, sources, model_config.max_len)
     ref_tokens = np.mean([len(tokenizer.encode(r)) + 1 for r in references])
     what = (f"Multi30k {TEST_SPLIT} German sources from {folder}, tokenized "
             f"with a {config.vocab_size}-piece BPE SentencePiece trained on "
@@ -186,7 +188,7 @@ def _workdir_setup(args):
     sources = sources[:args.num_sentences]
     references = references[:args.num_sentences]
   model_config = TransformerConfig.from_config(config, deterministic=True)
-  encoded = evaluator.encode_sources(tokenizer, sources, model_config.max_len)
+  encoded = translate.encode_sources(tokenizer, sources, model_config.max_len)
   print(f"Trained model: {args.workdir} step {step} "
         f"({config.num_layers} layers, d_model {config.d_model}, vocab "
         f"{config.vocab_size}); split {split}: {len(sources)} sentences, "
@@ -218,7 +220,7 @@ def main():
   # each output to its source length + extra.
   (model_config, params, encoded, tokenizer, references, alpha, cache_extra,
    extra, eos_id) = setup(args)
-  batches = evaluator.make_batches(
+  batches = translate.make_batches(
       encoded, batch_size=args.batch_size, max_len=model_config.max_len,
       max_decode_extra=cache_extra)
   print(f"{len(batches)} batches of up to {args.batch_size} sentences; "
@@ -244,7 +246,7 @@ def main():
       for batch, out in zip(batches, r["outputs"]):
         for row, i in enumerate(batch.indices):
           hypotheses[i] = tokenizer.decode(out[row])
-      line += f"  BLEU {evaluator.score(hypotheses, references)['bleu']:.2f}"
+      line += f"  BLEU {scoring.score(hypotheses, references)['bleu']:.2f}"
     print(line, flush=True)
   greedy, beam = results["greedy"], results[beam_name]
   single = results[one_stage]

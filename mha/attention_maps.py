@@ -40,7 +40,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from mha import evaluator
+from mha import translate
 from mha.data import tokenizer as tokenizer_lib
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -128,7 +128,7 @@ def attention_weights(model_config: TransformerConfig, params: Any,
   # real rows and columns are those of the unpadded pair.
   padded = []
   for ids in (source, target):
-    row = np.zeros((1, evaluator.bucket_length(ids.size, cfg.max_len)),
+    row = np.zeros((1, translate.bucket_length(ids.size, cfg.max_len)),
                    np.int32)
     row[0, :ids.size] = ids
     padded.append(row)
@@ -298,22 +298,16 @@ def translate_ids(model_config: TransformerConfig, params: Any, tokenizer,
                   ) -> list[tuple[np.ndarray, np.ndarray]]:
   """(source ids, output ids) of each source, by the evaluation's search.
 
-  The same encoding (truncation included), bucketing and beam search as
-  `evaluator.translate_texts`, keeping the ids the decoder produced (not a
-  re-tokenization of the detokenized text).
+  `mha.translate.translate_ids` (the encoding, truncation included,
+  bucketing and search of `translate.translate_texts`), with the outputs
+  cropped at their EOS: the ids the decoder produced, not a re-tokenization
+  of the detokenized text.
   """
-  encoded = evaluator.encode_sources(tokenizer, sources, model_config.max_len)
-  batches = evaluator.make_batches(
-      encoded, batch_size=batch_size, max_len=model_config.max_len,
-      max_decode_extra=max_decode_extra)
-  outputs = evaluator.decode_batches(
-      model_config, params, batches, beam_size=beam_size, alpha=alpha,
-      max_decode_extra=max_decode_extra)
-  pairs: list[Any] = [None] * len(sources)
-  for batch, tokens in zip(batches, outputs):
-    for row, i in enumerate(batch.indices):
-      pairs[i] = (np.asarray(encoded[i], np.int32), crop_target(tokens[row]))
-  return pairs
+  return [(source, crop_target(output)) for source, output in
+          translate.translate_ids(model_config, params, tokenizer, sources,
+                                  beam_size=beam_size, alpha=alpha,
+                                  max_decode_extra=max_decode_extra,
+                                  batch_size=batch_size)]
 
 
 def write_attention_maps(model_config: TransformerConfig, params: Any,
@@ -354,7 +348,7 @@ def write_attention_maps(model_config: TransformerConfig, params: Any,
   paths = []
   for i, (source_ids, target_ids) in enumerate(pairs, start=1):
     if translations is not None:
-      text = tokenizer.decode(target_ids).replace("\r", " ").replace("\n", " ")
+      text = translate.detokenize(tokenizer, target_ids)
       if text != translations[i - 1]:
         logging.warning(
             "Sentence %d: the attention maps show the translation %r, the "

@@ -1,4 +1,4 @@
-"""Evaluation of a workdir's checkpoints: beam search, detokenize, sacreBLEU.
+"""Evaluation of a workdir's checkpoints: translate, score, write.
 
     from mha import evaluator
     result = evaluator.evaluate("/tmp/run", average_last=5)
@@ -11,15 +11,10 @@ detokenized text, BLEU with the 13a tokenizer), reported with their
 signatures, never a hand-written BLEU. Evaluation writes only into its own
 output folder.
 
-Decoding sorts the sentences by length (longest first), cuts them into
-batches of `batch_size`, pads each batch's sources to one of a few bucket
-lengths (`LENGTH_BUCKETS`) and its rows to a multiple of 8, decodes with a
-cache of bucket length + `max_decode_extra` positions, and puts the
-translations back in the input order. A split therefore compiles the search
-a handful of times, and repeated calls on the same sentences (BLEU during
-training) reuse the compiled search.
+The translations come from `mha.translate` (length-bucketed batches, the
+beam search of `mha.decoding`), the scores from `mha.scoring` and
+`mha.paper_bleu`, the attention maps from `mha.attention_maps`.
 """
-import dataclasses
 import json
 import math
 import numbers
@@ -32,229 +27,28 @@ import uuid
 from typing import Any, Sequence
 
 from absl import logging
-import numpy as np
-import sacrebleu
 
+from mha import attention_maps
 from mha import checkpoints
 from mha import data
-from mha import decoding
 from mha import paper_bleu as paper_bleu_lib
+from mha import translate
 from mha import workdir as workdir_lib
 from mha.errors import UserError
 from mha.data import files
 from mha.data import tokenizer as tokenizer_lib
+from mha.scoring import score
 from mha.transformer import TransformerConfig
 
 EVAL_DIR = "eval"
 TRANSLATIONS_FILE = "translations.txt"
 METRICS_FILE = "metrics.json"
-# Padded source lengths. Few sizes = few compilations of the search; the
-# decode cache is bucket + max_decode_extra long whatever the batch holds.
-LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-ROW_MULTIPLE = 8
 # How often load_params chooses its steps again when one is deleted meanwhile.
 READ_ATTEMPTS = 3
 
 
 class EvalError(UserError, ValueError):
   """Bad input to an evaluation: the message names the workdir, file or step."""
-
-
-# ----------------------------------------------------------------- translate
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeBatch:
-  """Sentences decoded together.
-
-  Attributes:
-    indices: int `[n]` positions of the batch's sentences in the input list.
-    inputs: int32 `[rows, length]` source ids with EOS, 0 = padding; rows
-      past `n` are all padding.
-    length_multiple: passed to `decoding.translate` so that the decode cache
-      holds `length + max_decode_extra` positions (capped at the model's
-      `max_len`), whatever the longest sentence of the batch.
-  """
-  indices: np.ndarray
-  inputs: np.ndarray
-  length_multiple: int
-
-  @property
-  def shape_key(self) -> tuple[int, int]:
-    """Batches with equal keys share one compiled search."""
-    return self.inputs.shape
-
-
-def bucket_length(n: int, max_len: int) -> int:
-  """The smallest bucket >= n (multiples of 256 past the last), <= max_len."""
-  for b in LENGTH_BUCKETS:
-    if b >= n:
-      return min(b, max_len)
-  return min(-(-n // 256) * 256, max_len)
-
-
-def encode_sources(tokenizer: data.Tokenizer, sources: Sequence[str],
-                   max_len: int) -> list[list[int]]:
-  """Source ids with EOS; sentences longer than `max_len` are truncated.
-
-  Truncation (the model cannot encode more positions) is logged as a warning
-  naming the first affected lines (1-based); it never raises.
-  """
-  encoded = tokenizer.encode_batch(list(sources))
-  too_long = [i for i, ids in enumerate(encoded) if len(ids) + 1 > max_len]
-  if too_long:
-    logging.warning(
-        "%d source sentence(s) have more than max_len - 1 = %d tokens and "
-        "were truncated (lines %s%s).", len(too_long), max_len - 1,
-        ", ".join(str(i + 1) for i in too_long[:10]),
-        ", ..." if len(too_long) > 10 else "")
-  return [list(ids[:max_len - 1]) + [data.EOS_ID] for ids in encoded]
-
-
-def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
-                 max_len: int, max_decode_extra: int) -> list[DecodeBatch]:
-  """Length-sorted, bucket-padded batches covering every sentence once.
-
-  Args:
-    encoded: source ids of each sentence (EOS included, at most max_len).
-    batch_size: sentences per batch.
-    max_len: the model's number of positions.
-    max_decode_extra: output limit = source length + this.
-
-  Returns:
-    Batches, longest sentences first.
-  """
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-  longest = max((len(ids) for ids in encoded), default=0)
-  if longest > max_len:
-    raise ValueError(f"A sentence has {longest} ids, more than max_len="
-                     f"{max_len}: encode it with encode_sources.")
-  order = np.argsort([-len(ids) for ids in encoded], kind="stable")
-  batches = []
-  for start in range(0, len(order), batch_size):
-    chunk = order[start:start + batch_size]
-    length = bucket_length(max(len(encoded[i]) for i in chunk), max_len)
-    rows = min(-(-len(chunk) // ROW_MULTIPLE) * ROW_MULTIPLE,
-               max(batch_size, len(chunk)))
-    inputs = np.zeros((rows, length), np.int32)
-    for row, i in enumerate(chunk):
-      inputs[row, :len(encoded[i])] = encoded[i]
-    # translate() rounds the longest limit (<= length + extra) up to this.
-    batches.append(DecodeBatch(chunk, inputs, length + max_decode_extra))
-  return batches
-
-
-def decode_batches(model_config: TransformerConfig, params: Any,
-                   batches: Sequence[DecodeBatch], *, beam_size: int,
-                   alpha: float, max_decode_extra: int,
-                   eos_id: int = data.EOS_ID,
-                   first_stage_extra: int | None = decoding.FIRST_STAGE_EXTRA
-                   ) -> list[np.ndarray]:
-  """Output ids of each batch (`[rows, max_decode_len]`, EOS included).
-
-  All batches are dispatched before the first result is fetched, so the host
-  work overlaps with the device's. `eos_id=-1` disables early ends (every
-  output runs to its length limit: decoding benchmarks of random models).
-  `first_stage_extra`: as in `decoding.translate` (None: one stage).
-  """
-  outputs = [decoding.translate(
-      model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
-      max_decode_extra=max_decode_extra, eos_id=eos_id,
-      length_multiple=batch.length_multiple,
-      first_stage_extra=first_stage_extra) for batch in batches]
-  return [np.asarray(o) for o in outputs]
-
-
-def translate_texts(model_config: TransformerConfig, params: Any,
-                    tokenizer: data.Tokenizer, sources: Sequence[str], *,
-                    beam_size: int, alpha: float, max_decode_extra: int,
-                    batch_size: int = 64) -> list[str]:
-  """Detokenized translations of `sources`, in their order.
-
-  Args:
-    model_config: the model's `TransformerConfig` (eval variant or not).
-    params: its parameters.
-    tokenizer: the workdir's vocabulary.
-    sources: plain sentences (an empty one gets a translation too).
-    beam_size: beam width; 1 = greedy search.
-    alpha: length-penalty exponent.
-    max_decode_extra: output limit = source tokens (EOS included) + this,
-      capped at the model's `max_len`.
-    batch_size: sentences per decoding batch.
-
-  Returns:
-    One translation per source, without newlines.
-  """
-  if not sources:
-    return []
-  encoded = encode_sources(tokenizer, sources, model_config.max_len)
-  batches = make_batches(encoded, batch_size=batch_size,
-                         max_len=model_config.max_len,
-                         max_decode_extra=max_decode_extra)
-  outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
-                           alpha=alpha, max_decode_extra=max_decode_extra)
-  translations = [""] * len(sources)
-  for batch, tokens in zip(batches, outputs):
-    for row, i in enumerate(batch.indices):
-      text = tokenizer.decode(tokens[row])
-      # One line per sentence in translations.txt and on standard output.
-      translations[i] = text.replace("\r", " ").replace("\n", " ")
-  return translations
-
-
-# --------------------------------------------------------------------- score
-
-
-def score(hypotheses: Sequence[str],
-          references: Sequence[str]) -> dict[str, Any]:
-  """sacreBLEU's BLEU and chrF of detokenized hypotheses, with signatures.
-
-  Both are corpus scores with one reference per sentence, cased, BLEU with
-  the default 13a tokenizer and exponential smoothing (sacrebleu defaults).
-
-  Returns:
-    `bleu`, `chrf` (0-100), `sacrebleu_signature`, `chrf_signature`, and
-    `bleu_details` (sacrebleu's line with the n-gram precisions and BP).
-  """
-  if len(hypotheses) != len(references):
-    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} "
-                     "references.")
-  bleu = sacrebleu.metrics.BLEU()
-  chrf = sacrebleu.metrics.CHRF()
-  bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
-  chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
-  return {"bleu": float(bleu_score.score),
-          "chrf": float(chrf_score.score),
-          "sacrebleu_signature": str(bleu.get_signature()),
-          "chrf_signature": str(chrf.get_signature()),
-          "bleu_details": bleu_score.format(signature=str(
-              bleu.get_signature()))}
-
-
-def evaluate_bleu(model_config: TransformerConfig, params: Any,
-                  tokenizer: data.Tokenizer, sources: Sequence[str],
-                  references: Sequence[str], *, beam_size: int, alpha: float,
-                  max_decode_extra: int, batch_size: int = 64
-                  ) -> dict[str, float]:
-  """BLEU, chrF and speed of translating `sources` (called during training).
-
-  Cheap to call repeatedly on the same sentences: nothing is read from disk
-  and the compiled searches (cached per model config, beam size, alpha and
-  batch shape in `mha.decoding`) are reused.
-
-  Returns:
-    `bleu`, `chrf`, `decode_seconds`, `sentences_per_second`.
-  """
-  start = time.perf_counter()
-  hypotheses = translate_texts(
-      model_config, params, tokenizer, sources, beam_size=beam_size,
-      alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size)
-  seconds = time.perf_counter() - start
-  scores = score(hypotheses, references)
-  return {"bleu": scores["bleu"], "chrf": scores["chrf"],
-          "decode_seconds": seconds,
-          "sentences_per_second": len(sources) / max(seconds, 1e-9)}
 
 
 # ------------------------------------------------------------------- inputs
@@ -747,7 +541,6 @@ def evaluate(workdir: str, *, split: str | None = None,
     draw = None
     if plot_attention:
       def draw(staging):
-        from mha import attention_maps  # pylint: disable=import-outside-toplevel
         n = min(plot_attention, len(sources))
         return attention_maps.write_attention_maps(
             model_config, params, tokenizer, sources[:n],
@@ -777,7 +570,7 @@ def _translate_and_score(model_config: TransformerConfig, params: Any,
                "alpha %s.", settings["averaged_steps"], settings["split"],
                len(sources), settings["beam_size"], settings["alpha"])
   start = time.perf_counter()
-  hypotheses = translate_texts(
+  hypotheses = translate.translate_texts(
       model_config, params, tokenizer, sources,
       beam_size=settings["beam_size"], alpha=settings["alpha"],
       max_decode_extra=settings["max_decode_extra"],

@@ -26,6 +26,7 @@ from configs import quickstart
 from mha import checkpoints
 from mha import data
 from mha import evaluator
+from mha import translate
 from mha.data import parallel_text
 from mha.data import tokenized
 from mha.errors import CheckpointError
@@ -127,7 +128,7 @@ def _fake_search(model_config, params, tokenizer, sources, *, beam_size,
 
 
 def test_other_settings_never_replace_results(copy, monkeypatch):
-  monkeypatch.setattr(evaluator, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_texts", _fake_search)
   first = evaluator.evaluate(str(copy), split=SPLIT)
   out = copy / "eval" / "test_4_6"
   assert first["output_dir"] == str(out)
@@ -167,7 +168,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   # A failure after decoding (here a NaN score: a bug, so it keeps its type)
   # leaves the earlier results as they were and no temporary folder.
   monkeypatch.undo()
-  monkeypatch.setattr(evaluator, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_texts", _fake_search)
   monkeypatch.setattr(evaluator, "score", lambda h, r: {"bleu": math.nan})
   with pytest.raises(ValueError, match="Out of range float"):
     evaluator.evaluate(str(copy), split=SPLIT)

@@ -1,0 +1,209 @@
+"""Text to text: the one translation path of every caller.
+
+    from mha import translate
+    translations = translate.translate_texts(
+        model_config, params, tokenizer, ["Ein Hund läuft."], beam_size=4,
+        alpha=0.6, max_decode_extra=50)
+
+text -> source ids (`encode_sources`: EOS appended, truncated to the model's
+`max_len` positions) -> length-bucketed batches (`make_batches`) -> search
+(`decode_batches`, `mha.decoding.translate`) -> output ids -> text. The
+evaluator (`eval.py`), the trainer's in-training BLEU, the attention maps and
+`bench/decode.py` all translate through this module.
+
+Every output is at most its source's tokens (EOS included) +
+`max_decode_extra` tokens long, capped at the model's `max_len` (the paper's
+§6.1: input length + 50).
+
+Batching sorts the sentences by length (longest first), cuts them into
+batches of `batch_size`, pads each batch's sources to one of a few bucket
+lengths (`LENGTH_BUCKETS`) and its rows to a multiple of `ROW_MULTIPLE`,
+decodes with a cache of bucket length + `max_decode_extra` positions, and
+puts the outputs back in the input order. A split therefore compiles the
+search a handful of times, and repeated calls on the same sentences (BLEU
+during training) reuse the compiled search.
+"""
+import dataclasses
+from typing import Any, Sequence
+
+from absl import logging
+import numpy as np
+
+from mha import data
+from mha import decoding
+from mha.transformer import TransformerConfig
+
+# Padded source lengths. Few sizes = few compilations of the search; the
+# decode cache is bucket + max_decode_extra long whatever the batch holds.
+LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+ROW_MULTIPLE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeBatch:
+  """Sentences decoded together.
+
+  Attributes:
+    indices: int `[n]` positions of the batch's sentences in the input list.
+    inputs: int32 `[rows, length]` source ids with EOS, 0 = padding; rows
+      past `n` are all padding.
+    length_multiple: passed to `decoding.translate` so that the decode cache
+      holds `length + max_decode_extra` positions (capped at the model's
+      `max_len`), whatever the longest sentence of the batch.
+  """
+  indices: np.ndarray
+  inputs: np.ndarray
+  length_multiple: int
+
+  @property
+  def shape_key(self) -> tuple[int, int]:
+    """Batches with equal keys share one compiled search."""
+    return self.inputs.shape
+
+
+def bucket_length(n: int, max_len: int) -> int:
+  """The smallest bucket >= n (multiples of 256 past the last), <= max_len."""
+  for b in LENGTH_BUCKETS:
+    if b >= n:
+      return min(b, max_len)
+  return min(-(-n // 256) * 256, max_len)
+
+
+def encode_sources(tokenizer: data.Tokenizer, sources: Sequence[str],
+                   max_len: int) -> list[list[int]]:
+  """Source ids with EOS; sentences longer than `max_len` are truncated.
+
+  Truncation (the model cannot encode more positions) is logged as a warning
+  naming the first affected lines (1-based); it never raises.
+  """
+  encoded = tokenizer.encode_batch(list(sources))
+  too_long = [i for i, ids in enumerate(encoded) if len(ids) + 1 > max_len]
+  if too_long:
+    logging.warning(
+        "%d source sentence(s) have more than max_len - 1 = %d tokens and "
+        "were truncated (lines %s%s).", len(too_long), max_len - 1,
+        ", ".join(str(i + 1) for i in too_long[:10]),
+        ", ..." if len(too_long) > 10 else "")
+  return [list(ids[:max_len - 1]) + [data.EOS_ID] for ids in encoded]
+
+
+def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
+                 max_len: int, max_decode_extra: int) -> list[DecodeBatch]:
+  """Length-sorted, bucket-padded batches covering every sentence once.
+
+  Args:
+    encoded: source ids of each sentence (EOS included, at most max_len).
+    batch_size: sentences per batch.
+    max_len: the model's number of positions.
+    max_decode_extra: output limit = source length + this.
+
+  Returns:
+    Batches, longest sentences first.
+  """
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+  longest = max((len(ids) for ids in encoded), default=0)
+  if longest > max_len:
+    raise ValueError(f"A sentence has {longest} ids, more than max_len="
+                     f"{max_len}: encode it with encode_sources.")
+  order = np.argsort([-len(ids) for ids in encoded], kind="stable")
+  batches = []
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    length = bucket_length(max(len(encoded[i]) for i in chunk), max_len)
+    rows = min(-(-len(chunk) // ROW_MULTIPLE) * ROW_MULTIPLE,
+               max(batch_size, len(chunk)))
+    inputs = np.zeros((rows, length), np.int32)  # [rows, length]
+    for row, i in enumerate(chunk):
+      inputs[row, :len(encoded[i])] = encoded[i]
+    # translate() rounds the longest limit (<= length + extra) up to this.
+    batches.append(DecodeBatch(chunk, inputs, length + max_decode_extra))
+  return batches
+
+
+def decode_batches(model_config: TransformerConfig, params: Any,
+                   batches: Sequence[DecodeBatch], *, beam_size: int,
+                   alpha: float, max_decode_extra: int,
+                   eos_id: int = data.EOS_ID,
+                   first_stage_extra: int | None = decoding.FIRST_STAGE_EXTRA
+                   ) -> list[np.ndarray]:
+  """Output ids of each batch (`[rows, max_decode_len]`, EOS included).
+
+  All batches are dispatched before the first result is fetched, so the host
+  work overlaps with the device's. `eos_id=-1` disables early ends (every
+  output runs to its length limit: decoding benchmarks of random models).
+  `first_stage_extra`: as in `decoding.translate` (None: one stage).
+  """
+  outputs = [decoding.translate(
+      model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
+      max_decode_extra=max_decode_extra, eos_id=eos_id,
+      length_multiple=batch.length_multiple,
+      first_stage_extra=first_stage_extra) for batch in batches]
+  return [np.asarray(o) for o in outputs]
+
+
+def translate_ids(model_config: TransformerConfig, params: Any,
+                  tokenizer: data.Tokenizer, sources: Sequence[str], *,
+                  beam_size: int, alpha: float, max_decode_extra: int,
+                  batch_size: int = 64) -> list[tuple[np.ndarray, np.ndarray]]:
+  """(source ids, output ids) of each source, in the order of `sources`.
+
+  Args:
+    model_config: the model's `TransformerConfig` (eval variant or not).
+    params: its parameters.
+    tokenizer: the workdir's vocabulary.
+    sources: plain sentences (an empty one gets a translation too).
+    beam_size: beam width; 1 = greedy search.
+    alpha: length-penalty exponent.
+    max_decode_extra: output limit = source tokens (EOS included) + this,
+      capped at the model's `max_len`.
+    batch_size: sentences per decoding batch.
+
+  Returns:
+    Per source: int32 `[s]` source ids as encoded (EOS included, truncated
+    to `max_len`) and int32 `[max_decode_len]` output ids of its batch's
+    search (EOS included, 0 after the end).
+  """
+  if not sources:
+    return []
+  encoded = encode_sources(tokenizer, sources, model_config.max_len)
+  batches = make_batches(encoded, batch_size=batch_size,
+                         max_len=model_config.max_len,
+                         max_decode_extra=max_decode_extra)
+  outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
+                           alpha=alpha, max_decode_extra=max_decode_extra)
+  pairs: list[Any] = [None] * len(sources)
+  for batch, tokens in zip(batches, outputs):  # tokens [rows, len]
+    for row, i in enumerate(batch.indices):
+      pairs[i] = (np.asarray(encoded[i], np.int32), tokens[row])
+  return pairs
+
+
+def detokenize(tokenizer: data.Tokenizer, ids: Sequence[int]) -> str:
+  """The text of output ids, on one line (newlines become spaces)."""
+  text = tokenizer.decode(ids)
+  # One line per sentence in translations.txt and on standard output.
+  return text.replace("\r", " ").replace("\n", " ")
+
+
+def translate_texts(model_config: TransformerConfig, params: Any,
+                    tokenizer: data.Tokenizer, sources: Sequence[str], *,
+                    beam_size: int, alpha: float, max_decode_extra: int,
+                    batch_size: int = 64) -> list[str]:
+  """Detokenized translations of `sources`, in their order.
+
+  Args:
+    model_config, params, tokenizer, sources, beam_size, alpha,
+      max_decode_extra, batch_size: as in `translate_ids`.
+
+  Returns:
+    One translation per source, without newlines.
+  """
+  return [detokenize(tokenizer, output) for _, output in translate_ids(
+      model_config, params, tokenizer, sources, beam_size=beam_size,
+      alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size)]
+
+
+__all__ = ["DecodeBatch", "LENGTH_BUCKETS", "ROW_MULTIPLE", "bucket_length",
+           "decode_batches", "detokenize", "encode_sources", "make_batches",
+           "translate_ids", "translate_texts"]
