@@ -13,7 +13,13 @@ Config arguments (after the colon, comma-separated):
   location, multires                  location-aware encoder-decoder attention
                                       (one filter width / one per head);
   tiny                                a few-second model and loop for tests.
+
+Every config file parses its argument with `apply_args`, one ordering rule:
+the file's own variants and options, then `tiny`, then the rows left to
+right (`C4,tiny` is the tiny loop with row C4's d_model).
 """
+from typing import Any, Callable
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -60,8 +66,9 @@ def multires_widths(num_heads: int) -> tuple[int, ...]:
   """One odd filter width per head: 1, 3, 5, ..., 2 * num_heads - 1."""
   return tuple(range(1, 2 * num_heads, 2))
 
-# A model and loop small enough for unit tests on a 2-core CPU. Arguments
-# apply left to right: `tiny,B1` is the tiny model with row B1's key size.
+# A model and loop small enough for unit tests on a 2-core CPU. `tiny` applies
+# before the rows (`apply_args`): `B1,tiny` is the tiny model with row B1's
+# key size.
 TINY = dict(
     vocab_size=64, num_layers=2, d_model=32, d_ff=64, num_heads=4,
     max_len=64, max_source_length=32, max_target_length=32, max_tokens=512,
@@ -181,23 +188,69 @@ def parse_arg(arg: str | None, options: dict[str, type] | None = None
   return names, values
 
 
-def apply_args(config: ml_collections.ConfigDict,
-               arg: str | None) -> ml_collections.ConfigDict:
-  """Applies comma-separated config arguments (Table 3 rows, `tiny`).
+# What a config argument changes: fields and values, or a function of the
+# config built so far that returns them (rows that follow the model's width).
+Changes = dict[str, Any] | Callable[[ml_collections.ConfigDict],
+                                    dict[str, Any]]
+# The names every config file takes: `tiny` and the Table 3 rows.
+VARIANTS: dict[str, Changes] = {"tiny": TINY, **TABLE3_ROWS}
+# A `key=value` option: (type, default, value -> changes).
+Option = tuple[type, Any, Callable[[Any], dict[str, Any]]]
 
-  `multires` sets one filter width per head of the resulting model (1, 3,
-  ..., 2h - 1), whatever the order of the arguments.
+
+def _update(config: ml_collections.ConfigDict, changes: Changes) -> None:
+  config.update(changes(config) if callable(changes) else changes)
+
+
+def apply_args(config: ml_collections.ConfigDict, arg: str | None,
+               variants: dict[str, Changes] | None = None,
+               own: tuple[str, ...] = (),
+               options: dict[str, Option] | None = None
+               ) -> ml_collections.ConfigDict:
+  """Applies a config argument: the one parser of every config file.
+
+  `arg` is comma-separated names of `variants` and typed `key=value` options
+  (`parse_arg`). The ordering rule, the same in every config file:
+
+    1. the file's own variants (`own`, e.g. multi30k's `gpu`), as given;
+    2. its `key=value` options (every option: given, or its default);
+    3. `tiny`, wherever it appears;
+    4. every other name (Table 3 rows, attention variants), left to right;
+    5. `multires`: one filter width per head of the resulting model (1, 3,
+       ..., 2h - 1).
+
+  So `tiny,A1` and `A1,tiny` are both the tiny model with one head.
+
+  Args:
+    config: the file's config, changed in place.
+    arg: the text after the config file's colon (None: none).
+    variants: the names the file takes, in the order an error lists them;
+      default `VARIANTS` (`tiny` and the Table 3 rows).
+    own: the names of `variants` applied first (step 1).
+    options: the `key=value` options: name -> (type, default, value ->
+      changes).
+
+  Returns:
+    `config`.
+
+  Raises:
+    ValueError: naming an unknown argument or option, or a mistyped value.
   """
-  names, _ = parse_arg(arg)
+  variants = VARIANTS if variants is None else variants
+  options = options or {}
+  names, values = parse_arg(arg, {k: t for k, (t, _, _) in options.items()})
   for name in names:
-    if name == "tiny":
-      changes = TINY
-    elif name in TABLE3_ROWS:
-      changes = TABLE3_ROWS[name]
-    else:
-      known = ", ".join(["tiny", *TABLE3_ROWS])
-      raise ValueError(f"Unknown config argument {name!r}; known: {known}.")
-    config.update(changes)
+    if name not in variants:
+      raise ValueError(f"Unknown config argument {name!r}; known: "
+                       f"{', '.join(variants)}.")
+  for name in (n for n in names if n in own):
+    _update(config, variants[name])
+  for key, (_, default, changes) in options.items():
+    config.update(changes(values.get(key, default)))
+  if "tiny" in names:
+    _update(config, variants["tiny"])
+  for name in (n for n in names if n not in own and n != "tiny"):
+    _update(config, variants[name])
   if "multires" in names:
     config.location_filter_sizes = multires_widths(config.num_heads)
   return config

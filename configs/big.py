@@ -10,9 +10,12 @@ import ml_collections
 from configs import base
 
 
+# What the big model changes in the base model (Table 3, last row).
+BIG = dict(d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3,
+           num_train_steps=300_000, keep_checkpoints=20)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = base.base_config()
-  config.update(
-      d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3,
-      num_train_steps=300_000, keep_checkpoints=20)
+  config.update(BIG)
   return base.apply_args(config, arg)

@@ -16,8 +16,9 @@ step, 145 steps per epoch). Small data over-fits quickly, so dropout is 0.2
 formula with warmup 400 (the whole run is 1,400 steps, not 100k) and scale
 0.7, a peak learning rate of 2.2e-3; nothing else departs from §5.
 
-Arguments: `gpu` (the base model's width for one accelerator: 6+6 layers,
-d_model 512, 8 heads, 25k-token batches as §5.1), `tiny` (tests).
+Arguments (configs/base.py's `apply_args`): `gpu` (the base model's width for
+one accelerator: 6+6 layers, d_model 512, 8 heads, 25k-token batches as
+§5.1), then `tiny` (tests), then Table 3 rows.
 """
 import os
 
@@ -26,7 +27,14 @@ import ml_collections
 from configs import base
 
 
+# `gpu`: the base model's width for one accelerator, 25k-token batches.
+GPU = dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8,
+           max_tokens=25_000, warmup_steps=4000, num_train_steps=20_000,
+           checkpoint_every_steps=1000, eval_every_steps=1000)
+
+
 def default_data_dir() -> str:
+  """$MHA_MULTI30K_DIR, else `../shared/data/multi30k` beside the repo."""
   env = os.environ.get("MHA_MULTI30K_DIR")
   if env:
     return env
@@ -47,11 +55,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       num_train_steps=1400, checkpoint_every_steps=100, keep_checkpoints=5,
       eval_every_steps=350, eval_bleu_sentences=100, log_every_steps=50,
   )
-  args = [a.strip() for a in (arg or "").split(",") if a.strip()]
-  if "gpu" in args:
-    args.remove("gpu")
-    config.update(num_layers=6, d_model=512, d_ff=2048, num_heads=8,
-                  max_tokens=25_000, warmup_steps=4000,
-                  num_train_steps=20_000, checkpoint_every_steps=1000,
-                  eval_every_steps=1000)
-  return base.apply_args(config, ",".join(args))
+  return base.apply_args(config, arg, {"gpu": GPU, **base.VARIANTS},
+                         own=("gpu",))

@@ -23,12 +23,13 @@ training (`eval_bleu_sentences=0`): scripts/table3.py decodes the whole dev
 split afterwards with beam 4, α 0.6 and no checkpoint averaging, the
 paper's Table 3 protocol.
 
-Config arguments (after the colon, comma-separated, applied left to right):
-one row name of ROWS below, scaled from the paper's d_model 512 / 8 heads to
-d_model 256 / 4 heads (d_k = d_v = 64 in both, so row B's key sizes are the
-paper's), and `tiny` (configs/base.py's few-second model and loop, for tests:
-applied before the rows, wherever it appears, so `A1,tiny` is the tiny model
-with one head of size d_model).
+Config arguments (after the colon, comma-separated, in configs/base.py's
+`apply_args` order): one row name of ROWS below (the rows of configs/base.py's
+TABLE3_ROWS, applied to d_model 256 / 4 heads instead of the paper's 512 / 8:
+d_k = d_v = 64 in both, so row B's key sizes are the paper's), and `tiny`
+(configs/base.py's few-second model and loop, for tests: applied before the
+rows, wherever it appears, so `A1,tiny` is the tiny model with one head of
+size d_model).
 """
 import dataclasses
 from typing import Any, Callable
@@ -50,8 +51,10 @@ BUDGET = dict(
 class Row:
   """One variant: its paper row, a one-line description and its changes.
 
-  `changes` maps the config to the fields to update (a function, so that row
-  A's d_k = d_v = d_model / h follows the model's width, `tiny` included).
+  `changes` maps the config to the fields to update: the row's entry in
+  configs/base.py's TABLE3_ROWS (where Table 3 is defined), with row A's
+  d_k = d_v = None written out as d_model / h of the model it applies to
+  (`tiny` included).
   """
   name: str
   paper: str
@@ -59,54 +62,50 @@ class Row:
   changes: Callable[[ml_collections.ConfigDict], dict[str, Any]]
 
 
-def _heads(h: int):
-  return lambda c: dict(num_heads=h, d_k=c.d_model // h, d_v=c.d_model // h)
+def _paper_row(name: str) -> Callable[[ml_collections.ConfigDict],
+                                      dict[str, Any]]:
+  """configs/base.py's row `name`, head sizes resolved on the config."""
+  def changes(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    row = dict(base.TABLE3_ROWS[name])
+    heads = row.get("num_heads", config.num_heads)
+    d_model = row.get("d_model", config.d_model)
+    for field in ("d_k", "d_v"):
+      if field in row and row[field] is None:
+        row[field] = d_model // heads
+    return row
+  return changes
 
 
-def _fixed(**changes):
-  return lambda c: dict(changes)
+def _row(name: str, paper: str, description: str) -> Row:
+  changes = _paper_row(name) if name != "base" else (lambda c: {})
+  return Row(name, paper, description, changes)
 
 
 ROWS = {r.name: r for r in [
-    Row("base", "base", "the multi30k model: h 4, d_k = d_v = 64, P_drop "
-        "0.2, ε_ls 0.1, sinusoids, scaled dot-product", _fixed()),
-    Row("A1", "A", "one head, d_k = d_v = d_model (h·d_k constant)",
-        _heads(1)),
-    Row("A3", "A", "16 heads, d_k = d_v = d_model / 16 (h·d_k constant)",
-        _heads(16)),
-    Row("B1", "B", "attention key size d_k 16 (d_v stays 64)", _fixed(d_k=16)),
-    Row("B2", "B", "attention key size d_k 32 (d_v stays 64)", _fixed(d_k=32)),
-    Row("D1", "D", "no dropout (P_drop 0)", _fixed(dropout_rate=0.0)),
-    Row("D3", "D", "no label smoothing (ε_ls 0)",
-        _fixed(label_smoothing=0.0)),
-    Row("E", "E", "learned positional embedding instead of sinusoids",
-        _fixed(position_encoding="learned")),
-    Row("dot", "§3.2.1", "unscaled dot-product attention (no 1/√d_k)",
-        _fixed(attention_type="dot")),
-    Row("additive", "§3.2.1", "additive attention (a one-hidden-layer "
-        "compatibility function)", _fixed(attention_type="additive")),
-    Row("location", "location", "location-aware encoder-decoder attention, "
-        "filter width 7 for all heads", _fixed(attention_type="location")),
-    Row("multires", "location", "multi-resolution encoder-decoder attention, "
-        "filter widths 1, 3, 5, 7 (one per head)",
-        _fixed(attention_type="location", location_filter_sizes=(1, 3, 5, 7))),
+    _row("base", "base", "the multi30k model: h 4, d_k = d_v = 64, P_drop "
+         "0.2, ε_ls 0.1, sinusoids, scaled dot-product"),
+    _row("A1", "A", "one head, d_k = d_v = d_model (h·d_k constant)"),
+    _row("A3", "A", "16 heads, d_k = d_v = d_model / 16 (h·d_k constant)"),
+    _row("B1", "B", "attention key size d_k 16 (d_v stays 64)"),
+    _row("B2", "B", "attention key size d_k 32 (d_v stays 64)"),
+    _row("D1", "D", "no dropout (P_drop 0)"),
+    _row("D3", "D", "no label smoothing (ε_ls 0)"),
+    _row("E", "E", "learned positional embedding instead of sinusoids"),
+    _row("dot", "§3.2.1", "unscaled dot-product attention (no 1/√d_k)"),
+    _row("additive", "§3.2.1", "additive attention (a one-hidden-layer "
+         "compatibility function)"),
+    _row("location", "location", "location-aware encoder-decoder attention, "
+         "filter width 7 for all heads"),
+    _row("multires", "location", "multi-resolution encoder-decoder "
+         "attention, filter widths 1, 3, 5, 7 (one per head)"),
 ]}
 ROW_NAMES = tuple(ROWS)  # the fixed order of the table
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  """configs/multi30k.py with the fixed budget, `tiny`, then the rows."""
-  args = [a.strip() for a in (arg or "").split(",") if a.strip()]
-  unknown = [a for a in args if a != "tiny" and a not in ROWS]
-  if unknown:
-    raise ValueError(
-        f"Unknown configs/table3.py argument(s) {unknown}; known: "
-        f"{', '.join(ROW_NAMES)}, and tiny.")
+  """configs/multi30k.py with the fixed budget, then `apply_args`'s rule:
+  `tiny`, then the rows."""
   config = multi30k.get_config()
   config.update(BUDGET)
-  if "tiny" in args:
-    config.update(base.TINY)
-  for name in args:
-    if name != "tiny":
-      config.update(ROWS[name].changes(config))
-  return config
+  variants = {name: row.changes for name, row in ROWS.items()}
+  return base.apply_args(config, arg, {**variants, "tiny": base.TINY})

@@ -38,6 +38,7 @@ written at 10-minute intervals. At the paper's speed (base: 100k steps in
 import ml_collections
 
 from configs import base
+from configs import big
 
 PAPER_DEVICES = 8
 PAPER_TOKENS_PER_SIDE = 25_000  # per update, source and target each (§5.1)
@@ -57,9 +58,6 @@ def batch_fields(devices: int) -> dict[str, int]:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  names, options = base.parse_arg(arg, {"devices": int})
-  big = "big" in names
-  rest = [n for n in names if n not in ("base", "big")]
   config = base.base_config()
   config.update(
       dataset_name="wmt14_translate/de-en", source_lang="en",
@@ -67,9 +65,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       test_split="test", vocab_size=37_000, max_corpus_chars=10_000_000,
       checkpoint_every_steps=1400, keep_checkpoints=5, eval_every_steps=5000,
       eval_bleu_sentences=256)
-  if big:
-    config.update(d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3,
-                  num_train_steps=300_000, checkpoint_every_steps=600,
-                  keep_checkpoints=20)
-  config.update(batch_fields(options.get("devices", PAPER_DEVICES)))
-  return base.apply_args(config, ",".join(rest))
+  variants = {"base": {}, "big": dict(big.BIG, checkpoint_every_steps=600),
+              **base.VARIANTS}
+  options = {"devices": (int, PAPER_DEVICES, batch_fields)}
+  return base.apply_args(config, arg, variants, own=("base", "big"),
+                         options=options)
