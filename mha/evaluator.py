@@ -15,6 +15,8 @@ The translations come from `mha.translate` (length-bucketed batches, the
 beam search of `mha.decoding`), the scores from `mha.scoring` and
 `mha.paper_bleu`, the attention maps from `mha.attention_maps`.
 """
+import dataclasses
+import functools
 import json
 import math
 import numbers
@@ -227,7 +229,8 @@ def settings_suffix(config: Any, beam_size: int, alpha: float,
 def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],
                        suffix: str = "") -> str:
   """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages,
-  followed by `suffix` (`settings_suffix`)."""
+  followed by `suffix` (`settings_suffix`); `split_name` is `file` for a
+  source file."""
   name = _safe(split_name)
   if len(steps) > 1:
     name += f"_avg{len(steps)}"
@@ -428,6 +431,109 @@ def _publish(staging: str, output_dir: str) -> None:
     os.replace(source, target)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """An evaluation's inputs, all checked before any checkpoint is read.
+
+  Attributes:
+    config: the workdir's config.
+    tokenizer: its vocabulary.
+    sources: the sentences to translate.
+    references: their references, or None (no scores).
+    settings: `split`, `beam_size`, `alpha`, `max_decode_extra` (flags or
+      the config's), and `source_file`, `reference_file` with a source file.
+    steps: the checkpoint steps chosen (ascending).
+  """
+  config: Any
+  tokenizer: data.Tokenizer
+  sources: list[str]
+  references: list[str] | None
+  settings: dict[str, Any]
+  steps: list[int]
+
+
+def _check_arguments(split: str | None, source_file: str | None,
+                     reference_file: str | None, **flags: Any) -> None:
+  """Check: the flags (`check_flags`) and the choice of inputs."""
+  check_flags(**flags)
+  if reference_file and not source_file:
+    raise EvalError("--reference_file needs --source_file.")
+  if source_file and split:
+    raise EvalError("Give --split or --source_file, not both.")
+
+
+def _plan(workdir: str, split: str | None, source_file: str | None,
+          reference_file: str | None, *, checkpoint_step: int | None,
+          average_last: int | None, beam_size: int | None,
+          alpha: float | None, max_decode_extra: int | None,
+          plot_attention: int, plot_layer: int, write: bool) -> _Plan:
+  """Load: the workdir's config and vocabulary, the steps and the inputs."""
+  config, tokenizer = load_workdir(workdir)
+  beam_size, alpha, max_decode_extra = _search_settings(
+      config, workdir, beam_size, alpha, max_decode_extra)
+  _check_plot_flags(config, plot_attention, plot_layer, write)
+  steps = resolve_steps(workdir, checkpoint_step, average_last)
+  split_name, sources, references = _read_inputs(
+      config, workdir, split, source_file, reference_file)
+  settings = {"split": split_name, "beam_size": beam_size, "alpha": alpha,
+              "max_decode_extra": max_decode_extra}
+  if source_file:
+    settings.update(source_file=source_file, reference_file=reference_file)
+  return _Plan(config, tokenizer, sources, references, settings, steps)
+
+
+def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
+                   write: bool, steps: Sequence[int]) -> str:
+  """The folder of the results of `steps`; checked if `write`.
+
+  Raises:
+    EvalError: it holds the results of other settings (`check_output_dir`).
+  """
+  settings = plan.settings
+  folder = output_dir or default_output_dir(
+      workdir, settings["split"], steps,
+      settings_suffix(plan.config, settings["beam_size"], settings["alpha"],
+                      settings["max_decode_extra"]))
+  if write:
+    check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
+                                  averaged_steps=list(steps)))
+  return folder
+
+
+def _attention_drawer(model_config: TransformerConfig, params: Any,
+                      plan: _Plan, translations: Sequence[str], *,
+                      batch_size: int, plot_attention: int, plot_layer: int):
+  """`write_outputs`' draw function for --plot_attention (None if 0)."""
+  if not plot_attention:
+    return None
+  n = min(plot_attention, len(plan.sources))
+  settings = plan.settings
+
+  def draw(staging: str) -> list[str]:
+    return attention_maps.write_attention_maps(
+        model_config, params, plan.tokenizer, plan.sources[:n],
+        os.path.join(staging, attention_maps.ATTENTION_DIR),
+        beam_size=settings["beam_size"], alpha=settings["alpha"],
+        max_decode_extra=settings["max_decode_extra"], batch_size=batch_size,
+        layer=plot_layer, translations=translations[:n])
+
+  return draw
+
+
+def _write_results(folder: str, result: dict[str, Any], draw) -> None:
+  """Write: translations.txt, metrics.json and the drawn maps into `folder`.
+
+  Adds `output_dir` (and `attention_maps`, the PNGs drawn) to `result`.
+  """
+  result["output_dir"] = folder
+  metrics = {k: v for k, v in result.items()
+             if k not in ("translations", "output_dir")}
+  maps = write_outputs(folder, result["translations"], metrics, draw)
+  if draw is not None:
+    result["attention_maps"] = maps
+  logging.info("Wrote %s.", folder)
+
+
 def evaluate(workdir: str, *, split: str | None = None,
              checkpoint_step: int | None = None,
              average_last: int | None = None, beam_size: int | None = None,
@@ -440,153 +546,106 @@ def evaluate(workdir: str, *, split: str | None = None,
              ) -> dict[str, Any]:
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
-  Uses the config (`config.json`) and vocabulary (`spm.model`) stored in the
-  workdir. Every input is checked (flags, workdir, steps, files, the output
-  folder) before any checkpoint is read, and nothing is written before the
-  translations are done.
-
-  Results are never replaced by those of other settings: the default output
-  folder is named by the split, step(s) and the search settings that differ
-  from the config's (`default_output_dir`, `settings_suffix`), and a folder
-  whose metrics.json records other settings is refused (`check_output_dir`).
-  The files are written through a temporary folder (`write_outputs`).
+  Steps: check the flags and inputs; load the workdir, choose the steps,
+  read the sentences, check the output folder (`check_output_dir`); read the
+  checkpoint(s); translate; score; write (`write_outputs`).
 
   Args:
     workdir: a training workdir (config.json, spm.model, checkpoints/).
-    split: dataset split, TFDS slicing allowed; default the config's
-      `test_split`.
-    checkpoint_step: default the latest.
-    average_last: average the parameters of the last N checkpoints (up to
-      `checkpoint_step` if given).
-    beam_size: default the config's (the paper: 4); 1 = greedy.
-    alpha: length penalty, finite and >= 0; default the config's (the
-      paper: 0.6).
-    max_decode_extra: output limit = input length + this; default the
-      config's (the paper: 50).
+    split: dataset split (TFDS slicing allowed); default `test_split`.
+    checkpoint_step: default the latest; average_last: average the last N
+      checkpoints up to it.
+    beam_size, alpha, max_decode_extra: the search (1 = greedy; α finite,
+      >= 0; output limit = input length + max_decode_extra); default the
+      config's (the paper: 4, 0.6, 50).
     batch_size: sentences per decoding batch.
-    source_file: plain text, one sentence a line, instead of a split; '-' =
-      standard input.
-    reference_file: its references, one a line (without them: no scores).
-    output_dir: default `<workdir>/eval/<split>_<step>` (`<split>_avgN_<step>`
-      for averages, `file_<step>` for a source file), followed by
-      `_beam<B>`, `_alpha<α>`, `_extra<E>` for each setting that differs
-      from the config's.
+    source_file, reference_file: one sentence a line, instead of a split
+      ('-' = stdin); without references, no scores.
+    output_dir: default `default_output_dir` (`<workdir>/eval/<split>_<step>`
+      and a `settings_suffix` for settings other than the config's).
     write: write `translations.txt` and `metrics.json` into `output_dir`.
-    plot_attention: draw the attention maps of the first N sentences (all,
-      if fewer) into `<output_dir>/attention/`
-      (`mha.attention_maps.write_attention_maps`:
-      `sentence_<i>_{encoder_self,decoder_self,encoder_decoder}.png`, i
-      from 1); needs `write`.
-    plot_layer: the encoder and decoder layer drawn (0 = first, negative
-      from the end; default the last).
-    paper_bleu: also score the paper's tokenized, compound-split BLEU
-      (`mha.paper_bleu`, tensor2tensor's get_ende_bleu.sh) in the config's
-      target language, as `bleu_paper` and `bleu_paper_signature`.
+    plot_attention: draw the first N sentences' attention maps into
+      `<output_dir>/attention/` (`attention_maps.write_attention_maps`).
+    plot_layer: the layer drawn (0 = first, negative from the end).
+    paper_bleu: also `bleu_paper`, `bleu_paper_signature` (`mha.paper_bleu`)
+      in the config's target language.
 
   Returns:
-    The metrics written to metrics.json (`bleu`, `chrf`,
-    `sacrebleu_signature`, `chrf_signature`, `bleu_details` when there are
-    references; `split`, `num_sentences`, `checkpoint_step`,
-    `averaged_steps`, `beam_size`, `alpha`, `max_decode_extra`,
-    `batch_size`, `decode_seconds` (compilation included),
-    `sentences_per_second`), plus `translations`, `output_dir` (when
-    written) and `attention_maps` (the PNGs written, with plot_attention).
+    The metrics written to metrics.json (`_score`), plus `translations`,
+    `output_dir` (when written) and `attention_maps` (the PNGs written).
 
   Raises:
-    mha.errors.UserError: bad input, with a message naming it (EvalError
-      for flags, steps, files and the output folder; WorkdirError,
-      DataError, CheckpointError for the workdir's files).
+    mha.errors.UserError: bad input, named (EvalError: flags, steps, files,
+      output folder; WorkdirError, DataError, CheckpointError: the workdir).
   """
-  check_flags(checkpoint_step=checkpoint_step, average_last=average_last,
-              beam_size=beam_size, alpha=alpha,
-              max_decode_extra=max_decode_extra, batch_size=batch_size,
-              plot_attention=plot_attention)
-  if reference_file and not source_file:
-    raise EvalError("--reference_file needs --source_file.")
-  if source_file and split:
-    raise EvalError("Give --split or --source_file, not both.")
-  config, tokenizer = load_workdir(workdir)
-  beam_size, alpha, max_decode_extra = _search_settings(
-      config, workdir, beam_size, alpha, max_decode_extra)
-  _check_plot_flags(config, plot_attention, plot_layer, write)
-  steps = resolve_steps(workdir, checkpoint_step, average_last)
-  split_name, sources, references = _read_inputs(
-      config, workdir, split, source_file, reference_file)
-  settings = {"split": split_name, "beam_size": beam_size, "alpha": alpha,
-              "max_decode_extra": max_decode_extra}
-  if source_file:
-    settings.update(source_file=source_file, reference_file=reference_file)
-
-  def where(steps):
-    folder = output_dir or default_output_dir(
-        workdir, split_name, steps,
-        settings_suffix(config, beam_size, alpha, max_decode_extra))
-    if write:
-      check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
-                                    averaged_steps=list(steps)))
-    return folder
-
-  where(steps)  # refuse before reading any checkpoint
-  params, step, averaged = load_params(workdir, checkpoint_step,
-                                       average_last)
-  folder = where(averaged)  # the steps may have changed meanwhile
-  model_config = TransformerConfig.from_config(config, deterministic=True)
-  result = _translate_and_score(
-      model_config, params, tokenizer, sources, references,
-      dict(settings, checkpoint_step=step, averaged_steps=averaged,
-           batch_size=batch_size),
-      paper_bleu_lang=config.target_lang if paper_bleu else None)
+  flags = dict(checkpoint_step=checkpoint_step, average_last=average_last,
+               beam_size=beam_size, alpha=alpha,
+               max_decode_extra=max_decode_extra,
+               plot_attention=plot_attention)
+  _check_arguments(split, source_file, reference_file, batch_size=batch_size,
+                   **flags)
+  plan = _plan(workdir, split, source_file, reference_file,
+               plot_layer=plot_layer, write=write, **flags)
+  folder = functools.partial(_output_folder, workdir, plan, output_dir, write)
+  folder(plan.steps)  # refuse before reading any checkpoint
+  params, step, averaged = load_params(workdir, checkpoint_step, average_last)
+  output = folder(averaged)  # the steps may have changed meanwhile
+  model_config = TransformerConfig.from_config(plan.config, deterministic=True)
+  settings = dict(plan.settings, checkpoint_step=step,
+                  averaged_steps=averaged, batch_size=batch_size)
+  hypotheses, seconds = _translate(model_config, params, plan, settings)
+  result = _score(plan, hypotheses, seconds, settings, paper_bleu)
   if write:
-    result["output_dir"] = folder
-    draw = None
-    if plot_attention:
-      def draw(staging):
-        n = min(plot_attention, len(sources))
-        return attention_maps.write_attention_maps(
-            model_config, params, tokenizer, sources[:n],
-            os.path.join(staging, attention_maps.ATTENTION_DIR),
-            beam_size=beam_size, alpha=alpha,
-            max_decode_extra=max_decode_extra, batch_size=batch_size,
-            layer=plot_layer, translations=result["translations"][:n])
-    metrics = {k: v for k, v in result.items()
-               if k not in ("translations", "output_dir")}
-    maps = write_outputs(folder, result["translations"], metrics, draw)
-    if plot_attention:
-      result["attention_maps"] = maps
-    logging.info("Wrote %s.", folder)
+    _write_results(output, result, _attention_drawer(
+        model_config, params, plan, result["translations"],
+        batch_size=batch_size, plot_attention=plot_attention,
+        plot_layer=plot_layer))
   return result
 
 
-def _translate_and_score(model_config: TransformerConfig, params: Any,
-                         tokenizer: data.Tokenizer, sources: Sequence[str],
-                         references: Sequence[str] | None,
-                         settings: dict[str, Any],
-                         paper_bleu_lang: str | None = None
-                         ) -> dict[str, Any]:
-  """The metrics of translating `sources` with `settings`' search, plus
-  `translations`; with `paper_bleu_lang`, the paper's BLEU beside
-  sacreBLEU's."""
+def _translate(model_config: TransformerConfig, params: Any, plan: _Plan,
+               settings: dict[str, Any]) -> tuple[list[str], float]:
+  """Translate: the plan's sources with `settings`' search (`mha.translate`).
+
+  Returns:
+    (one translation per source, seconds taken, compilation included).
+  """
   logging.info("Evaluating step(s) %s on %s (%d sentences), beam %d, "
                "alpha %s.", settings["averaged_steps"], settings["split"],
-               len(sources), settings["beam_size"], settings["alpha"])
+               len(plan.sources), settings["beam_size"], settings["alpha"])
   start = time.perf_counter()
   hypotheses = translate.translate_texts(
-      model_config, params, tokenizer, sources,
+      model_config, params, plan.tokenizer, plan.sources,
       beam_size=settings["beam_size"], alpha=settings["alpha"],
       max_decode_extra=settings["max_decode_extra"],
       batch_size=settings["batch_size"])
-  seconds = time.perf_counter() - start
+  return hypotheses, time.perf_counter() - start
+
+
+def _score(plan: _Plan, hypotheses: list[str], seconds: float,
+           settings: dict[str, Any], paper_bleu: bool) -> dict[str, Any]:
+  """Score: the metrics of `hypotheses`, and `translations`.
+
+  Returns:
+    `bleu`, `chrf`, `sacrebleu_signature`, `chrf_signature`, `bleu_details`
+    when there are references (and `bleu_paper`, `bleu_paper_signature`
+    with `paper_bleu`); `split`, `checkpoint_step`, `averaged_steps`,
+    `beam_size`, `alpha`, `max_decode_extra`, `batch_size`,
+    `num_sentences`, `decode_seconds`, `sentences_per_second` (and
+    `source_file`, `reference_file` for a source file); `translations`.
+  """
   result: dict[str, Any] = {}
-  if references is not None:
-    result.update(score(hypotheses, references))
-    if paper_bleu_lang:
-      result.update(paper_bleu_lib.paper_bleu(hypotheses, references,
-                                              paper_bleu_lang))
+  if plan.references is not None:
+    result.update(score(hypotheses, plan.references))
+    if paper_bleu:
+      result.update(paper_bleu_lib.paper_bleu(hypotheses, plan.references,
+                                              plan.config.target_lang))
   result.update({k: settings[k] for k in (
       "split", "checkpoint_step", "averaged_steps", "beam_size", "alpha",
       "max_decode_extra", "batch_size")})
-  result.update(num_sentences=len(sources), decode_seconds=seconds,
-                sentences_per_second=len(sources) / max(seconds, 1e-9))
+  n = len(hypotheses)
+  result.update(num_sentences=n, decode_seconds=seconds,
+                sentences_per_second=n / max(seconds, 1e-9))
   if "source_file" in settings:
     result.update(source_file=settings["source_file"],
                   reference_file=settings["reference_file"])
