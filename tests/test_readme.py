@@ -1,5 +1,6 @@
 """The README's two commands: the test command is what CI runs, and the
-quickstart command, shortened, runs end to end (train, then evaluate)."""
+quickstart command runs end to end (train, then evaluate) to the BLEU the
+README shows."""
 import json
 import pathlib
 import re
@@ -25,7 +26,7 @@ def test_ci_runs_the_readme_test_command():
   assert command in ci_lines  # .ci/run runs this very line
 
 
-def test_quickstart_command_shortened(tmp_path):
+def test_quickstart_command_reaches_the_readmes_bleu(tmp_path):
   command = readme_command("quickstart-command")
   steps = [shlex.split(part) for part in command.split("&&")]
   programs = [s for s in steps if s and s[0].endswith("python") and
@@ -34,9 +35,7 @@ def test_quickstart_command_shortened(tmp_path):
   assert steps[0][:3] == ["python3", "-m", "venv"]
   # Run from another folder, keeping the README's relative workdir (and so
   # checking relative paths), with the scripts and configs made absolute.
-  shorten = ["--config.num_train_steps=30", "--config.eval_every_steps=30",
-             "--config.checkpoint_every_steps=30",
-             "--config.log_every_steps=10"]
+  # The whole run, as a new user makes it: ~1.5 minutes on 2 cores.
   outputs = []
   workdir = None
   for program in programs:
@@ -44,29 +43,34 @@ def test_quickstart_command_shortened(tmp_path):
             for a in program[2:]]
     workdir = tmp_path / [a for a in args if a.startswith("--workdir=")][0][
         len("--workdir="):]
-    if program[1] == "train.py":
-      args += shorten
-    else:
-      args += ["--split=test[:40]"]
     result = subprocess.run([sys.executable, str(REPO / program[1]), *args],
                             cwd=tmp_path, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     outputs.append(result.stdout + result.stderr)
-  # eval.py prints what the README shows for the full run, with this run's
-  # numbers: the header line, then BLEU and chrF with the same signature.
+  # eval.py prints what the README shows, line for line, with this run's
+  # timings: the header, the folder written, BLEU and chrF with the same
+  # signature, and scores within 2 points of the README's (float rounding
+  # differs between CPUs: the README gives 96.89 and 96.12 on two).
   sample = readme_quickstart_output()
-  assert re.search(r"test\[:40\], step 30, beam 4, alpha 0\.6: 40 sentences "
-                   r"in [0-9.]+ s \([0-9.]+ sentences/s\)", outputs[-1])
-  signature = re.search(r"\((nrefs:[^)]*)\)", sample[-1]).group(1)
-  assert re.search(r"BLEU [0-9.]+  chrF [0-9.]+  \(" + re.escape(signature)
-                   + r"\)", outputs[-1])
-  metrics = json.loads(next((workdir / "eval").glob("*/metrics.json"))
-                       .read_text())
-  assert (metrics["checkpoint_step"], metrics["num_sentences"]) == (30, 40)
+  header = re.escape(sample[0].split(" sentences in ")[0])
+  assert re.search(header + r" sentences in [0-9.]+ s \([0-9.]+ "
+                   r"sentences/s\)", outputs[-1])
+  assert sample[1] in outputs[-1]
+  expected = re.search(r"BLEU ([0-9.]+)  chrF ([0-9.]+)  \((nrefs:[^)]*)\)",
+                       sample[-1])
+  bleu, chrf, signature = (float(expected.group(1)),
+                           float(expected.group(2)), expected.group(3))
+  got = re.search(r"BLEU ([0-9.]+)  chrF ([0-9.]+)  \(" +
+                  re.escape(signature) + r"\)", outputs[-1])
+  assert got, outputs[-1][-2000:]
+  assert float(got.group(1)) >= bleu - 2.0, got.group(0)
+  assert float(got.group(2)) >= chrf - 2.0, got.group(0)
+  metrics = json.loads((workdir / sample[1].split("Wrote workdirs/quickstart/")
+                        [1] / "metrics.json").read_text())
   assert metrics["sacrebleu_signature"] == signature
-  # The training loss falls over the 30 steps (the full run's BLEU of ~97
-  # takes its 800 steps, ~1.5 minutes: too long for the suite).
+  assert abs(metrics["bleu"] - float(got.group(1))) < 0.006  # printed .2f
+  # The training loss falls.
   losses = [json.loads(line)["loss"] for line in
             (workdir / "metrics.jsonl").read_text().splitlines()
             if '"loss"' in line]
