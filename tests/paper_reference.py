@@ -145,3 +145,26 @@ def smoothed_loss(logits_: jax.Array, targets: jax.Array,
   weights = jnp.asarray(targets) > 0
   return (jnp.sum(jnp.where(weights, per_token, 0.0)),
           jnp.sum(weights).astype(jnp.float32))
+
+
+def random_params(shapes, seed: int):
+  """Random values for a parameter tree of `shapes` (ShapeDtypeStructs),
+  from NumPy (no initialiser to compile): LayerNorm scales and biases away
+  from 1 and 0, so that each of them matters; other weights of unit-variance
+  outputs."""
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, shape):
+    name = jax.tree_util.keystr(path)
+    x = rng.normal(size=shape.shape)
+    if "scale" in name:
+      x = 1.0 + 0.2 * x
+    elif "bias" in name:
+      x = 0.2 * x
+    elif "embedding" in name:
+      x = x / np.sqrt(shape.shape[1])
+    else:
+      x = x / np.sqrt(shape.shape[0])
+    return np.asarray(x, np.float32)
+
+  return jax.tree_util.tree_map_with_path(leaf, shapes)

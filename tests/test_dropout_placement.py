@@ -98,26 +98,9 @@ def _hand_logits(params, masks, rates):
 
 
 def _random_params(config, seed):
-  """Random parameters from NumPy (no initialiser to compile); LayerNorm
-  scales and biases away from 1 and 0, so each of them matters."""
   shapes = jax.eval_shape(mha.create_model(config).init, jax.random.key(0),
                           SRC, TGT)["params"]
-  rng = np.random.default_rng(seed)
-
-  def leaf(path, shape):
-    name = jax.tree_util.keystr(path)
-    x = rng.normal(size=shape.shape)
-    if "scale" in name:
-      x = 1.0 + 0.2 * x
-    elif "bias" in name:
-      x = 0.2 * x
-    elif "embedding" in name:
-      x = x / np.sqrt(shape.shape[1])
-    else:
-      x = x / np.sqrt(shape.shape[0])
-    return jnp.asarray(x, jnp.float32)
-
-  return jax.tree_util.tree_map_with_path(leaf, shapes)
+  return jax.tree.map(jnp.asarray, ref.random_params(shapes, seed))
 
 
 @pytest.fixture(scope="module")

@@ -53,22 +53,7 @@ def _random_params(config, seed: int):
   shapes = jax.eval_shape(mha.create_model(config).init, jax.random.key(0),
                           jnp.ones((1, 7), jnp.int32),
                           jnp.ones((1, 6), jnp.int32))["params"]
-  rng = np.random.default_rng(seed)
-
-  def leaf(path, shape):
-    name = jax.tree_util.keystr(path)
-    x = rng.normal(size=shape.shape)
-    if "scale" in name:
-      x = 1.0 + 0.2 * x
-    elif "bias" in name:
-      x = 0.2 * x
-    elif "embedding" in name:
-      x = x / np.sqrt(shape.shape[1])
-    else:
-      x = x / np.sqrt(shape.shape[0])
-    return np.asarray(x, np.float32)
-
-  return jax.tree_util.tree_map_with_path(leaf, shapes)
+  return ref.random_params(shapes, seed)
 
 
 def _reference_updates(params, batches):
