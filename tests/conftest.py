@@ -18,18 +18,16 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import pytest  # noqa: E402
 
+from configs import multi30k as multi30k_config  # noqa: E402
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def multi30k_dir() -> pathlib.Path | None:
-  """The Multi30k folder: $MHA_MULTI30K_DIR, else ../shared/data/multi30k."""
-  env = os.environ.get("MHA_MULTI30K_DIR")
-  candidates = [pathlib.Path(env)] if env else []
-  candidates.append(REPO_ROOT.parent / "shared" / "data" / "multi30k")
-  for path in candidates:
-    if (path / "train.de.gz").exists():
-      return path
-  return None
+  """configs/multi30k.py's folder ($MHA_MULTI30K_DIR, else
+  ../shared/data/multi30k), if it holds the corpus."""
+  path = pathlib.Path(multi30k_config.default_data_dir())
+  return path if (path / "train.de.gz").exists() else None
 
 
 @pytest.fixture
@@ -58,3 +56,25 @@ def tiny_workdir(tmp_path_factory) -> pathlib.Path:
                 max_decode_extra=8, eval_split="validation[:16]")
   trainer.train_and_evaluate(config, str(path))
   return path
+
+
+@pytest.fixture
+def eval_py():
+  """eval.py's main, with its flags parsed in this process and reset after:
+  `eval_py('--workdir=...', ...)` returns its exit status."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  import logging  # pylint: disable=import-outside-toplevel
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  module = importlib.import_module("eval")
+  # Parsing absl's flags sets the absl logger's level (--verbosity): put it
+  # back, or later tests' caplog would miss the library's INFO lines.
+  level = logging.getLogger("absl").level
+
+  def run(*args):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["eval.py", *args])
+    return module.main(["eval.py"])
+
+  yield run
+  flags.FLAGS.unparse_flags()
+  logging.getLogger("absl").setLevel(level)

@@ -9,7 +9,6 @@ are named with the fix.
 import codecs
 import gzip
 import hashlib
-import importlib
 import json
 import logging
 import math
@@ -18,7 +17,6 @@ import pathlib
 import re
 import shutil
 
-from absl import flags
 import numpy as np
 import pytest
 
@@ -48,24 +46,6 @@ def copy(tiny_workdir, tmp_path) -> pathlib.Path:
   path = tmp_path / "run"
   shutil.copytree(tiny_workdir, path, ignore=shutil.ignore_patterns("eval"))
   return path
-
-
-@pytest.fixture
-def eval_py():
-  """eval.py's main, with its flags parsed in this process and reset after."""
-  module = importlib.import_module("eval")
-  # Parsing absl's flags sets the absl logger's level (--verbosity): put it
-  # back, or later tests' caplog would miss the library's INFO lines.
-  level = logging.getLogger("absl").level
-
-  def run(*args):
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["eval.py", *args])
-    return module.main(["eval.py"])
-
-  yield run
-  flags.FLAGS.unparse_flags()
-  logging.getLogger("absl").setLevel(level)
 
 
 # ------------------------------------------------------------------- flags

@@ -81,14 +81,14 @@ def test_cost_estimate_flops_match_six_times_parameters_times_tokens():
   assert f"implied: base {implied:.0%}" in wmt14_cost.table()
 
 
-def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path):
+def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path, eval_py,
+                                                        capsys):
   """The WMT14 path a TPU user runs, through TFDS's mock data (no download):
   the real config (its dataset, languages and splits) with the tiny model,
   trained, evaluated in training on newstest2013's split, then evaluated on
   newstest2014's with sacreBLEU and the paper's BLEU."""
   import json
   import tensorflow_datasets as tfds
-  from mha import evaluator
   from mha import trainer
 
   config = wmt14.get_config("tiny")
@@ -100,15 +100,16 @@ def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path):
   with tfds.testing.mock_data(num_examples=24,
                               policy=tfds.testing.MockPolicy.USE_CODE):
     last = trainer.train_and_evaluate(config, workdir)
-    result = evaluator.evaluate(workdir, paper_bleu=True)
+    capsys.readouterr()
+    assert eval_py(f"--workdir={workdir}", "--paper_bleu") == 0
+  printed = capsys.readouterr().out
   assert last["step"] == 2 and np.isfinite(last["eval_loss"])
   assert "eval_bleu" in last
-  assert result["split"] == "test" and result["num_sentences"] == 24
   with open(f"{workdir}/eval/test_2/metrics.json") as f:
     metrics = json.load(f)
-  for key in ("bleu", "sacrebleu_signature", "bleu_paper",
-              "bleu_paper_signature"):
-    assert metrics[key] == result[key]
+  assert metrics["split"] == "test" and metrics["num_sentences"] == 24
+  assert f"BLEU {metrics['bleu']:.2f}  chrF" in printed
+  assert f"Paper's BLEU {metrics['bleu_paper']:.2f}  (" in printed
   assert 0 <= metrics["bleu_paper"] <= 100
   assert "moses-tok(lang:de)" in metrics["bleu_paper_signature"]
   assert "tok:13a" in metrics["sacrebleu_signature"]
