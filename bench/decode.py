@@ -50,7 +50,6 @@ import sentencepiece as spm
 
 from configs import multi30k
 from mha import data
-from mha import decoding
 from mha import evaluator
 from mha import scoring
 from mha import translate
@@ -98,7 +97,7 @@ def _train_tokenizer(folder: pathlib.Path, vocab_size: int) -> data.Tokenizer:
 
 def _timed(model_config, params, batches, num_sentences, *, beam_size,
            alpha, max_decode_extra, eos_id, repeats,
-           first_stage_extra=decoding.FIRST_STAGE_EXTRA):
+           first_stage_extra=translate.FIRST_STAGE_EXTRA):
   """Compiles every batch shape, then times `repeats` passes over `batches`."""
   kwargs = dict(beam_size=beam_size, alpha=alpha,
                 max_decode_extra=max_decode_extra, eos_id=eos_id,
@@ -216,7 +215,7 @@ def main():
 
   total_start = time.perf_counter()
   setup = _workdir_setup if args.workdir else _random_setup
-  # cache_extra sizes the decode cache (batch.length_multiple), extra limits
+  # cache_extra sizes the decode cache (batch.max_decode_len), extra limits
   # each output to its source length + extra.
   (model_config, params, encoded, tokenizer, references, alpha, cache_extra,
    extra, eos_id) = setup(args)
@@ -230,8 +229,8 @@ def main():
   beam_name = f"beam {args.beam_size}"
   one_stage = f"{beam_name}, one stage"
   for name, beam, stage in (
-      ("greedy", 1, decoding.FIRST_STAGE_EXTRA),
-      (beam_name, args.beam_size, decoding.FIRST_STAGE_EXTRA),
+      ("greedy", 1, translate.FIRST_STAGE_EXTRA),
+      (beam_name, args.beam_size, translate.FIRST_STAGE_EXTRA),
       (one_stage, args.beam_size, None)):
     r = _timed(model_config, params, batches, len(encoded), beam_size=beam,
                alpha=alpha, max_decode_extra=extra, eos_id=eos_id,
@@ -259,7 +258,7 @@ def main():
         f"(tokens/s).")
   print(f"two-stage/one-stage beam {args.beam_size} speed ratio: "
         f"{single['seconds'] / beam['seconds']:.2f}x (first stage: padded "
-        f"source + {decoding.FIRST_STAGE_EXTRA} positions, then source + "
+        f"source + {translate.FIRST_STAGE_EXTRA} positions, then source + "
         f"{cache_extra}); outputs {'identical' if same else 'DIFFER'}; "
         f"total {time.perf_counter() - total_start:.0f} s.")
   speed = beam["sentences_per_sec"]

@@ -1,5 +1,8 @@
 """Greedy and beam search over a KV cache (the paper's §6.1).
 
+This module imports no model: `mha.translate` builds the Transformer's step
+function and cache and hands them to `beam_search`.
+
 The searches are generic over a step function
 
   tokens_to_logits(tokens, cache) -> (logits, new_cache)
@@ -55,8 +58,6 @@ stopping rule are the same, only the room in the arrays grows.
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -64,16 +65,10 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from mha import transformer as transformer_lib
-
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 
 PAD_ID = 0
-# The first stage of translate(): outputs up to the padded input length + 10
-# (in a trained model nearly all searches end there; see the module
-# docstring).
-FIRST_STAGE_EXTRA = 10
 # Slots without a hypothesis have score -inf. Masking uses jnp.where, never
 # arithmetic with the infinity, so no NaN can appear.
 NEG_INF = -np.inf
@@ -158,13 +153,14 @@ def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
   return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
 
 
-def _stage_lengths(stage_lengths, max_decode_len: int) -> list[int]:
+def all_stage_lengths(stage_lengths: Sequence[int],
+                      max_decode_len: int) -> list[int]:
   """The increasing lengths of the stages, ending with max_decode_len."""
   lengths = sorted({int(n) for n in stage_lengths if 0 < n < max_decode_len})
   return lengths + [max_decode_len]
 
 
-def _pad_to(x: jax.Array, shape: Sequence[int]) -> jax.Array:
+def pad_to(x: jax.Array, shape: Sequence[int]) -> jax.Array:
   """Zeros appended along every axis up to `shape` (x itself if equal)."""
   if tuple(x.shape) == tuple(shape):
     return x
@@ -175,7 +171,7 @@ def _pad_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
   """Zeros appended along `axis` up to `length`."""
   shape = list(x.shape)
   shape[axis] = length
-  return _pad_to(x, shape)
+  return pad_to(x, shape)
 
 
 def _run_stages(state, lengths: list[int], cond, body, grow, grow_cache,
@@ -228,7 +224,7 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
             ) -> tuple[jax.Array, jax.Array]:
   """Greedy search; returns (tokens [batch, len], scores [batch])."""
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
-  lengths = _stage_lengths(stage_lengths, max_decode_len)
+  lengths = all_stage_lengths(stage_lengths, max_decode_len)
   init = _GreedyState(
       step=jnp.array(0, jnp.int32),
       seqs=jnp.zeros((batch_size, lengths[0]), jnp.int32),
@@ -386,7 +382,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
   lp_limit = length_penalty(limits, alpha)  # [batch]
   num_rows = batch_size * beam_size
-  lengths = _stage_lengths(stage_lengths, max_decode_len)
+  lengths = all_stage_lengths(stage_lengths, max_decode_len)
 
   init = _BeamState(
       step=jnp.array(0, jnp.int32),
@@ -474,150 +470,3 @@ def beam_search(tokens_to_logits: TokensToLogits,
   return _run_stages(init, lengths, cond, body, grow, grow_cache,
                      lambda state: (state.finished_seqs,
                                     state.finished_scores))
-
-
-# ------------------------------------------------------------ model-level API
-
-
-def _round_up(n: int, multiple: int) -> int:
-  return int(math.ceil(n / multiple) * multiple)
-
-
-def _model_fns(model: Any, params: PyTree, inputs: jax.Array,
-               beam_size: int, max_decode_len: int
-              ) -> tuple[TokensToLogits, PyTree, Callable[[PyTree, int],
-                                                         PyTree]]:
-  """The Transformer-specific part: the step function and its initial cache.
-
-  Written against `mha.transformer.Transformer`: `encode(inputs)`,
-  `decode(encoded, inputs, targets)` with a `cache` collection when
-  `config.decode` is set. The source is encoded once per sentence, then the
-  encoder output is repeated for each beam (rows ordered [batch, beam]).
-
-  Args:
-    model: the Transformer built with `decode=True, deterministic=True`.
-    params: its parameters.
-    inputs: int32 `[batch, s]` source tokens, 0 = pad.
-    beam_size: hypotheses per sentence.
-    max_decode_len: cache length.
-
-  Returns:
-    `(tokens_to_logits, cache, grow_cache)` for `batch * beam_size` rows;
-    `grow_cache(cache, length)` pads every leaf whose shape depends on the
-    output length (the self-attention keys and values) with zeros to the
-    shape of a cache made for `length`.
-  """
-  encoded = model.apply({'params': params}, inputs, method='encode')
-  encoded = jnp.repeat(encoded, beam_size, axis=0)  # [batch * beam, s, d]
-  inputs = jnp.repeat(inputs, beam_size, axis=0)  # [batch * beam, s]
-  num_rows = inputs.shape[0]
-  # Only the cache collection is kept: XLA drops the parameter initialisers.
-  def init_cache(length: int) -> PyTree:
-    return model.init(jax.random.PRNGKey(0), inputs,
-                      jnp.ones((num_rows, length), jnp.int32))['cache']
-
-  cache = init_cache(max_decode_len)
-
-  def grow_cache(cache: PyTree, length: int) -> PyTree:
-    shapes = jax.eval_shape(functools.partial(init_cache, length))
-    return jax.tree.map(lambda x, s: _pad_to(x, s.shape), cache, shapes)
-
-  def tokens_to_logits(tokens: jax.Array, cache: PyTree):
-    logits, mutated = model.apply({'params': params, 'cache': cache},
-                                  encoded,
-                                  inputs,
-                                  tokens,
-                                  mutable=['cache'],
-                                  method='decode')  # [num_rows, 1, V]
-    return logits[:, 0], mutated['cache']
-
-  return tokens_to_logits, cache, grow_cache
-
-
-@functools.lru_cache(maxsize=32)
-def _translate_fn(model_config: Any, beam_size: int, alpha: float,
-                  eos_id: int) -> Callable[..., jax.Array]:
-  """The jitted search for one model config; recompiles per input shape."""
-  model = transformer_lib.Transformer(
-      model_config.replace(decode=True, deterministic=True))
-
-  @functools.partial(jax.jit,
-                     static_argnames=('max_decode_len', 'stage_lengths'))
-  def search(params: PyTree, inputs: jax.Array, max_lengths: jax.Array, *,
-             max_decode_len: int, stage_lengths: tuple[int, ...]) -> jax.Array:
-    batch_size = inputs.shape[0]
-    lengths = _stage_lengths(stage_lengths, max_decode_len)
-    tokens_to_logits, cache, grow_cache = _model_fns(
-        model, params, inputs, beam_size, lengths[0])
-    tokens, _ = beam_search(tokens_to_logits, cache, batch_size, beam_size,
-                            alpha, max_decode_len, eos_id, max_lengths,
-                            stage_lengths=tuple(lengths[:-1]),
-                            grow_cache=grow_cache)
-    return tokens[:, 0]  # [batch, max_decode_len]
-
-  return search
-
-
-def translate(model_config: Any,
-              params: PyTree,
-              inputs: jax.Array | np.ndarray,
-              *,
-              beam_size: int,
-              alpha: float,
-              max_decode_extra: int,
-              eos_id: int,
-              length_multiple: int = 8,
-              first_stage_extra: int | None = FIRST_STAGE_EXTRA) -> jax.Array:
-  """Translates a batch with the Transformer: beam search, best hypothesis.
-
-  Encodes once (the encoder output is repeated per beam inside the step
-  function's closure), initialises the decode cache at `batch * beam_size`
-  rows and runs the whole search as one jitted function, cached per
-  (config, beam_size, alpha, eos_id) and compiled per input shape and
-  `max_decode_len`.
-
-  The search runs in two stages (module docstring): first with outputs and
-  a self-attention cache of `inputs.shape[1] + first_stage_extra` positions,
-  then, only if some sentence is not done by then, continued to
-  `max_decode_len`. The output is the same as in one stage; the steps of
-  the first stage cost as much as a cache of that shorter length.
-
-  Args:
-    model_config: the model's frozen `TransformerConfig` (training or eval
-      variant; `decode=True, deterministic=True` are set here).
-    params: the model parameters.
-    inputs: int32 `[batch, s]` source tokens, 0 = pad.
-    beam_size: beam width; 1 = greedy search.
-    alpha: length-penalty exponent.
-    max_decode_extra: per-sentence limit on the output length = number of
-      non-pad source tokens + max_decode_extra (the paper: 50), capped at the
-      model's `max_len` positions.
-    eos_id: end-of-sentence token id.
-    length_multiple: `max_decode_len` (longest limit in the batch) is rounded
-      up to a multiple of this, to limit the number of compilations.
-    first_stage_extra: the first stage's room beyond the padded input length
-      (a function of the input shape, so no extra compilation); None or 0:
-      one stage of `max_decode_len`.
-
-  Returns:
-    int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it.
-  """
-  inputs_np = np.asarray(inputs)
-  max_lengths = (inputs_np != PAD_ID).sum(axis=1).astype(
-      np.int32) + max_decode_extra  # [batch]
-  max_decode_len = _round_up(int(max_lengths.max()), length_multiple)
-  # The decoder cannot encode positions past its table (config.max_len).
-  model_max_len = getattr(model_config, 'max_len', None)
-  if model_max_len is not None and max_decode_len > model_max_len:
-    max_decode_len = int(model_max_len)
-    max_lengths = np.minimum(max_lengths, max_decode_len)
-  stages = ()
-  if first_stage_extra:
-    stages = (min(inputs_np.shape[1] + int(first_stage_extra),
-                  max_decode_len),)
-  search = _translate_fn(model_config, int(beam_size), float(alpha),
-                         int(eos_id))
-  return search(params, jnp.asarray(inputs_np, jnp.int32),
-                jnp.asarray(max_lengths), max_decode_len=max_decode_len,
-                stage_lengths=tuple(
-                    _stage_lengths(stages, max_decode_len)[:-1]))

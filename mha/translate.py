@@ -7,9 +7,10 @@
 
 text -> source ids (`encode_sources`: EOS appended, truncated to the model's
 `max_len` positions) -> length-bucketed batches (`make_batches`) -> search
-(`decode_batches`, `mha.decoding.translate`) -> output ids -> text. The
-evaluator (`eval.py`), the trainer's in-training BLEU, the attention maps and
-`bench/decode.py` all translate through this module.
+(`decode_batches`, `translate_batch`: the Transformer's step function and
+cache handed to `mha.decoding`'s model-agnostic search) -> output ids ->
+text. The evaluator (`eval.py`), the trainer's in-training BLEU, the
+attention maps and `bench/decode.py` all translate through this module.
 
 Every output is at most its source's tokens (EOS included) +
 `max_decode_extra` tokens long, capped at the model's `max_len` (the paper's
@@ -24,20 +25,159 @@ search a handful of times, and repeated calls on the same sentences (BLEU
 during training) reuse the compiled search.
 """
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 from absl import logging
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mha import data
 from mha import decoding
+from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
 
 # Padded source lengths. Few sizes = few compilations of the search; the
 # decode cache is bucket + max_decode_extra long whatever the batch holds.
 LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROW_MULTIPLE = 8
+# The first stage of the search: outputs up to the padded input length + 10
+# (in a trained model nearly all searches end there; see `mha.decoding`).
+FIRST_STAGE_EXTRA = 10
 
+
+
+# ------------------------------------------------- the Transformer's search
+
+
+def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
+               beam_size: int, max_decode_len: int):
+  """The Transformer's step function and initial cache for the search.
+
+  `encode(inputs)` once per sentence, then the encoder output is repeated
+  for each beam (rows ordered [batch, beam]); `decode(encoded, inputs,
+  targets)` with the `cache` collection is the step function.
+
+  Args:
+    model: the Transformer built with `decode=True, deterministic=True`.
+    params: its parameters.
+    inputs: int32 `[batch, s]` source tokens, 0 = pad.
+    beam_size: hypotheses per sentence.
+    max_decode_len: cache length.
+
+  Returns:
+    `(tokens_to_logits, cache, grow_cache)` for `batch * beam_size` rows;
+    `grow_cache(cache, length)` pads every leaf whose shape depends on the
+    output length (the self-attention keys and values) with zeros to the
+    shape of a cache made for `length`.
+  """
+  encoded = model.apply({"params": params}, inputs, method="encode")
+  encoded = jnp.repeat(encoded, beam_size, axis=0)  # [batch * beam, s, d]
+  inputs = jnp.repeat(inputs, beam_size, axis=0)  # [batch * beam, s]
+  num_rows = inputs.shape[0]
+
+  # Only the cache collection is kept: XLA drops the parameter initialisers.
+  def init_cache(length: int) -> Any:
+    return model.init(jax.random.PRNGKey(0), inputs,
+                      jnp.ones((num_rows, length), jnp.int32))["cache"]
+
+  def grow_cache(cache: Any, length: int) -> Any:
+    shapes = jax.eval_shape(functools.partial(init_cache, length))
+    return jax.tree.map(lambda x, s: decoding.pad_to(x, s.shape), cache,
+                        shapes)
+
+  def tokens_to_logits(tokens: jax.Array, cache: Any):
+    # tokens [num_rows, 1] -> logits [num_rows, 1, V]
+    logits, mutated = model.apply({"params": params, "cache": cache},
+                                  encoded, inputs, tokens, mutable=["cache"],
+                                  method="decode")
+    return logits[:, 0], mutated["cache"]  # [num_rows, V]
+
+  return tokens_to_logits, init_cache(max_decode_len), grow_cache
+
+
+@functools.lru_cache(maxsize=32)
+def _translate_fn(model_config: TransformerConfig, beam_size: int,
+                  alpha: float, eos_id: int):
+  """The jitted search for one model config; recompiles per input shape."""
+  model = Transformer(model_config.replace(decode=True, deterministic=True))
+
+  @functools.partial(jax.jit,
+                     static_argnames=("max_decode_len", "stage_lengths"))
+  def search(params: Any, inputs: jax.Array, max_lengths: jax.Array, *,
+             max_decode_len: int, stage_lengths: tuple[int, ...]
+             ) -> jax.Array:
+    batch_size = inputs.shape[0]
+    lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
+    tokens_to_logits, cache, grow_cache = _model_fns(
+        model, params, inputs, beam_size, lengths[0])
+    tokens, _ = decoding.beam_search(
+        tokens_to_logits, cache, batch_size, beam_size, alpha,
+        max_decode_len, eos_id, max_lengths,
+        stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache)
+    return tokens[:, 0]  # [batch, max_decode_len]
+
+  return search
+
+
+def translate_batch(model_config: TransformerConfig, params: Any,
+                    inputs: jax.Array | np.ndarray, *, beam_size: int,
+                    alpha: float, max_decode_extra: int, eos_id: int,
+                    max_decode_len: int | None = None,
+                    first_stage_extra: int | None = FIRST_STAGE_EXTRA
+                    ) -> jax.Array:
+  """One batch through the Transformer's search: the best hypotheses.
+
+  Encodes once, initialises the decode cache at `batch * beam_size` rows and
+  runs the whole search (`mha.decoding.beam_search`) as one jitted
+  function, cached per (config, beam_size, alpha, eos_id) and compiled per
+  input shape and `max_decode_len`. The search runs in two stages
+  (`mha.decoding`): first with outputs and a self-attention cache of
+  `inputs.shape[1] + first_stage_extra` positions, then, only if some
+  sentence is not done by then, continued to `max_decode_len`; the output
+  is the same as in one stage.
+
+  Args:
+    model_config: the model's `TransformerConfig` (training or eval
+      variant; `decode=True, deterministic=True` are set here).
+    params: the model parameters.
+    inputs: int32 `[batch, s]` source tokens, 0 = pad.
+    beam_size: beam width; 1 = greedy search.
+    alpha: length-penalty exponent.
+    max_decode_extra: per-sentence limit on the output length = number of
+      non-pad source tokens + max_decode_extra (the paper: 50).
+    eos_id: end-of-sentence token id.
+    max_decode_len: the static length of the outputs and of the cache;
+      None: the longest limit rounded up to a multiple of 8. Capped at the
+      model's `max_len` positions, and so are the limits.
+    first_stage_extra: the first stage's room beyond the padded input
+      length; None or 0: one stage of `max_decode_len`.
+
+  Returns:
+    int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it.
+  """
+  inputs_np = np.asarray(inputs)
+  max_lengths = (inputs_np != decoding.PAD_ID).sum(axis=1).astype(
+      np.int32) + max_decode_extra  # [batch]
+  if max_decode_len is None:
+    max_decode_len = -(-int(max_lengths.max()) // 8) * 8
+  # The decoder cannot encode positions past its table (config.max_len).
+  max_decode_len = min(int(max_decode_len), model_config.max_len)
+  max_lengths = np.minimum(max_lengths, max_decode_len)
+  stages = ()
+  if first_stage_extra:
+    stages = (min(inputs_np.shape[1] + int(first_stage_extra),
+                  max_decode_len),)
+  search = _translate_fn(model_config, int(beam_size), float(alpha),
+                         int(eos_id))
+  return search(params, jnp.asarray(inputs_np, jnp.int32),
+                jnp.asarray(max_lengths), max_decode_len=max_decode_len,
+                stage_lengths=tuple(
+                    decoding.all_stage_lengths(stages, max_decode_len)[:-1]))
+
+
+# ------------------------------------------------------------ text batches
 
 @dataclasses.dataclass(frozen=True)
 class DecodeBatch:
@@ -47,13 +187,13 @@ class DecodeBatch:
     indices: int `[n]` positions of the batch's sentences in the input list.
     inputs: int32 `[rows, length]` source ids with EOS, 0 = padding; rows
       past `n` are all padding.
-    length_multiple: passed to `decoding.translate` so that the decode cache
-      holds `length + max_decode_extra` positions (capped at the model's
-      `max_len`), whatever the longest sentence of the batch.
+    max_decode_len: the length of the outputs and of the decode cache,
+      `length + max_decode_extra` capped at the model's `max_len`, whatever
+      the longest sentence of the batch (one compilation per bucket).
   """
   indices: np.ndarray
   inputs: np.ndarray
-  length_multiple: int
+  max_decode_len: int
 
   @property
   def shape_key(self) -> tuple[int, int]:
@@ -116,8 +256,8 @@ def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
     inputs = np.zeros((rows, length), np.int32)  # [rows, length]
     for row, i in enumerate(chunk):
       inputs[row, :len(encoded[i])] = encoded[i]
-    # translate() rounds the longest limit (<= length + extra) up to this.
-    batches.append(DecodeBatch(chunk, inputs, length + max_decode_extra))
+    batches.append(DecodeBatch(chunk, inputs,
+                               min(length + max_decode_extra, max_len)))
   return batches
 
 
@@ -125,19 +265,19 @@ def decode_batches(model_config: TransformerConfig, params: Any,
                    batches: Sequence[DecodeBatch], *, beam_size: int,
                    alpha: float, max_decode_extra: int,
                    eos_id: int = data.EOS_ID,
-                   first_stage_extra: int | None = decoding.FIRST_STAGE_EXTRA
+                   first_stage_extra: int | None = FIRST_STAGE_EXTRA
                    ) -> list[np.ndarray]:
   """Output ids of each batch (`[rows, max_decode_len]`, EOS included).
 
   All batches are dispatched before the first result is fetched, so the host
   work overlaps with the device's. `eos_id=-1` disables early ends (every
   output runs to its length limit: decoding benchmarks of random models).
-  `first_stage_extra`: as in `decoding.translate` (None: one stage).
+  `first_stage_extra`: as in `translate_batch` (None: one stage).
   """
-  outputs = [decoding.translate(
+  outputs = [translate_batch(
       model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
       max_decode_extra=max_decode_extra, eos_id=eos_id,
-      length_multiple=batch.length_multiple,
+      max_decode_len=batch.max_decode_len,
       first_stage_extra=first_stage_extra) for batch in batches]
   return [np.asarray(o) for o in outputs]
 
@@ -204,6 +344,7 @@ def translate_texts(model_config: TransformerConfig, params: Any,
       alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size)]
 
 
-__all__ = ["DecodeBatch", "LENGTH_BUCKETS", "ROW_MULTIPLE", "bucket_length",
-           "decode_batches", "detokenize", "encode_sources", "make_batches",
+__all__ = ["DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
+           "ROW_MULTIPLE", "bucket_length", "decode_batches", "detokenize",
+           "encode_sources", "make_batches", "translate_batch",
            "translate_ids", "translate_texts"]

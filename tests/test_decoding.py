@@ -17,6 +17,7 @@ import pytest
 from configs import base
 from mha import decoding
 from mha import transformer
+from mha import translate
 
 EOS = 1
 VOCAB = 5  # 0 = pad / start (never generated: logit -inf), 1 = EOS, 2, 3, 4
@@ -356,7 +357,7 @@ def test_translate_greedy_equals_full_model_on_growing_prefix(
     tiny_transformer):
   model_config, model, params, inputs = tiny_transformer
   extra = 4
-  out = np.asarray(decoding.translate(
+  out = np.asarray(translate.translate_batch(
       model_config, params, inputs, beam_size=1, alpha=0.6,
       max_decode_extra=extra, eos_id=EOS))
   assert out.shape == (3, 16)  # longest limit 6 + 4, rounded up to 8
@@ -384,14 +385,14 @@ def test_translate_greedy_equals_full_model_on_growing_prefix(
 def test_translate_beam_search_compiles_once_per_shape(tiny_transformer):
   model_config, _, params, inputs = tiny_transformer
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_extra=4, eos_id=EOS)
-  first = np.asarray(decoding.translate(model_config, params, inputs,
+  first = np.asarray(translate.translate_batch(model_config, params, inputs,
                                         **kwargs))
   # The second call (same shapes, same longest source) compiles nothing,
   # whatever other tests compiled before with the same search function.
-  search = decoding._translate_fn(model_config, 3, 0.6, EOS)
+  search = translate._translate_fn(model_config, 3, 0.6, EOS)
   compiled = search._cache_size()
   other = inputs[::-1].copy()
-  second = np.asarray(decoding.translate(model_config, params, other,
+  second = np.asarray(translate.translate_batch(model_config, params, other,
                                          **kwargs))
   assert search._cache_size() == compiled >= 1
   np.testing.assert_array_equal(first, second[::-1])
@@ -424,7 +425,7 @@ def test_transformer_caches_cross_attention_as_source_leaves(
     tiny_transformer):
   model_config, _, params, inputs = tiny_transformer
   model = transformer.Transformer(model_config.replace(decode=True))
-  _, cache, _ = decoding._model_fns(model, params, jnp.asarray(inputs), 2, 8)
+  _, cache, _ = translate._model_fns(model, params, jnp.asarray(inputs), 2, 8)
   names = {jax.tree_util.keystr(path)
            for path, _ in jax.tree_util.tree_flatten_with_path(cache)[0]}
   source = {n for n in names if "'source_" in n}
@@ -506,10 +507,10 @@ def test_stages_without_grow_cache_are_refused():
 def test_translate_in_two_stages_equals_one_stage(tiny_transformer, beam):
   model_config, _, params, inputs = tiny_transformer
   kwargs = dict(beam_size=beam, alpha=0.6, max_decode_extra=12, eos_id=EOS)
-  one = np.asarray(decoding.translate(model_config, params, inputs,
+  one = np.asarray(translate.translate_batch(model_config, params, inputs,
                                       first_stage_extra=None, **kwargs))
   lengths = [len(hypothesis(t)) for t in one]
   assert max(lengths) > inputs.shape[1] + 1  # past the first stage below
-  two = np.asarray(decoding.translate(model_config, params, inputs,
+  two = np.asarray(translate.translate_batch(model_config, params, inputs,
                                       first_stage_extra=1, **kwargs))
   np.testing.assert_array_equal(two, one)

@@ -15,7 +15,6 @@ import sacrebleu
 from configs import quickstart
 from mha import checkpoints
 from mha import data
-from mha import decoding
 from mha import evaluator
 from mha import scoring
 from mha import translate
@@ -171,7 +170,7 @@ def test_make_batches_sorts_buckets_and_covers_every_sentence():
   for b in batches:
     rows, length = b.inputs.shape
     assert length in translate.LENGTH_BUCKETS or length == 64
-    assert rows in (32, 8) and b.length_multiple == length + 50
+    assert rows in (32, 8) and b.max_decode_len == min(length + 50, 64)
     for row, i in enumerate(b.indices):
       n = lengths[i]
       assert (b.inputs[row, :n] != 0).all() and (b.inputs[row, n:] == 0).all()
@@ -204,7 +203,7 @@ def test_batching_order_truncation_and_no_recompilation(workdir, model,
 
   # BLEU during training: repeated calls with new parameters compile nothing.
   # pylint: disable=protected-access
-  search = decoding._translate_fn(model_config, 1, 0.6, data.EOS_ID)
+  search = translate._translate_fn(model_config, 1, 0.6, data.EOS_ID)
   p4, _ = checkpoints.restore_params(str(workdir), 4)
   translate.translate_texts(model_config, p4, tokenizer, sources, **kwargs)
   compiled = search._cache_size()

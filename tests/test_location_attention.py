@@ -11,6 +11,7 @@ from configs import base
 from mha import attention
 from mha import decoding
 from mha import trainer
+from mha import translate
 
 
 def tiny(**changes):
@@ -169,7 +170,7 @@ def test_beam_search_scores_equal_full_pass_log_probabilities():
 
   @jax.jit
   def search(params):
-    step, cache, _ = decoding._model_fns(decoder, params, SRC, beam, max_len)
+    step, cache, _ = translate._model_fns(decoder, params, SRC, beam, max_len)
     return decoding.beam_search(step, cache, 2, beam, 0.0, max_len, eos)
 
   tokens, scores = (np.asarray(x) for x in search(params))
