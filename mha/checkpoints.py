@@ -41,11 +41,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from mha import workdir as workdir_lib
 from mha.errors import CheckpointError
 
 PyTree = Any
 
-CHECKPOINTS_SUBDIR = 'checkpoints'
+CHECKPOINTS_SUBDIR = workdir_lib.CHECKPOINTS_DIR  # the name: mha/workdir.py
 STATE = 'state'
 META = 'meta'
 # Files without which an item cannot be restored (relative to a step folder).

@@ -11,7 +11,9 @@ import time
 from absl import logging
 from clu import metric_writers
 
-METRICS_FILE = "metrics.jsonl"
+from mha import workdir as workdir_lib
+
+METRICS_FILE = workdir_lib.METRICS_FILE  # the name: mha/workdir.py
 
 
 class MetricsWriter:
@@ -24,7 +26,8 @@ class MetricsWriter:
   def __init__(self, workdir: str, is_primary: bool = True):
     self._writer = metric_writers.create_default_writer(
         workdir, just_logging=not is_primary)
-    self.path = os.path.join(workdir, METRICS_FILE) if is_primary else None
+    self.path = (workdir_lib.Workdir(workdir).metrics_path if is_primary
+                 else None)
 
   def truncate_after(self, step: int) -> None:
     """Drops lines of steps > `step`: a resumed run rewrites them."""
@@ -73,7 +76,7 @@ def _parse(line: str, path: str, number: int) -> dict:
 
 def read_metrics(workdir: str) -> list[dict]:
   """The records of `<workdir>/metrics.jsonl`, in order."""
-  path = os.path.join(workdir, METRICS_FILE)
+  path = workdir_lib.Workdir(workdir).metrics_path
   if not os.path.exists(path):
     return []
   records = []

@@ -366,7 +366,7 @@ def check_inputs(config: ml_collections.ConfigDict,
   workdir.check_usable()
   workdir.check_config(config)
   if os.path.exists(workdir.vocabulary_path):
-    data.get_tokenizer(config, workdir.path)  # reads it: writes nothing
+    workdir.load_tokenizer(config)  # reads it: writes nothing
   latest = (checkpoints.latest_step(workdir.path)
             if os.path.isdir(workdir.checkpoints_path) else None)
   if latest is not None:

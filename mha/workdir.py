@@ -9,7 +9,11 @@
     <workdir>/eval/<split>_<step>/
 
 `Workdir` owns these paths and the lock (one training run per workdir);
-evaluation reads a workdir through `load_config` and takes no lock.
+evaluation reads a workdir through its read-only loaders (`load_config`,
+`load_tokenizer`) and takes no lock. The names are defined here, except the
+two the data layer writes itself (`spm.model`, `tokenized/`): mha/data is the
+lowest layer and imports nothing above it, so they are defined there and
+read from there.
 """
 import contextlib
 import datetime
@@ -22,6 +26,8 @@ from absl import logging
 import ml_collections
 
 from mha.data import files
+from mha.data import tokenized
+from mha.data import tokenizer
 from mha.errors import ConfigError
 from mha.errors import WorkdirError
 
@@ -46,9 +52,11 @@ DATA_ORDER_FIELDS = (
 )
 CONFIG_FILE = "config.json"
 LOCK_FILE = "lock"
-VOCABULARY_FILE = "spm.model"
+VOCABULARY_FILE = tokenizer.MODEL_FILENAME
+TOKENIZED_DIR = tokenized.TOKENIZED_DIR
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
+EVAL_DIR = "eval"
 
 
 def check_local(workdir: str) -> None:
@@ -311,8 +319,8 @@ class Workdir:
 
   Attributes:
     path: the workdir.
-    config_path, lock_path, vocabulary_path, metrics_path, checkpoints_path:
-      the files and folders of its layout.
+    config_path, lock_path, vocabulary_path, tokenized_path, metrics_path,
+      checkpoints_path, eval_root: the files and folders of its layout.
   """
 
   def __init__(self, path: str | os.PathLike[str]):
@@ -320,11 +328,28 @@ class Workdir:
     self.config_path = os.path.join(self.path, CONFIG_FILE)
     self.lock_path = os.path.join(self.path, LOCK_FILE)
     self.vocabulary_path = os.path.join(self.path, VOCABULARY_FILE)
+    self.tokenized_path = os.path.join(self.path, TOKENIZED_DIR)
     self.metrics_path = os.path.join(self.path, METRICS_FILE)
     self.checkpoints_path = os.path.join(self.path, CHECKPOINTS_DIR)
+    self.eval_root = os.path.join(self.path, EVAL_DIR)
 
   def eval_path(self, split: str, step: int) -> str:
-    return os.path.join(self.path, "eval", f"{split}_{step}")
+    """`<workdir>/eval/<split>_<step>`: one evaluation's outputs."""
+    return os.path.join(self.eval_root, f"{split}_{step}")
+
+  def load_tokenizer(self, config: ml_collections.ConfigDict
+                     ) -> tokenizer.Tokenizer:
+    """The workdir's vocabulary, read only: never trains or writes one.
+
+    Raises:
+      WorkdirError: the workdir has no spm.model.
+      DataError: it cannot be read, or is not of `config.vocab_size`
+        pieces (names the file).
+    """
+    if not files.exists(self.vocabulary_path):
+      raise WorkdirError(f"{self.vocabulary_path} does not exist: the "
+                         "workdir has no vocabulary.")
+    return tokenizer.load_tokenizer(config, self.vocabulary_path)
 
   def check_usable(self) -> None:
     """Refuses, without writing, a workdir that training cannot use: a URL,

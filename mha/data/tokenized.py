@@ -24,6 +24,9 @@ from mha.data import sources
 from mha.data.errors import DataError
 from mha.data.tokenizer import EOS_ID, Tokenizer
 
+# The cache folder beside the vocabulary (mha.workdir.Workdir's layout).
+TOKENIZED_DIR = "tokenized"
+
 _CACHE_VERSION = "1"
 
 
@@ -124,7 +127,7 @@ def tokenize_split(config: ml_collections.ConfigDict, tok: Tokenizer,
   path = None
   if tok.path:
     key = sources.cache_key(text_split, tok.sha256, _CACHE_VERSION)
-    path = os.path.join(os.path.dirname(tok.path), "tokenized",
+    path = os.path.join(os.path.dirname(tok.path), TOKENIZED_DIR,
                         f"{sources.safe_name(split)}-{key}.npz")
   if path and files.exists(path):
     result = _read_cache(path)

@@ -31,7 +31,7 @@ from mha.data.errors import DataError
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
-MODEL_FILENAME = "spm.model"
+MODEL_FILENAME = "spm.model"  # in the workdir (mha.workdir.Workdir's layout)
 # Fixed so that training gives the same model on every machine.
 _TRAIN_THREADS = 4
 _TRAIN_SEED = 0
@@ -159,31 +159,40 @@ def train_model(config: ml_collections.ConfigDict) -> bytes:
   return writer.getvalue()
 
 
+def load_tokenizer(config: ml_collections.ConfigDict, path: str) -> Tokenizer:
+  """Reads the SentencePiece model at `path`; never trains or writes.
+
+  Raises:
+    DataError: the model cannot be read or is not a SentencePiece model,
+      its vocabulary size differs from `config.vocab_size`, or its special
+      ids differ from the project's; each names the file.
+  """
+  try:
+    proto = files.read_bytes(path)
+  except OSError as e:
+    raise DataError(f"{path} cannot be read ({e.strerror or e}): check "
+                    "that --workdir is the right folder.") from None
+  tok = Tokenizer(proto, path=path)
+  if tok.vocab_size != config.vocab_size:
+    raise DataError(
+        f"{path} has a vocabulary of {tok.vocab_size} pieces but "
+        f"config.vocab_size is {config.vocab_size}. Use a new workdir, "
+        f"set config.vocab_size={tok.vocab_size}, or delete {path} to "
+        "retrain.")
+  return tok
+
+
 def get_tokenizer(config: ml_collections.ConfigDict,
                   workdir: str) -> Tokenizer:
   """Loads `<workdir>/spm.model`, or trains and saves it if absent.
 
   Raises:
-    DataError: the saved model cannot be read or is not a SentencePiece
-      model, its vocabulary size differs from `config.vocab_size` (it is
-      never retrained silently), or its special ids differ from the
-      project's; each names the file.
+    DataError: as `load_tokenizer` (the saved model is never retrained
+      silently).
   """
   path = os.path.join(workdir, MODEL_FILENAME)
   if files.exists(path):
-    try:
-      proto = files.read_bytes(path)
-    except OSError as e:
-      raise DataError(f"{path} cannot be read ({e.strerror or e}): check "
-                      "that --workdir is the right folder.") from None
-    tok = Tokenizer(proto, path=path)
-    if tok.vocab_size != config.vocab_size:
-      raise DataError(
-          f"{path} has a vocabulary of {tok.vocab_size} pieces but "
-          f"config.vocab_size is {config.vocab_size}. Use a new workdir, "
-          f"set config.vocab_size={tok.vocab_size}, or delete {path} to "
-          "retrain.")
-    return tok
+    return load_tokenizer(config, path)
   proto = train_model(config)
   tok = Tokenizer(proto, path=path)
   files.write_bytes_atomic(path, proto)
