@@ -13,20 +13,23 @@ with `tokens` int32 `[n, 1]` (the last token of every hypothesis), `logits`
 position itself (flax's attention cache holds a `cache_index`). Decoding starts
 from token 0 (the pad id, the shift-right convention of the decoder).
 
-Cache leaves, judged by their shape when the search starts:
+Cache leaves: the caller says what the rows of each leaf are, with
+`cache_rows`, a pytree of the cache's structure whose leaves are `CacheRows`
+(the model side knows its cache; `mha.translate.cache_rows` says it for the
+Transformer). Rows are ordered `[batch, beam]` (row `b * beam_size + k`).
 
-* 0-d arrays, and arrays whose key ends in `index` (`cache_index` of a flax
-  attention layer, or the `[num_layers]` index of a scanned stack), are shared
-  by all rows and never gathered: every hypothesis is at the same position.
-* Every other leaf must have a leading row axis of size `batch_size *
-  beam_size` (rows ordered `[batch, beam]`, row `b * beam_size + k`), or of
-  size `batch_size`, in which case it is repeated for each beam. These are
-  gathered along that axis when beams are reordered, except
-* leaves whose key starts with `source_` (the encoder-decoder keys and values
-  of `mha.attention`, computed from the source alone): every beam of a
-  sentence holds the same rows, and a reordering never moves a hypothesis to
-  another sentence, so gathering them would copy each row onto an equal one.
-  They are repeated per beam but never gathered.
+* `CacheRows.SHARED`: one value for all rows (a position index): never
+  repeated or gathered; every hypothesis is at the same position.
+* `CacheRows.HYPOTHESIS`: a leading row axis of `batch_size * beam_size`, or
+  of `batch_size` (then repeated for each beam); gathered along it when the
+  beams are reordered, so the rows follow their hypotheses.
+* `CacheRows.SENTENCE`: the same leading axis, but equal across the beams of
+  a sentence (e.g. the encoder-decoder keys and values, computed from the
+  source alone): repeated per beam, never gathered, since a reordering never
+  moves a hypothesis to another sentence.
+
+Without `cache_rows`, 0-d leaves are `SHARED` and every other leaf is
+`HYPOTHESIS`.
 
 Scores follow Wu et al. (2016) as the paper uses them:
 `score(Y) = log P(Y | X) / lp(Y)`, `lp(Y) = ((5 + |Y|) / 6) ** alpha`, where
@@ -58,6 +61,7 @@ stopping rule are the same, only the room in the arrays grows.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -82,55 +86,53 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
 # ------------------------------------------------------------------ cache rows
 
 
-def _is_shared_leaf(path: tuple[Any, ...], x: jax.Array) -> bool:
-  """A cache leaf shared by all rows (scalar, or a `*index` entry)."""
-  if jnp.ndim(x) == 0:
-    return True
-  if path:
-    last = path[-1]
-    name = getattr(last, 'key', getattr(last, 'name', None))
-    if isinstance(name, str) and name.endswith('index'):
-      return True
-  return False
+class CacheRows(enum.Enum):
+  """What the rows of a cache leaf are (module docstring)."""
+  SHARED = 'shared'
+  HYPOTHESIS = 'hypothesis'
+  SENTENCE = 'sentence'
 
 
-def _is_source_leaf(path: tuple[Any, ...]) -> bool:
-  """A per-sentence leaf, equal across the beams of a sentence."""
-  if not path:
-    return False
-  last = path[-1]
-  name = getattr(last, 'key', getattr(last, 'name', None))
-  return isinstance(name, str) and name.startswith('source_')
+def _row_kinds(cache: PyTree, cache_rows: PyTree | None) -> PyTree:
+  """`cache_rows`, or the default: 0-d leaves SHARED, others HYPOTHESIS."""
+  if cache_rows is not None:
+    return cache_rows
+  return jax.tree.map(
+      lambda x: CacheRows.SHARED if jnp.ndim(x) == 0 else CacheRows.HYPOTHESIS,
+      cache)
 
 
-def _expand_cache(cache: PyTree, batch_size: int, beam_size: int) -> PyTree:
+def _expand_cache(cache: PyTree, cache_rows: PyTree, batch_size: int,
+                  beam_size: int) -> PyTree:
   """Brings every per-row leaf to `batch_size * beam_size` rows."""
   num_rows = batch_size * beam_size
 
-  def expand(path, x):
-    if _is_shared_leaf(path, x):
+  def expand(path, kind: CacheRows, x):
+    if kind is CacheRows.SHARED:
       return x
-    if x.shape[0] == num_rows:
+    if jnp.ndim(x) and x.shape[0] == num_rows:
       return x
-    if x.shape[0] == batch_size:
+    if jnp.ndim(x) and x.shape[0] == batch_size:
       return jnp.repeat(x, beam_size, axis=0)  # [batch * beam, ...]
     raise ValueError(
-        f'Cache leaf {jax.tree_util.keystr(path)} has shape {x.shape}: '
-        f'expected a leading axis of batch_size * beam_size = {num_rows} or '
-        f'batch_size = {batch_size}, a 0-d array, or a key ending in "index".')
+        f'Cache leaf {jax.tree_util.keystr(path)} ({kind.value} rows) has '
+        f'shape {jnp.shape(x)}: expected a leading axis of batch_size * '
+        f'beam_size = {num_rows} or batch_size = {batch_size} (or say '
+        'CacheRows.SHARED for it in cache_rows).')
 
-  return jax.tree_util.tree_map_with_path(expand, cache)
+  return jax.tree_util.tree_map_with_path(expand, cache_rows, cache)
 
 
-def _gather_rows(cache: PyTree, rows: jax.Array) -> PyTree:
-  """Gathers the per-row leaves of `cache` along axis 0 (`rows`: [n])."""
+def _gather_rows(cache: PyTree, cache_rows: PyTree,
+                 rows: jax.Array) -> PyTree:
+  """Gathers the HYPOTHESIS leaves of `cache` along axis 0 (`rows`: [n])."""
 
-  def gather(path, x):
-    if _is_shared_leaf(path, x) or _is_source_leaf(path):
-      return x
-    return jnp.take(x, rows, axis=0)
+  def gather(kind: CacheRows, x):
+    if kind is CacheRows.HYPOTHESIS:
+      return jnp.take(x, rows, axis=0)
+    return x
 
-  return jax.tree_util.tree_map_with_path(gather, cache)
+  return jax.tree.map(gather, cache_rows, cache)
 
 
 def _max_lengths(max_lengths: jax.Array | None, batch_size: int,
@@ -220,7 +222,8 @@ class _GreedyState(NamedTuple):
 
 def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
             max_decode_len: int, eos_id: int, max_lengths: jax.Array | None,
-            alpha: float, stage_lengths=(), grow_cache=None
+            alpha: float, stage_lengths=(), grow_cache=None,
+            cache_rows: PyTree | None = None
             ) -> tuple[jax.Array, jax.Array]:
   """Greedy search; returns (tokens [batch, len], scores [batch])."""
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
@@ -232,7 +235,8 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
       logprob=jnp.zeros((batch_size,), jnp.float32),
       length=jnp.zeros((batch_size,), jnp.int32),
       finished=jnp.zeros((batch_size,), jnp.bool_),
-      cache=_expand_cache(cache, batch_size, 1),
+      cache=_expand_cache(cache, _row_kinds(cache, cache_rows), batch_size,
+                          1),
   )
 
   def cond(state: _GreedyState) -> jax.Array:
@@ -272,8 +276,8 @@ def greedy_search(tokens_to_logits: TokensToLogits,
                   eos_id: int,
                   max_lengths: jax.Array | None = None,
                   stage_lengths: tuple[int, ...] = (),
-                  grow_cache: Callable[[PyTree, int], PyTree] | None = None
-                  ) -> jax.Array:
+                  grow_cache: Callable[[PyTree, int], PyTree] | None = None,
+                  cache_rows: PyTree | None = None) -> jax.Array:
   """Greedy decoding: the most probable next token at every step.
 
   Args:
@@ -290,13 +294,15 @@ def greedy_search(tokens_to_logits: TokensToLogits,
       `cache` is then sized for the first of them.
     grow_cache: `(cache, length) -> cache` padded for `length` outputs;
       needed with `stage_lengths`.
+    cache_rows: the `CacheRows` of each cache leaf (module docstring).
 
   Returns:
     int32 `[batch, max_decode_len]` tokens, EOS included, 0 after the end.
   """
   tokens, _ = _greedy(tokens_to_logits, cache, batch_size, max_decode_len,
                       eos_id, max_lengths, alpha=0.0,
-                      stage_lengths=stage_lengths, grow_cache=grow_cache)
+                      stage_lengths=stage_lengths, grow_cache=grow_cache,
+                      cache_rows=cache_rows)
   return tokens
 
 
@@ -329,7 +335,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 eos_id: int,
                 max_lengths: jax.Array | None = None,
                 stage_lengths: tuple[int, ...] = (),
-                grow_cache: Callable[[PyTree, int], PyTree] | None = None
+                grow_cache: Callable[[PyTree, int], PyTree] | None = None,
+                cache_rows: PyTree | None = None
                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the length penalty of Wu et al. (2016).
 
@@ -367,6 +374,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
       `cache` is then sized for the first of them.
     grow_cache: `(cache, length) -> cache` padded for `length` outputs;
       needed with `stage_lengths`.
+    cache_rows: the `CacheRows` of each cache leaf, a pytree of the cache's
+      structure (module docstring); None: 0-d leaves shared, others per
+      hypothesis.
 
   Returns:
     `(tokens, scores)`: int32 `[batch, beam_size, max_decode_len]` and float32
@@ -376,11 +386,12 @@ def beam_search(tokens_to_logits: TokensToLogits,
   if beam_size == 1:
     tokens, scores = _greedy(tokens_to_logits, cache, batch_size,
                              max_decode_len, eos_id, max_lengths, alpha,
-                             stage_lengths, grow_cache)
+                             stage_lengths, grow_cache, cache_rows)
     return tokens[:, None], scores[:, None]
 
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
   lp_limit = length_penalty(limits, alpha)  # [batch]
+  kinds = _row_kinds(cache, cache_rows)
   num_rows = batch_size * beam_size
   lengths = all_stage_lengths(stage_lengths, max_decode_len)
 
@@ -396,7 +407,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
                               jnp.int32),
       finished_scores=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
       finished_flags=jnp.zeros((batch_size, beam_size), jnp.bool_),
-      cache=_expand_cache(cache, batch_size, beam_size),
+      cache=_expand_cache(cache, kinds, batch_size, beam_size),
   )
 
   def sentence_done(state: _BeamState) -> jax.Array:
@@ -439,7 +450,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     live_parent = _take(cand_parent, live_index)  # [b, beam]
     rows = (jnp.arange(batch_size)[:, None] * beam_size +
             live_parent).reshape(num_rows)  # [batch * beam]
-    cache = _gather_rows(cache, rows)
+    cache = _gather_rows(cache, kinds, rows)
 
     # Finished: the best beam of the old finished ones and the new endings.
     new_scores = jnp.where(ends, cand_logprobs / length_penalty(length, alpha),

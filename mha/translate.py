@@ -50,6 +50,42 @@ FIRST_STAGE_EXTRA = 10
 
 # ------------------------------------------------- the Transformer's search
 
+# What the rows of each cache variable of the Transformer are, for the search
+# (`mha.decoding.CacheRows`): those of `mha.attention.MultiHeadAttention` and
+# of `mha.positional`'s decoder position embedding.
+CACHE_ROWS = {
+    "position_index": decoding.CacheRows.SHARED,  # [] decoded positions
+    "cache_index": decoding.CacheRows.SHARED,  # [] decoded positions
+    # Decoder self-attention: [rows, max_decode_len, h, d_k / d_v].
+    "cached_key": decoding.CacheRows.HYPOTHESIS,
+    "cached_value": decoding.CacheRows.HYPOTHESIS,
+    # Location-aware attention: [rows, h, 1, keys], the previous step's row.
+    "previous_weights": decoding.CacheRows.HYPOTHESIS,
+    # Encoder-decoder keys and values, [rows, s, h, d_k / d_v], from the
+    # source alone; `filled` [] says they are computed.
+    "source_key": decoding.CacheRows.SENTENCE,
+    "source_value": decoding.CacheRows.SENTENCE,
+    "filled": decoding.CacheRows.SHARED,
+}
+
+
+def cache_rows(cache: Any) -> Any:
+  """The `CacheRows` of every leaf of a Transformer's decode cache.
+
+  Raises:
+    ValueError: a cache variable missing from `CACHE_ROWS` (a new one must
+      say whether its rows are shared, per hypothesis or per sentence).
+  """
+  def kind(path, _):
+    name = getattr(path[-1], "key", None)
+    if name not in CACHE_ROWS:
+      raise ValueError(f"Cache variable {jax.tree_util.keystr(path)} is not "
+                       "in translate.CACHE_ROWS: add what its rows are.")
+    return CACHE_ROWS[name]
+
+  return jax.tree_util.tree_map_with_path(kind, cache)
+
+
 
 def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
                beam_size: int, max_decode_len: int):
@@ -115,7 +151,8 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
     tokens, _ = decoding.beam_search(
         tokens_to_logits, cache, batch_size, beam_size, alpha,
         max_decode_len, eos_id, max_lengths,
-        stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache)
+        stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache,
+        cache_rows=cache_rows(cache))
     return tokens[:, 0]  # [batch, max_decode_len]
 
   return search
@@ -130,9 +167,10 @@ def translate_batch(model_config: TransformerConfig, params: Any,
   """One batch through the Transformer's search: the best hypotheses.
 
   Encodes once, initialises the decode cache at `batch * beam_size` rows and
-  runs the whole search (`mha.decoding.beam_search`) as one jitted
-  function, cached per (config, beam_size, alpha, eos_id) and compiled per
-  input shape and `max_decode_len`. The search runs in two stages
+  runs the whole search (`mha.decoding.beam_search`, with the cache's
+  `cache_rows`: the encoder-decoder keys and values are never gathered) as
+  one jitted function, cached per (config, beam_size, alpha, eos_id) and
+  compiled per input shape and `max_decode_len`. The search runs in two stages
   (`mha.decoding`): first with outputs and a self-attention cache of
   `inputs.shape[1] + first_stage_extra` positions, then, only if some
   sentence is not done by then, continued to `max_decode_len`; the output
@@ -344,7 +382,7 @@ def translate_texts(model_config: TransformerConfig, params: Any,
       alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size)]
 
 
-__all__ = ["DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
+__all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
            "ROW_MULTIPLE", "bucket_length", "decode_batches", "detokenize",
-           "encode_sources", "make_batches", "translate_batch",
+           "cache_rows", "encode_sources", "make_batches", "translate_batch",
            "translate_ids", "translate_texts"]

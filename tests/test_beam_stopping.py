@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from mha import decoding
+from mha.decoding import CacheRows
 
 EOS = 1
 VOCAB = 6  # 0 = pad / start (logit -inf), 1 = EOS, 2..5 words
@@ -38,9 +39,9 @@ class RandomModels:
   a live prefix can run on for many steps at little cost and overtake the
   finished hypotheses through the growing lp(|Y|): the situation the
   stopping bound must get right. The tables are per sentence; the step
-  function reads them from `source_` cache leaves (repeated per beam, never
-  reordered) and keeps the running sum per row (`acc`, reordered with its
-  hypothesis).
+  function reads them from `source_` cache leaves (`CacheRows.SENTENCE`:
+  repeated per beam, never reordered) and keeps the running sum per row
+  (`acc`, `CacheRows.HYPOTHESIS`: reordered with its hypothesis).
   """
 
   def __init__(self, seed: int):
@@ -58,6 +59,11 @@ class RandomModels:
             'source_eos': jnp.asarray(self.eos_bias[b:b + 1], jnp.float32),
             'acc': jnp.zeros((1, VOCAB), jnp.float32),
             'cache_index': jnp.array(0, jnp.int32)}
+
+  CACHE_ROWS = {'source_a': CacheRows.SENTENCE,
+                'source_b': CacheRows.SENTENCE,
+                'source_eos': CacheRows.SENTENCE,
+                'acc': CacheRows.HYPOTHESIS, 'cache_index': CacheRows.SHARED}
 
   @staticmethod
   def step(tokens, cache):
@@ -129,7 +135,8 @@ def test_early_stop_returns_what_running_to_the_limit_returns(alpha, beam):
   # One sentence per search: in a batch, the loop runs until every sentence
   # is done, and a sentence stopped too early would be searched on anyway.
   search = jax.jit(lambda cache, limit: decoding.beam_search(
-      RandomModels.step, cache, 1, beam, alpha, MAX_LEN, EOS, limit))
+      RandomModels.step, cache, 1, beam, alpha, MAX_LEN, EOS, limit,
+      cache_rows=RandomModels.CACHE_ROWS))
   longer = 0  # sentences whose best hypothesis is longer than 2 tokens
   for b in range(BATCH):
     tokens, scores = search(models.init_cache(b),

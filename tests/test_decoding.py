@@ -18,6 +18,7 @@ from configs import base
 from mha import decoding
 from mha import transformer
 from mha import translate
+from mha.decoding import CacheRows
 
 EOS = 1
 VOCAB = 5  # 0 = pad / start (never generated: logit -inf), 1 = EOS, 2, 3, 4
@@ -33,9 +34,10 @@ class TableModel:
   y_0 = 0 is the start symbol; the pad token 0 has logit -inf, so hypotheses
   read unambiguously from the 0-padded outputs (and -inf log-probabilities are
   exercised). The step function carries the running sum in
-  its cache (`acc`, per row), the sentence's bias (`src`, per sentence, so the
-  search repeats it per beam) and the position as a scalar `cache_index` plus a
-  `[num_layers]` index array, like a flax cache of a scanned layer stack.
+  its cache (`acc`, per hypothesis), the sentence's bias (`src`, per sentence,
+  so the search repeats it per beam) and the position as a scalar
+  `cache_index` plus a `[num_layers]` index array, like a flax cache of a
+  scanned layer stack; `cache_rows` says so to the search.
   """
 
   def __init__(self, seed: int, batch_size: int, max_len: int,
@@ -55,6 +57,11 @@ class TableModel:
         'cache_index': jnp.array(0, jnp.int32),
         'layers': {'cache_index': jnp.zeros((3,), jnp.int32)},
     }
+
+  def cache_rows(self):
+    return {'acc': CacheRows.HYPOTHESIS, 'src': CacheRows.SENTENCE,
+            'cache_index': CacheRows.SHARED,
+            'layers': {'cache_index': CacheRows.SHARED}}
 
   def step(self, tokens, cache, record: bool = False):
     # Checked while tracing: one position per call.
@@ -126,7 +133,7 @@ def run_beam(model, beam_size, alpha, max_decode_len, max_lengths=None,
              rows=None):
   fn = jax.jit(lambda cache, max_lengths: decoding.beam_search(
       model.step, cache, model.batch_size, beam_size, alpha, max_decode_len,
-      EOS, max_lengths))
+      EOS, max_lengths, cache_rows=model.cache_rows()))
   tokens, scores = fn(model.init_cache(rows), max_lengths)
   return np.asarray(tokens), np.asarray(scores)
 
@@ -187,7 +194,7 @@ def test_greedy_equals_numpy_argmax_loop():
   limits = np.array([7, 3, 1, 7, 5], np.int32)
   model = TableModel(seed=2, batch_size=5, max_len=8, scale=1.0)
   fn = jax.jit(lambda cache, limits: decoding.greedy_search(
-      model.step, cache, 5, 8, EOS, limits))
+      model.step, cache, 5, 8, EOS, limits, cache_rows=model.cache_rows()))
   tokens = np.asarray(fn(model.init_cache(), limits))
   assert tokens.shape == (5, 8)
   for b, limit in enumerate(limits):
@@ -201,7 +208,8 @@ def test_beam_size_one_is_greedy_with_its_score():
   alpha = 0.6
   tokens, scores = run_beam(model, 1, alpha, max_decode_len=6)
   greedy = np.asarray(jax.jit(lambda c: decoding.greedy_search(
-      model.step, c, 4, 6, EOS))(model.init_cache()))
+      model.step, c, 4, 6, EOS, cache_rows=model.cache_rows()))(
+          model.init_cache()))
   np.testing.assert_array_equal(tokens[:, 0], greedy)
   for b in range(4):
     seq = hypothesis(greedy[b])
@@ -214,7 +222,8 @@ def test_beam_size_one_is_greedy_with_its_score():
 def test_steps_take_one_token_and_stop_when_all_finished():
   model = TableModel(seed=4, batch_size=3, max_len=10)
   step = lambda tokens, cache: model.step(tokens, cache, record=True)
-  tokens = decoding.greedy_search(step, model.init_cache(), 3, 10, EOS)
+  tokens = decoding.greedy_search(step, model.init_cache(), 3, 10, EOS,
+                                  cache_rows=model.cache_rows())
   jax.effects_barrier()
   longest = max(len(hypothesis(t)) for t in np.asarray(tokens))
   assert longest < 10  # stopped early: every sentence reached EOS
@@ -264,6 +273,10 @@ class HistoryModel(TableModel):
         'cache_index': jnp.array(0, jnp.int32),
     }
 
+  def cache_rows(self):
+    return {'history': CacheRows.HYPOTHESIS, 'src': CacheRows.SENTENCE,
+            'cache_index': CacheRows.SHARED}
+
   def step(self, tokens, cache, record=False):
     assert tokens.shape[1:] == (1,)
     pos = cache['cache_index']
@@ -294,8 +307,10 @@ def test_bad_cache_leaf_is_named():
   model = TableModel(seed=0, batch_size=2, max_len=4)
   cache = model.init_cache()
   cache['extra'] = jnp.zeros((5, 2))
+  rows = dict(model.cache_rows(), extra=CacheRows.HYPOTHESIS)
   with pytest.raises(ValueError, match=r"\['extra'\].*\(5, 2\)"):
-    decoding.beam_search(model.step, cache, 2, 3, 0.6, 4, EOS)
+    decoding.beam_search(model.step, cache, 2, 3, 0.6, 4, EOS,
+                         cache_rows=rows)
 
 
 def test_no_retrace_for_same_shapes():
@@ -304,7 +319,8 @@ def test_no_retrace_for_same_shapes():
   @jax.jit
   @chex.assert_max_traces(n=1)
   def search(cache, limits):
-    return decoding.beam_search(model.step, cache, 2, 3, 0.6, 6, EOS, limits)
+    return decoding.beam_search(model.step, cache, 2, 3, 0.6, 6, EOS, limits,
+                                cache_rows=model.cache_rows())
 
   first = search(model.init_cache(), jnp.array([6, 4], jnp.int32))
   second = search(model.init_cache(), jnp.array([3, 6], jnp.int32))
@@ -402,18 +418,21 @@ def test_translate_beam_search_compiles_once_per_shape(tiny_transformer):
     assert EOS not in seq[:-1]
 
 
-def test_source_leaves_are_repeated_per_beam_but_never_gathered():
+def test_sentence_leaves_are_repeated_per_beam_but_never_gathered():
   batch, beam = 2, 3
   cache = {'layer': {'source_key': jnp.arange(batch * 4).reshape(batch, 4),
                      'cached_key': jnp.arange(batch * beam * 2).reshape(
                          batch * beam, 2),
                      'cache_index': jnp.array(3, jnp.int32)}}
-  expanded = decoding._expand_cache(cache, batch, beam)
+  kinds = {'layer': {'source_key': CacheRows.SENTENCE,
+                     'cached_key': CacheRows.HYPOTHESIS,
+                     'cache_index': CacheRows.SHARED}}
+  expanded = decoding._expand_cache(cache, kinds, batch, beam)
   np.testing.assert_array_equal(
       expanded['layer']['source_key'],
       np.repeat(np.arange(batch * 4).reshape(batch, 4), beam, axis=0))
   rows = jnp.array([2, 2, 0, 3, 5, 4])  # within each sentence, as the search
-  gathered = decoding._gather_rows(expanded, rows)
+  gathered = decoding._gather_rows(expanded, kinds, rows)
   np.testing.assert_array_equal(gathered['layer']['cached_key'],
                                 np.asarray(expanded['layer']['cached_key'])[
                                     np.asarray(rows)])
@@ -421,7 +440,7 @@ def test_source_leaves_are_repeated_per_beam_but_never_gathered():
   assert int(gathered['layer']['cache_index']) == 3
 
 
-def test_transformer_caches_cross_attention_as_source_leaves(
+def test_transformer_caches_cross_attention_as_sentence_leaves(
     tiny_transformer):
   model_config, _, params, inputs = tiny_transformer
   model = transformer.Transformer(model_config.replace(decode=True))
@@ -432,6 +451,13 @@ def test_transformer_caches_cross_attention_as_source_leaves(
   assert source and all('cross_attention' in n for n in source)
   assert not any('cross_attention' in n and 'cached_' in n for n in names)
   assert any('self_attention' in n and 'cached_key' in n for n in names)
+  kinds = {jax.tree_util.keystr(path): kind for path, kind in
+           jax.tree_util.tree_flatten_with_path(translate.cache_rows(cache))[0]}
+  assert {n for n, k in kinds.items() if k is CacheRows.SENTENCE} == source
+  assert all(kinds[n] is CacheRows.HYPOTHESIS for n in names
+             if 'cached_' in n)
+  with pytest.raises(ValueError, match='new_variable'):
+    translate.cache_rows({'layer': {'new_variable': jnp.zeros((2,))}})
 
 
 class GrowingHistoryModel(HistoryModel):
@@ -466,7 +492,8 @@ def test_staged_search_equals_one_stage(beam):
                  decoding.beam_search(
                      model.step, cache, model.batch_size, beam, 0.6, 9, EOS,
                      max_lengths, stage_lengths=stages,
-                     grow_cache=model.grow_cache))
+                     grow_cache=model.grow_cache,
+                     cache_rows=model.cache_rows()))
     tokens, scores = fn(model.init_cache(length=stages[0]), limits)
     np.testing.assert_array_equal(np.asarray(tokens), one[0])
     np.testing.assert_allclose(np.asarray(scores), one[1], rtol=1e-6)
@@ -488,7 +515,8 @@ def test_staged_search_equals_one_stage(beam):
 
   tokens, scores = jax.jit(lambda cache: decoding.beam_search(
       step, cache, model.batch_size, beam, 0.6, 9, EOS, short,
-      stage_lengths=(4,), grow_cache=grow_cache))(model.init_cache(length=4))
+      stage_lengths=(4,), grow_cache=grow_cache,
+      cache_rows=model.cache_rows()))(model.init_cache(length=4))
   jax.effects_barrier()
   assert positions and max(positions) < 4 and grown == []
   assert tokens.shape[-1] == 9

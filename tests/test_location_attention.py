@@ -171,7 +171,8 @@ def test_beam_search_scores_equal_full_pass_log_probabilities():
   @jax.jit
   def search(params):
     step, cache, _ = translate._model_fns(decoder, params, SRC, beam, max_len)
-    return decoding.beam_search(step, cache, 2, beam, 0.0, max_len, eos)
+    return decoding.beam_search(step, cache, 2, beam, 0.0, max_len, eos,
+                                cache_rows=translate.cache_rows(cache))
 
   tokens, scores = (np.asarray(x) for x in search(params))
   checked = 0
