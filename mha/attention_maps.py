@@ -224,25 +224,12 @@ def plot_attention(weights: np.ndarray, query_labels: Sequence[str],
   if (len(query_labels), len(key_labels)) != (num_q, num_k):
     raise ValueError(f"{len(query_labels)} query and {len(key_labels)} key "
                      f"labels for weights of shape {weights.shape}.")
-  rows, cols = _grid(num_heads)
-  # ~0.17 inch per token keeps 7-point labels apart for ~30-token sentences;
-  # longer ones get 5-point labels and smaller cells.
-  small = max(num_q, num_k) > 40
-  cell = 0.12 if small else 0.17
-  panel_w = max(2.2, cell * num_k + 1.2)
-  panel_h = max(2.2, cell * num_q + 1.4)
-  figure = Figure(figsize=(cols * panel_w + 0.8, rows * panel_h + 0.5),
-                  dpi=dpi, layout="constrained")
-  FigureCanvasAgg(figure)
-  axes = figure.subplots(rows, cols, squeeze=False)
-  font = 5 if small else 7
-  panels = list(axes.flat[:num_heads])
-  for ax in axes.flat[num_heads:]:
-    figure.delaxes(ax)
+  figure, panels, font = _panels(num_heads, num_q, num_k, dpi)
+  cols = _grid(num_heads)[1]
   image = None
   for h, ax in enumerate(panels):
     image = ax.imshow(weights[h], cmap="viridis", vmin=0.0, vmax=1.0,
-                      interpolation="nearest", aspect="auto")
+                      interpolation="nearest", aspect="auto")  # [Q, K]
     ax.set_xticks(np.arange(num_k), labels=list(key_labels), rotation=90,
                   fontsize=font)
     ax.set_yticks(np.arange(num_q), labels=list(query_labels),
@@ -261,6 +248,25 @@ def plot_attention(weights: np.ndarray, query_labels: Sequence[str],
   if path is not None:
     figure.savefig(os.fspath(path), format="png", dpi=dpi)
   return figure
+
+
+def _panels(num_heads: int, num_q: int, num_k: int,
+            dpi: int) -> tuple[Figure, list[Any], int]:
+  """(figure on an Agg canvas, one Axes per head, tick font size)."""
+  rows, cols = _grid(num_heads)
+  # ~0.17 inch per token keeps 7-point labels apart for ~30-token sentences;
+  # longer ones get 5-point labels and smaller cells.
+  small = max(num_q, num_k) > 40
+  cell = 0.12 if small else 0.17
+  panel_w = max(2.2, cell * num_k + 1.2)
+  panel_h = max(2.2, cell * num_q + 1.4)
+  figure = Figure(figsize=(cols * panel_w + 0.8, rows * panel_h + 0.5),
+                  dpi=dpi, layout="constrained")
+  FigureCanvasAgg(figure)
+  axes = figure.subplots(rows, cols, squeeze=False)
+  for ax in axes.flat[num_heads:]:
+    figure.delaxes(ax)
+  return figure, list(axes.flat[:num_heads]), 5 if small else 7
 
 
 def figure_title(kind: str, layer: int, num_layers: int) -> str:
