@@ -15,6 +15,21 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def count_params(tree: Any, skip: str | None = None) -> int:
+  """The number of parameters in `tree` (arrays or `jax.eval_shape` shapes).
+
+  Args:
+    tree: a parameter pytree.
+    skip: leaves under a key of this name (e.g. 'embedding') are not
+      counted.
+  """
+  total = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if skip is None or all(getattr(k, "key", None) != skip for k in path):
+      total += int(np.prod(leaf.shape))
+  return total
+
+
 def cpu_model() -> str:
   """`lscpu`'s model name (from /proc/cpuinfo), or the platform's."""
   try:

@@ -19,17 +19,10 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import base
+from configs import multi30k
 from mha import data
 from mha.data import tokenized
 # pylint: enable=g-import-not-at-top,wrong-import-position
-
-
-def _default_data_dir() -> str:
-  env = os.environ.get("MHA_MULTI30K_DIR")
-  if env:
-    return env
-  return str(pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-             / "multi30k")
 
 
 def _measure(config, tok, num_devices: int, seconds: float) -> dict:
@@ -56,7 +49,7 @@ def _measure(config, tok, num_devices: int, seconds: float) -> dict:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--data_dir", default=_default_data_dir(),
+  parser.add_argument("--data_dir", default=multi30k.default_data_dir(),
                       help="folder of {split}.{lang}[.gz] files")
   parser.add_argument("--source_lang", default="de")
   parser.add_argument("--target_lang", default="en")

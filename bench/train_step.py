@@ -114,12 +114,8 @@ def _met(ok: bool) -> str:
 
 def count_params(params) -> tuple[int, int]:
   """(all parameters, parameters outside the embedding matrix)."""
-  total = embed = 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    total += leaf.size
-    if any(getattr(k, "key", None) == "embedding" for k in path):
-      embed += leaf.size
-  return total, total - embed
+  return (common.count_params(params),
+          common.count_params(params, skip="embedding"))
 
 
 class Peak:

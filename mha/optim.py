@@ -33,11 +33,24 @@ def noam_schedule(d_model: int, warmup_steps: int,
   return schedule
 
 
+def peak_learning_rate(d_model: int, warmup_steps: int,
+                       scale: float = 1.0) -> float:
+  """The schedule's largest value, at k = warmup_steps:
+  scale · d_model^-0.5 · warmup_steps^-0.5 (in float64)."""
+  return scale * d_model ** -0.5 * warmup_steps ** -0.5
+
+
+def config_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """`noam_schedule` of a config's d_model, warmup_steps and
+  learning_rate_scale: the optimizer's and the logged rate."""
+  return noam_schedule(config.d_model, config.warmup_steps,
+                       config.learning_rate_scale)
+
+
 def create_optimizer(config: ml_collections.ConfigDict
                      ) -> optax.GradientTransformation:
   """Adam(β1, β2, ε) on the noam schedule, optionally after norm clipping."""
-  schedule = noam_schedule(config.d_model, config.warmup_steps,
-                           config.learning_rate_scale)
+  schedule = config_schedule(config)
   adam = optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2,
                     eps=config.adam_eps)
   if config.grad_clip_norm and config.grad_clip_norm > 0:

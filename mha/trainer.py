@@ -110,8 +110,7 @@ def make_apply_step(tx: optax.GradientTransformation,
   Sums over all devices of all processes, divides by the global token count
   (a token-weighted mean, independent of the device split), applies Adam.
   """
-  schedule = optim.noam_schedule(config.d_model, config.warmup_steps,
-                                 config.learning_rate_scale)
+  schedule = optim.config_schedule(config)  # the optimizer's, to log it
 
   def apply_step(state, grads, sums, stop):
     grads, sums = lax.psum((grads, sums), AXIS)

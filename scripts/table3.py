@@ -64,6 +64,7 @@ from configs import table3 as table3_config  # pylint: disable=g-import-not-at-t
 from mha import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import metrics as metrics_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.errors import UserError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.transformer import Transformer  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -158,7 +159,7 @@ def count_params(config: ml_collections.ConfigDict) -> int:
   ids = jnp.ones((1, 8), jnp.int32)
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.key(0), ids, ids))["params"]
-  return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
+  return common.count_params(shapes)
 
 
 def _value_text(value: Any) -> str:
@@ -470,8 +471,8 @@ def build_table(results: dict[str, dict[str, Any]], workdir_root: str,
     lines.append("| " + " | ".join(cells[c] for c in COLUMNS) + " |")
 
   c = current
-  peak = (c["learning_rate_scale"] * c["d_model"] ** -0.5
-          * c["warmup_steps"] ** -0.5)
+  peak = optim.peak_learning_rate(c["d_model"], c["warmup_steps"],
+                                 c["learning_rate_scale"])
   peak_text = f"{peak:.1e}".replace("e-0", "e-")
   notes = [
       "",

@@ -45,8 +45,14 @@ class BatchShape:
   targets_length: int
 
 
+def ceil_div(n: int, d: int) -> int:
+  """⌈n / d⌉ for integers, d > 0."""
+  return -(-n // d)
+
+
 def round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
+  """The smallest multiple of `multiple` that is >= n."""
+  return ceil_div(n, multiple) * multiple
 
 
 def padded_cap(max_length: int, model_max_len: int) -> int:
@@ -92,7 +98,7 @@ def one_per_row(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _split_into_batches(entries: np.ndarray, rows: int) -> np.ndarray:
   """[n] entries -> [ceil(n / rows), rows], the last completed with -1."""
-  num = -(-len(entries) // rows)
+  num = ceil_div(len(entries), rows)
   out = np.full(num * rows, -1, dtype=np.int64)
   out[:len(entries)] = entries
   return out.reshape(num, rows)
@@ -135,7 +141,7 @@ class BucketPlan:
       self.shapes.append(BatchShape(rows_for(max_tokens, g, num_devices),
                                     min(g, inputs_cap), min(g, targets_cap)))
       self._members.append(np.asarray(example_ids)[bucket == b])
-    self._num_batches = [-(-len(m) // s.rows)
+    self._num_batches = [ceil_div(len(m), s.rows)
                          for m, s in zip(self._members, self.shapes)]
     self.batches_per_epoch = sum(self._num_batches)
 
@@ -217,7 +223,7 @@ class PackPlan:
         np.fromiter((i for r in packed for i in r), np.int64,
                     self._row_offsets[-1])]
     self.num_rows = len(packed)
-    self.batches_per_epoch = -(-self.num_rows // rows)
+    self.batches_per_epoch = ceil_div(self.num_rows, rows)
 
   def epoch(self, epoch: int) -> list[tuple[BatchShape, np.ndarray]]:
     """The global batches of `epoch`: (shape, [rows] packed-row ids, -1 =
