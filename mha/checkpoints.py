@@ -42,6 +42,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 
 from mha import workdir as workdir_lib
+from mha.data import files
 from mha.errors import CheckpointError
 
 PyTree = Any
@@ -83,7 +84,7 @@ class DamagedCheckpointError(CheckpointError):
 def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
   """`<workdir>/checkpoints`, absolute (Orbax refuses relative paths)."""
   path = epath.Path(workdir)
-  if not path.is_absolute() and "://" not in os.fspath(workdir):
+  if not path.is_absolute() and not files.has_scheme(os.fspath(workdir)):
     path = epath.Path(os.path.abspath(os.fspath(workdir)))
   return path / CHECKPOINTS_SUBDIR
 
