@@ -26,7 +26,7 @@ during training) reuse the compiled search.
 """
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import logging
 import jax
@@ -45,7 +45,6 @@ ROW_MULTIPLE = 8
 # The first stage of the search: outputs up to the padded input length + 10
 # (in a trained model nearly all searches end there; see `mha.decoding`).
 FIRST_STAGE_EXTRA = 10
-
 
 
 # ------------------------------------------------- the Transformer's search
@@ -86,9 +85,10 @@ def cache_rows(cache: Any) -> Any:
   return jax.tree_util.tree_map_with_path(kind, cache)
 
 
-
 def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
-               beam_size: int, max_decode_len: int):
+               beam_size: int, max_decode_len: int
+               ) -> tuple[decoding.TokensToLogits, Any,
+                          Callable[[Any, int], Any]]:
   """The Transformer's step function and initial cache for the search.
 
   `encode(inputs)` once per sentence, then the encoder output is repeated
@@ -135,7 +135,7 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
 
 @functools.lru_cache(maxsize=32)
 def _translate_fn(model_config: TransformerConfig, beam_size: int,
-                  alpha: float, eos_id: int):
+                  alpha: float, eos_id: int) -> Callable[..., jax.Array]:
   """The jitted search for one model config; recompiles per input shape."""
   model = Transformer(model_config.replace(decode=True, deterministic=True))
 
