@@ -38,6 +38,7 @@ from mha import workdir as workdir_lib
 from mha.data import files
 from mha.data import sources
 from mha.errors import TrainingDiverged
+from mha.errors import UserError
 from mha.errors import WorkdirError
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -683,15 +684,22 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
 
 def _train(config: ml_collections.ConfigDict,
            folder: workdir_lib.Workdir) -> dict[str, float]:
-  """The run itself, under the workdir's lock: the steps above in order."""
-  run = _set_up(config, folder)
-  manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
-  writer = metrics_lib.MetricsWriter(folder.path, jax.process_index() == 0)
-  start = _resume_or_start(config, folder, run, manager, writer)
+  """The run itself, under the workdir's lock: the steps above in order.
+
+  Bad data found during the set-up (a vocabulary that cannot be trained, no
+  example within the length limits) leaves the workdir as it was.
+  """
+  restored = (folder.restored_on((UserError,)) if jax.process_index() == 0
+              else contextlib.nullcontext())
+  with restored:
+    run = _set_up(config, folder)
+    manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
+    writer = metrics_lib.MetricsWriter(folder.path, jax.process_index() == 0)
+    start = _resume_or_start(config, folder, run, manager, writer)
+    batches = _train_batches(config, run.tokenizer, start)
   state = replicate(start.state, jax.local_devices())
   update = _Updater(run.model, run.tx, config)
   evaluate = InTrainingEval(config, run.tokenizer, run.eval_model)
-  batches = _train_batches(config, run.tokenizer, start)
   window = MetricsWindow(config, writer, metrics_lib.Progress(
       start.step, config.num_train_steps))
   step = _loop(config, state, start.step, batches, update, window,

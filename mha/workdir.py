@@ -19,6 +19,7 @@ import contextlib
 import datetime
 import json
 import os
+import shutil
 import socket
 from typing import Iterator
 
@@ -387,6 +388,39 @@ class Workdir:
 
   def load_config(self) -> ml_collections.ConfigDict:
     return load_config(self.path)
+
+  @contextlib.contextmanager
+  def restored_on(self, errors: tuple[type[BaseException], ...]
+                  ) -> Iterator[None]:
+    """Leaves the workdir as it was if the block raises one of `errors`.
+
+    For a run's set-up (vocabulary, tokenized data, config.json, batch
+    plan): bad data found there must not leave a half-made workdir. The
+    entries the block created at the top of the workdir are removed (the
+    lock excepted: its holder releases it), and config.json and
+    metrics.jsonl get their earlier bytes back.
+    """
+    before = set(os.listdir(self.path))
+    saved = {}  # path -> (bytes, (atime_ns, mtime_ns))
+    for path in (self.config_path, self.metrics_path):
+      if os.path.isfile(path):
+        with open(path, "rb") as f:
+          stat = os.stat(path)
+          saved[path] = (f.read(), (stat.st_atime_ns, stat.st_mtime_ns))
+    try:
+      yield
+    except errors:
+      for name in set(os.listdir(self.path)) - before - {LOCK_FILE}:
+        path = os.path.join(self.path, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+          shutil.rmtree(path, ignore_errors=True)
+        else:
+          with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+      for path, (data, times) in saved.items():
+        files.write_bytes_atomic(path, data)
+        os.utime(path, ns=times)
+      raise
 
   @contextlib.contextmanager
   def lock(self) -> Iterator[WorkdirLock]:

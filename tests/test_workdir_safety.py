@@ -85,6 +85,20 @@ def _refused(error_type, message, config, workdir: pathlib.Path):
   return str(error.value)
 
 
+def test_bad_data_found_in_set_up_leaves_the_workdir_as_it_was(copy,
+                                                              tmp_path):
+  """max_source_length=1 holds EOS alone: no example fits, which only the
+  batch plan finds, after the vocabulary, tokenized data and config.json
+  were written."""
+  config = tiny_config(max_source_length=1)
+  message = r"No example of split 'train' fits config.max_source_length=1"
+  _refused(data.DataError, message, config, copy)
+  new = tmp_path / "new"
+  with pytest.raises(data.DataError, match=message):
+    trainer.train_and_evaluate(config, str(new))
+  assert not new.exists()
+
+
 BAD_FIELDS = [
     (dict(num_heads=0), r"config.num_heads must be >= 1, got 0\."),
     (dict(num_heads=3), r"config.d_model=32 is not divisible by "
