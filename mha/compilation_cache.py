@@ -23,6 +23,8 @@ from absl import flags
 from absl import logging
 import jax
 
+from mha.data import files
+
 ENV = "MHA_COMPILATION_CACHE_DIR"
 
 
@@ -56,7 +58,7 @@ def enable(path: str | None = None) -> str | None:
   if not path:
     jax.config.update("jax_enable_compilation_cache", False)
     return None
-  if "://" not in path:
+  if not files.has_scheme(path):
     path = os.path.expanduser(path)
     try:
       os.makedirs(path, exist_ok=True)

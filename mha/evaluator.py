@@ -42,7 +42,7 @@ from mha.data import tokenizer as tokenizer_lib
 from mha.scoring import score
 from mha.transformer import TransformerConfig
 
-EVAL_DIR = "eval"
+EVAL_DIR = workdir_lib.EVAL_DIR  # the layout is the Workdir's
 TRANSLATIONS_FILE = "translations.txt"
 METRICS_FILE = "metrics.json"
 # How often load_params chooses its steps again when one is deleted meanwhile.
