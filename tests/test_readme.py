@@ -8,6 +8,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -26,6 +28,7 @@ def test_ci_runs_the_readme_test_command():
   assert command in ci_lines  # .ci/run runs this very line
 
 
+@pytest.mark.slow
 def test_quickstart_command_reaches_the_readmes_bleu(tmp_path):
   command = readme_command("quickstart-command")
   steps = [shlex.split(part) for part in command.split("&&")]

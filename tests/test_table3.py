@@ -213,6 +213,7 @@ def logged_eval(workdir: pathlib.Path, step: int) -> dict:
   return record
 
 
+@pytest.mark.slow
 def test_script_runs_rows_in_stages_and_writes_the_readme(multi30k, tmp_path):
   readme = tmp_path / "README.md"
   original = (REPO / "README.md").read_text()

@@ -302,6 +302,7 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_is_bit_identical(tmp_path):
   flags = _flags(num_train_steps=40, checkpoint_every_steps=10,
                  keep_checkpoints=10, eval_every_steps=1000,
@@ -376,6 +377,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
   flags = _flags(num_train_steps=6, checkpoint_every_steps=6,
                  eval_every_steps=6, log_every_steps=1, dropout_rate=0.0)
