@@ -30,6 +30,24 @@ def multi30k_dir() -> pathlib.Path | None:
   return path if (path / "train.de.gz").exists() else None
 
 
+
+# The tiny training config of the trainer tests: the synthetic pair and a
+# 512-piece vocabulary keep sentences short (about 10 pieces), so three
+# bucket shapes (lengths 8, 16, 24) hold them: few compiles.
+TINY_OVERRIDES = dict(vocab_size=512, max_source_length=24,
+                      max_target_length=24, max_tokens=768, max_len=64,
+                      eval_bleu_sentences=0)
+
+
+def tiny_config(**changes):
+  """configs/quickstart.py:tiny with TINY_OVERRIDES, then `changes`."""
+  from configs import quickstart  # pylint: disable=import-outside-toplevel
+  config = quickstart.get_config("tiny")
+  config.update(TINY_OVERRIDES)
+  config.update(changes)
+  return config
+
+
 @pytest.fixture
 def multi30k():
   path = multi30k_dir()

@@ -19,20 +19,10 @@ from configs import quickstart
 from mha import checkpoints
 from mha import metrics as metrics_lib
 from mha import trainer
+from conftest import TINY_OVERRIDES
+from conftest import tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# A 512-piece vocabulary keeps synthetic sentences short (about 10 pieces), so
-# three bucket shapes (lengths 8, 16, 24) hold them: few compiles.
-TINY_OVERRIDES = dict(vocab_size=512, max_source_length=24,
-                      max_target_length=24, max_tokens=768, max_len=64,
-                      eval_bleu_sentences=0)
-
-
-def tiny_config(**changes):
-  config = quickstart.get_config("tiny")
-  config.update(TINY_OVERRIDES)
-  config.update(changes)
-  return config
 
 
 def _flags(**changes) -> list[str]:
@@ -291,6 +281,7 @@ def _wait_for(predicate, process, timeout=240.0):
 _KILLED_IN_SAVE = r"""
 import os, runpy, signal, sys
 from orbax.checkpoint._src.path import atomicity
+
 finalize = atomicity.AtomicRenameTemporaryPath.finalize
 async def killing(self):
   if self.get_final().name == os.environ["MHA_TEST_KILL_AT_SAVE"]:

@@ -26,19 +26,10 @@ from mha import metrics as metrics_lib
 from mha.data import batching
 from mha import trainer
 from mha import workdir as workdir_lib
+from conftest import TINY_OVERRIDES
+from conftest import tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# As in test_trainer.py: the synthetic pair, a 512-piece vocabulary.
-TINY_OVERRIDES = dict(vocab_size=512, max_source_length=24,
-                      max_target_length=24, max_tokens=768, max_len=64,
-                      eval_bleu_sentences=0)
-
-
-def tiny_config(**changes):
-  config = quickstart.get_config("tiny")
-  config.update(TINY_OVERRIDES)
-  config.update(changes)
-  return config
 
 
 def snapshot(path: pathlib.Path) -> dict[str, tuple[str, int]] | None:
@@ -334,6 +325,7 @@ _DRIVER = r"""
 import contextlib, io, json, sys
 from absl import app, flags
 import train
+
 results = []
 cases = json.loads(sys.argv[1])
 for i, argv in enumerate(cases):
