@@ -2,16 +2,24 @@
 
 Only process 0 writes files; the other processes only log. Each JSONL line is
 `{"step": k, "name": value, ...}`, one line per `write` call.
+
+metrics.jsonl is written through the file layer (`mha/data/files.py`), so a
+gs:// workdir works: there each `write` rewrites the object with the new
+line added (object stores do not append; the upload is conditioned on the
+object being unchanged since it was read), which costs one download and one
+upload per logged step. TensorBoard event files are written by clu's writer
+(TensorFlow's file system, which reads and writes gs:// itself).
 """
+import io
 import json
 import math
-import os
 import time
 
 from absl import logging
 from clu import metric_writers
 
 from mha import workdir as workdir_lib
+from mha.data import files
 
 METRICS_FILE = workdir_lib.METRICS_FILE  # the name: mha/workdir.py
 
@@ -31,10 +39,9 @@ class MetricsWriter:
 
   def truncate_after(self, step: int) -> None:
     """Drops lines of steps > `step`: a resumed run rewrites them."""
-    if self.path is None or not os.path.exists(self.path):
+    if self.path is None or not files.exists(self.path):
       return
-    with open(self.path) as f:
-      lines = f.readlines()
+    lines = _lines(self.path)
     torn = bool(lines) and not lines[-1].endswith("\n")
     if torn:
       # A run killed while appending leaves a torn last line: drop it.
@@ -44,10 +51,7 @@ class MetricsWriter:
     kept = [line for number, line in enumerate(lines, 1) if line.strip()
             and _parse(line, self.path, number).get("step", 0) <= step]
     if torn or len(kept) != len(lines):
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(kept)
-      os.replace(tmp, self.path)
+      files.write_bytes_atomic(self.path, "".join(kept).encode("utf-8"))
 
   def write(self, step: int, scalars: dict[str, float]) -> None:
     scalars = {k: float(v) for k, v in scalars.items()}
@@ -56,14 +60,19 @@ class MetricsWriter:
       record = {"step": int(step), "time": time.time()}
       record.update({k: (v if math.isfinite(v) else str(v))
                      for k, v in scalars.items()})
-      with open(self.path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+      files.append_bytes(self.path,
+                         (json.dumps(record) + "\n").encode("utf-8"))
 
   def flush(self) -> None:
     self._writer.flush()
 
   def close(self) -> None:
     self._writer.close()
+
+
+def _lines(path: str) -> list[str]:
+  """The lines of `path`, each with its '\\n' (the last may lack it)."""
+  return io.StringIO(files.read_text(path), newline="\n").readlines()
 
 
 def _parse(line: str, path: str, number: int) -> dict:
@@ -77,15 +86,11 @@ def _parse(line: str, path: str, number: int) -> dict:
 def read_metrics(workdir: str) -> list[dict]:
   """The records of `<workdir>/metrics.jsonl`, in order."""
   path = workdir_lib.Workdir(workdir).metrics_path
-  if not os.path.exists(path):
+  if not files.exists(path):
     return []
-  records = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      records.append(_parse(line, path, number))
-  return records
+  lines = _lines(path)
+  return [_parse(line, path, number)
+          for number, line in enumerate(lines, 1) if line.strip()]
 
 
 class Progress:

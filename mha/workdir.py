@@ -14,12 +14,15 @@ evaluation reads a workdir through its read-only loaders (`load_config`,
 two the data layer writes itself (`spm.model`, `tokenized/`): mha/data is the
 lowest layer and imports nothing above it, so they are defined there and
 read from there.
+
+A workdir may be a local folder or a `gs://bucket/...` URL: every file here
+is read and written through the one file layer (`mha/data/files.py`), and
+the lock is an atomic create-if-absent on either.
 """
 import contextlib
 import datetime
 import json
 import os
-import shutil
 import socket
 from typing import Iterator
 
@@ -61,24 +64,25 @@ EVAL_DIR = "eval"
 
 
 def check_local(workdir: str) -> None:
-  """Refuses a workdir given as a URL (gs://...).
+  """Refuses a workdir given as a URL, for readers that use local file I/O.
 
-  config.json, metrics.jsonl and the evaluation outputs are written with
-  local file I/O (metrics.jsonl is appended to, which object stores do not
-  offer), so a URL would silently become a local folder named 'gs:'.
+  Training reads and writes gs:// workdirs through the file layer; the
+  evaluation outputs are still written with local file I/O, so eval.py
+  calls this.
   """
   if files.has_scheme(workdir):
     raise ConfigError(
-        f"--workdir={workdir}: URLs are not supported as workdirs. Mount the "
-        "bucket (e.g. gcsfuse on a TPU VM) or use a shared filesystem, and "
-        "pass its local path.")
+        f"--workdir={workdir}: URLs are not supported by eval.py yet (its "
+        "outputs are written with local file I/O). Copy the workdir to a "
+        "local folder (gcloud storage cp -r) or mount the bucket (gcsfuse), "
+        "and pass its local path.")
 
 
 def _saved_and_given(config: ml_collections.ConfigDict, workdir: str
                      ) -> tuple[dict | None, dict]:
   """(the workdir's config.json or None if it has none, `config`), as dicts."""
   path = os.path.join(workdir, CONFIG_FILE)
-  saved = _read_json(path) if os.path.lexists(path) else None
+  saved = _read_json(path) if files.exists(path) else None
   return saved, json.loads(config.to_json())
 
 
@@ -89,8 +93,7 @@ def _read_json(path: str) -> dict:
     WorkdirError: naming `path`, when it is not a readable JSON object.
   """
   try:
-    with open(path) as f:
-      value = json.load(f)
+    value = json.loads(files.read_text(path))
   except json.JSONDecodeError as e:
     raise WorkdirError(
         f"{path} is not valid JSON ({e.msg}, line {e.lineno} column "
@@ -140,11 +143,8 @@ def changed_data_fields(config: ml_collections.ConfigDict,
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  path = os.path.join(workdir, CONFIG_FILE)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.write(config.to_json(indent=2))
-  os.replace(tmp, path)
+  files.write_bytes_atomic(os.path.join(workdir, CONFIG_FILE),
+                           config.to_json(indent=2).encode("utf-8"))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
@@ -155,7 +155,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     WorkdirError: config.json is not a readable JSON object (names it).
   """
   path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  if not files.exists(path):
     raise FileNotFoundError(f"{path} does not exist: is {workdir} a workdir "
                             "written by train.py?")
   return ml_collections.ConfigDict(_read_json(path))
@@ -202,12 +202,14 @@ class WorkdirLock:
   """`<workdir>/lock`: one training run per workdir.
 
   The file holds the host, pid and start time of the run that holds it. It
-  appears atomically (a complete temporary file hard-linked to the name, or
-  O_CREAT|O_EXCL where links are not supported), so two runs cannot both take
-  it. A lock whose process no longer runs on this host (killed with -9, or
-  the host rebooted) is renamed away and taken over, with a warning; a lock
-  of a running process, or of another host (whose processes cannot be seen
-  from here), refuses the run.
+  appears atomically (`files.create_new`: locally a complete temporary file
+  hard-linked to the name, or O_CREAT|O_EXCL; on gs:// an upload with
+  `ifGenerationMatch=0`), so two runs cannot both take it, on one host or
+  on several sharing a bucket. A lock whose process no longer runs on this
+  host (killed with -9, or the host rebooted) is taken over with a warning,
+  by replacing it only if it is still the one read
+  (`files.replace_if_unchanged`); a lock of a running process, or of
+  another host (whose processes cannot be seen from here), refuses the run.
   """
 
   def __init__(self, workdir: str):
@@ -219,21 +221,29 @@ class WorkdirLock:
             timespec="seconds"),
         "process_start": _process_start(os.getpid()), "boot_id": _boot_id(),
     }
+    self._text = (json.dumps(self.info, indent=2) + "\n").encode("utf-8")
     self.held = False
 
   def acquire(self) -> None:
     """Takes the lock.
 
     Raises:
-      WorkdirError: another run holds it, naming that run and the file.
+      WorkdirError: another run holds it, naming that run and the file, or
+        the file cannot be written.
     """
+    try:
+      self.held = self._acquire()
+    except OSError as e:
+      raise WorkdirError(f"Cannot take the lock {self.path}: {e}") from None
+
+  def _acquire(self) -> bool:
     for _ in range(5):
-      if self._create():
-        self.held = True
-        return
-      holder = self._read()
-      if holder is None:
+      if files.create_new(self.path, self._text):
+        return True
+      read = self._read()
+      if read is None:
         continue  # released meanwhile: try again
+      holder, raw = read
       if holder.get("host") != self.info["host"]:
         raise WorkdirError(
             f"{self.workdir} is locked by process {holder.get('pid')} on host "
@@ -246,73 +256,38 @@ class WorkdirLock:
             f"{holder.get('host')} (started {holder.get('started')}; lock "
             f"{self.path}): one training run per workdir. Wait for it or "
             "stop it, or use another --workdir.")
-      self._take_over(holder)
+      if files.replace_if_unchanged(self.path, raw, self._text):
+        logging.warning(
+            "Taking over the stale lock %s of process %s on %s (started %s), "
+            "which no longer runs.", self.path, holder.get("pid"),
+            holder.get("host"), holder.get("started"))
+        return True
+      # another run took it over, or released it, meanwhile: look again
     raise WorkdirError(f"Could not take {self.path}: other runs keep taking "
                        "and releasing it. Start one run per workdir.")
 
-  def _create(self) -> bool:
-    """Creates the lock file with our info; False if it exists."""
-    text = json.dumps(self.info, indent=2) + "\n"
-    tmp = f"{self.path}.{self.info['host']}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-      f.write(text)
+  def _read(self) -> tuple[dict, bytes] | None:
+    """The lock's content and its bytes; None if it does not exist."""
     try:
-      os.link(tmp, self.path)
-      return True
-    except FileExistsError:
-      return False
-    except OSError:  # no hard links on this filesystem
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        return False
-      with os.fdopen(fd, "w") as f:
-        f.write(text)
-      return True
-    finally:
-      os.unlink(tmp)
-
-  def _read(self, path: str | None = None) -> dict | None:
-    """The lock's content; None if it does not exist."""
-    path = path or self.path
-    try:
-      with open(path) as f:
-        holder = json.load(f)
+      raw = files.read_bytes(self.path)
     except FileNotFoundError:
       return None
-    except (OSError, ValueError):
+    try:
+      holder = json.loads(raw)
+    except ValueError:
       holder = None
     if not isinstance(holder, dict):
       raise WorkdirError(
-          f"{path} is not a lock written by train.py. If no run uses "
-          f"{self.workdir}, delete {path}.")
-    return holder
-
-  def _take_over(self, stale: dict) -> None:
-    """Moves a stale lock away (atomically), unless another run was faster."""
-    aside = f"{self.path}.stale.{os.getpid()}"
-    try:
-      os.rename(self.path, aside)
-    except FileNotFoundError:
-      return  # another run moved it first
-    moved = self._read(aside)
-    if moved != stale:  # another run took it over meanwhile: give it back
-      with contextlib.suppress(FileExistsError):
-        os.link(aside, self.path)
-    else:
-      logging.warning(
-          "Taking over the stale lock %s of process %s on %s (started %s), "
-          "which no longer runs.", self.path, stale.get("pid"),
-          stale.get("host"), stale.get("started"))
-    os.unlink(aside)
+          f"{self.path} is not a lock written by train.py. If no run uses "
+          f"{self.workdir}, delete {self.path}.")
+    return holder, raw
 
   def release(self) -> None:
     """Deletes the lock file if it is still ours."""
     if self.held:
       self.held = False
-      with contextlib.suppress(OSError, WorkdirError):
-        if self._read() == self.info:
-          os.unlink(self.path)
+      with contextlib.suppress(OSError):
+        files.remove_if_unchanged(self.path, self._text)
 
 
 class Workdir:
@@ -353,15 +328,30 @@ class Workdir:
     return tokenizer.load_tokenizer(config, self.vocabulary_path)
 
   def check_usable(self) -> None:
-    """Refuses, without writing, a workdir that training cannot use: a URL,
-    a path that is not a folder, a folder it cannot write, a config.json
-    that is not a readable JSON object.
+    """Refuses, without writing, a workdir that training cannot use: a path
+    that is not a folder, a folder it cannot write, a bucket that does not
+    exist or cannot be listed, a config.json that is not a readable JSON
+    object.
 
     Raises:
-      ConfigError: a URL.
+      ConfigError: a URL of another scheme than gs://.
       WorkdirError: naming the path at fault.
     """
-    check_local(self.path)
+    if files.is_gcs(self.path):
+      try:
+        files.check_bucket(self.path)
+        is_file = files.isfile(self.path)
+      except OSError as e:
+        raise WorkdirError(f"--workdir={self.path}: {e}") from None
+      if is_file:
+        raise WorkdirError(f"--workdir={self.path} is an object, not a "
+                           "folder: pass a new or existing workdir.")
+    else:
+      self._check_local_folder()
+    if files.exists(self.config_path):
+      _read_json(self.config_path)
+
+  def _check_local_folder(self) -> None:
     if os.path.lexists(self.path) and not os.path.isdir(self.path):
       raise WorkdirError(f"--workdir={self.path} is not a folder: pass a new "
                          "or existing workdir folder.")
@@ -373,8 +363,6 @@ class Workdir:
       raise WorkdirError(f"--workdir={self.path}: {existing} is not a folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
       raise WorkdirError(f"--workdir={self.path}: {existing} is not writable.")
-    if os.path.lexists(self.config_path):
-      _read_json(self.config_path)
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     check_config(config, self.path)
@@ -398,42 +386,47 @@ class Workdir:
     plan): bad data found there must not leave a half-made workdir. The
     entries the block created at the top of the workdir are removed (the
     lock excepted: its holder releases it), and config.json and
-    metrics.jsonl get their earlier bytes back.
+    metrics.jsonl get their earlier bytes back (locally their times too;
+    an object store sets its own).
     """
-    before = set(os.listdir(self.path))
-    saved = {}  # path -> (bytes, (atime_ns, mtime_ns))
+    local = not files.is_gcs(self.path)
+    before = set(files.listdir(self.path))
+    saved = {}  # path -> (bytes, (atime_ns, mtime_ns) or None)
     for path in (self.config_path, self.metrics_path):
-      if os.path.isfile(path):
-        with open(path, "rb") as f:
+      if files.isfile(path):
+        times = None
+        if local:
           stat = os.stat(path)
-          saved[path] = (f.read(), (stat.st_atime_ns, stat.st_mtime_ns))
+          times = (stat.st_atime_ns, stat.st_mtime_ns)
+        saved[path] = (files.read_bytes(path), times)
     try:
       yield
     except errors:
-      for name in set(os.listdir(self.path)) - before - {LOCK_FILE}:
+      for name in set(files.listdir(self.path)) - before - {LOCK_FILE}:
         path = os.path.join(self.path, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-          shutil.rmtree(path, ignore_errors=True)
+        if files.isdir(path) and not (local and os.path.islink(path)):
+          files.rmtree(path)
         else:
           with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+            files.remove(path)
       for path, (data, times) in saved.items():
         files.write_bytes_atomic(path, data)
-        os.utime(path, ns=times)
+        if times is not None:
+          os.utime(path, ns=times)
       raise
 
   @contextlib.contextmanager
   def lock(self) -> Iterator[WorkdirLock]:
     """Creates the folder, holds `<workdir>/lock` while the block runs.
 
-    A folder created here is removed again if the block fails before
-    writing anything in it.
+    A local folder created here is removed again if the block fails before
+    writing anything in it (gs:// has no folders to remove).
 
     Raises:
       WorkdirError: another run holds the lock.
     """
-    created = not os.path.lexists(self.path)
-    os.makedirs(self.path, exist_ok=True)
+    created = not files.exists(self.path)
+    files.makedirs(self.path)
     lock = WorkdirLock(self.path)
     try:
       lock.acquire()
@@ -443,6 +436,5 @@ class Workdir:
         lock.release()
     except BaseException:
       if created:  # a run that wrote nothing leaves no empty folder behind
-        with contextlib.suppress(OSError):
-          os.rmdir(self.path)
+        files.rmdir_if_empty(self.path)
       raise
