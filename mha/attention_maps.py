@@ -30,6 +30,7 @@ drawn by matplotlib on its Agg canvas (no pyplot, no global state).
 """
 import functools
 import math
+import numbers
 import os
 from typing import Any, Sequence
 
@@ -60,18 +61,26 @@ EOS_PIECE = "</s>"
 ATTENTION_DIR = "attention"
 
 
-def resolve_layer(layer: int, num_layers: int, side: str = "") -> int:
-  """`layer` as an index in 0..num_layers-1 (negative: from the end).
+def resolve_layer(layer: int, num_encoder_layers: int,
+                  num_decoder_layers: int, name: str = "layer"
+                  ) -> tuple[int, int]:
+  """`layer` as (encoder index, decoder index); negative: from the end.
+
+  The maps of a layer come from both stacks, so `layer` must index both:
+  -n..n-1 with n the smaller number of layers.
 
   Raises:
-    ValueError: out of range, naming the side and its number of layers.
+    ValueError: not an integer or out of range, naming `name` and both
+      stacks' numbers of layers.
   """
-  if not -num_layers <= layer < num_layers:
+  n = min(num_encoder_layers, num_decoder_layers)
+  if (not isinstance(layer, numbers.Integral) or isinstance(layer, bool)
+      or not -n <= layer < n):
     raise ValueError(
-        f"layer {layer} is out of range for the {num_layers} "
-        f"{side + ' ' if side else ''}layers (0..{num_layers - 1}, or "
-        f"{-num_layers}..-1 from the end).")
-  return layer % num_layers
+        f"{name}={layer} is out of range: the model has "
+        f"{num_encoder_layers} encoder and {num_decoder_layers} decoder "
+        f"layers (use 0..{n - 1}, or {-n}..-1 from the last).")
+  return layer % num_encoder_layers, layer % num_decoder_layers
 
 
 def crop_source(ids: Sequence[int]) -> np.ndarray:
@@ -115,8 +124,8 @@ def attention_weights(model_config: TransformerConfig, params: Any,
   """
   cfg = model_config.replace(attention_impl="einsum", deterministic=True,
                              decode=False)
-  enc = resolve_layer(layer, cfg.num_encoder_layers, "encoder")
-  dec = resolve_layer(layer, cfg.num_decoder_layers, "decoder")
+  enc, dec = resolve_layer(layer, cfg.num_encoder_layers,
+                           cfg.num_decoder_layers)
   source = crop_source(source_ids)
   target = crop_target(target_ids)
   if not source.size or not target.size:
@@ -285,11 +294,13 @@ def sentence_figures(model_config: TransformerConfig, params: Any, tokenizer,
   weights = attention_weights(model_config, params, source_ids, target_ids,
                               layer)
   labels = axis_labels(tokenizer, source_ids, target_ids)
+  encoder = model_config.num_encoder_layers
+  decoder = model_config.num_decoder_layers
+  enc, dec = resolve_layer(layer, encoder, decoder)
   figures = {}
   for kind in KINDS:
-    num_layers = (model_config.num_encoder_layers if kind == "encoder_self"
-                  else model_config.num_decoder_layers)
-    index = resolve_layer(layer, num_layers)
+    index, num_layers = ((enc, encoder) if kind == "encoder_self"
+                         else (dec, decoder))
     figures[kind] = plot_attention(
         weights[kind], *labels[kind],
         title=figure_title(kind, index, num_layers),

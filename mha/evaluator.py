@@ -17,15 +17,11 @@ beam search of `mha.decoding`), the scores from `mha.scoring` and
 """
 import dataclasses
 import functools
-import json
 import math
 import numbers
 import os
-import re
-import shutil
 import sys
 import time
-import uuid
 from typing import Any, Sequence
 
 from absl import logging
@@ -33,24 +29,19 @@ from absl import logging
 from mha import attention_maps
 from mha import checkpoints
 from mha import data
+from mha import eval_output
 from mha import paper_bleu as paper_bleu_lib
 from mha import translate
 from mha import workdir as workdir_lib
 from mha.errors import UserError
+from mha.eval_output import EvalError
 from mha.data import files
-from mha.data import tokenizer as tokenizer_lib
 from mha.scoring import score
 from mha.transformer import TransformerConfig
 
 EVAL_DIR = workdir_lib.EVAL_DIR  # the layout is the Workdir's
-TRANSLATIONS_FILE = "translations.txt"
-METRICS_FILE = "metrics.json"
 # How often load_params chooses its steps again when one is deleted meanwhile.
 READ_ATTEMPTS = 3
-
-
-class EvalError(UserError, ValueError):
-  """Bad input to an evaluation: the message names the workdir, file or step."""
 
 
 # ------------------------------------------------------------------- inputs
@@ -174,12 +165,13 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
 def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
   """(config, tokenizer) stored in a workdir, read without modifying it.
 
-  Never trains a vocabulary: a workdir without `spm.model` is refused.
+  Never trains a vocabulary (`Workdir.load_tokenizer`): a workdir without
+  `spm.model` is refused.
 
   Raises:
-    EvalError: the workdir or its spm.model is missing.
-    UserError: config.json or spm.model cannot be read (the message names
-      the file).
+    EvalError: the workdir or its config.json is missing.
+    UserError: config.json or spm.model is missing or cannot be read (the
+      message names the file).
   """
   try:
     workdir_lib.check_local(workdir)
@@ -191,50 +183,14 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
     raise EvalError(f"Workdir {workdir} does not exist.")
   if not os.path.isdir(workdir):
     raise EvalError(f"--workdir={workdir} is a file, not a workdir folder.")
+  layout = workdir_lib.Workdir(workdir)
   try:
-    config = workdir_lib.load_config(workdir)
+    config = layout.load_config()
   except UserError:
     raise
   except (OSError, ValueError) as e:  # before workdir.load_config names it
     raise EvalError(f"Workdir {workdir}: {e}") from None
-  path = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
-  if not files.exists(path):
-    # get_tokenizer would train and write a new vocabulary: refuse instead.
-    raise EvalError(f"{path} does not exist: the workdir has no vocabulary.")
-  return config, data.get_tokenizer(config, workdir)
-
-
-def _safe(name: str) -> str:
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "split"
-
-
-def settings_suffix(config: Any, beam_size: int, alpha: float,
-                    max_decode_extra: int) -> str:
-  """'' for the config's search settings, else e.g. '_beam8_alpha1.0'.
-
-  Names each of beam size, α and max_decode_extra (`_extra<n>`) that differs
-  from the workdir's config, so that evaluations with other settings get
-  other folders.
-  """
-  parts = []
-  if beam_size != config.beam_size:
-    parts.append(f"beam{beam_size}")
-  if float(alpha) != float(config.alpha):
-    parts.append(f"alpha{float(alpha)!r}")
-  if max_decode_extra != config.max_decode_extra:
-    parts.append(f"extra{max_decode_extra}")
-  return "".join("_" + p for p in parts)
-
-
-def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],
-                       suffix: str = "") -> str:
-  """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages,
-  followed by `suffix` (`settings_suffix`); `split_name` is `file` for a
-  source file."""
-  name = _safe(split_name)
-  if len(steps) > 1:
-    name += f"_avg{len(steps)}"
-  return os.path.join(workdir, EVAL_DIR, f"{name}_{steps[-1]}{suffix}")
+  return config, layout.load_tokenizer(config)
 
 
 # ------------------------------------------------------------------ evaluate
@@ -300,14 +256,12 @@ def _check_plot_flags(config, plot_attention: int, plot_layer: int,
   if not write:
     raise EvalError("--plot_attention writes PNG files: give --output_dir "
                     "(with --source_file=- nothing is written otherwise).")
-  layers = [config.get(side) or config.num_layers
-            for side in ("num_encoder_layers", "num_decoder_layers")]
-  n = min(layers)
-  if not _is_int(plot_layer) or not -n <= plot_layer < n:
-    raise EvalError(
-        f"--plot_layer={plot_layer} is out of range: the model has "
-        f"{layers[0]} encoder and {layers[1]} decoder layers (use 0..{n - 1}, "
-        f"or {-n}..-1 from the last).")
+  try:
+    attention_maps.resolve_layer(
+        plot_layer, config.get("num_encoder_layers") or config.num_layers,
+        config.get("num_decoder_layers") or config.num_layers, "--plot_layer")
+  except ValueError as e:
+    raise EvalError(str(e)) from None
 
 
 def _read_inputs(config: Any, workdir: str, split: str | None,
@@ -335,100 +289,6 @@ def _read_inputs(config: Any, workdir: str, split: str | None,
     raise EvalError(f"Split {split_name!r} of {config.dataset_name} is "
                     "empty.")
   return split_name, sources, references
-
-
-# metrics.json fields that say which results a folder holds.
-SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
-                   "alpha", "max_decode_extra", "source_file",
-                   "reference_file")
-
-
-def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
-  """Refuses a folder whose metrics.json holds results of other settings.
-
-  Args:
-    output_dir: where the evaluation would write.
-    settings: the `SETTINGS_FIELDS` of this evaluation.
-
-  Raises:
-    EvalError: `output_dir` is a file, or holds a metrics.json that cannot be
-      read or that records another value of a `SETTINGS_FIELDS` field.
-  """
-  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-    raise EvalError(f"Output folder {output_dir} is a file.")
-  path = os.path.join(output_dir, METRICS_FILE)
-  if not os.path.exists(path):
-    return
-  fix = f"give another --output_dir, or delete {output_dir} first"
-  try:
-    with open(path, encoding="utf-8") as f:
-      earlier = json.load(f)
-    if not isinstance(earlier, dict):
-      raise ValueError("not a JSON object")
-  except (OSError, ValueError) as e:
-    raise EvalError(f"{path} cannot be read ({e}); eval.py does not replace "
-                    f"it: {fix}.") from None
-  differ = [f"{k} {earlier.get(k)!r}, not {settings.get(k)!r}"
-            for k in SETTINGS_FIELDS if earlier.get(k) != settings.get(k)]
-  if differ:
-    raise EvalError(f"{output_dir} holds the results of another evaluation "
-                    f"({'; '.join(differ)}); eval.py never replaces them: "
-                    f"{fix}.")
-
-
-def write_outputs(output_dir: str, translations: Sequence[str],
-                  metrics: dict[str, Any], draw=None) -> list[str]:
-  """Writes translations.txt and metrics.json (and `draw`'s files) at once.
-
-  Everything is written into a new folder beside `output_dir` first
-  (`.<name>.tmp-<random>`); a failure there leaves `output_dir` as it was.
-  Then the new folder is renamed to `output_dir` if that does not exist, or
-  its entries replace those of the same name in `output_dir` one by one, each
-  by a rename, metrics.json last; other files in `output_dir` stay.
-
-  Args:
-    output_dir: the folder of the results.
-    translations: one line each.
-    metrics: written as JSON; a NaN or infinite value raises ValueError.
-    draw: optional function of a folder that writes files there and returns
-      their paths.
-
-  Returns:
-    The paths `draw` wrote, under `output_dir`.
-  """
-  text = json.dumps(metrics, indent=2, ensure_ascii=False, allow_nan=False)
-  parent, name = os.path.split(os.path.abspath(output_dir))
-  os.makedirs(parent, exist_ok=True)
-  staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
-  os.mkdir(staging)
-  try:
-    with open(os.path.join(staging, TRANSLATIONS_FILE), "w",
-              encoding="utf-8") as f:
-      f.writelines(t + "\n" for t in translations)
-    drawn = draw(staging) if draw else []
-    with open(os.path.join(staging, METRICS_FILE), "w",
-              encoding="utf-8") as f:
-      f.write(text + "\n")
-    _publish(staging, output_dir)
-  finally:
-    shutil.rmtree(staging, ignore_errors=True)
-  return [os.path.join(output_dir, os.path.relpath(p, staging))
-          for p in drawn]
-
-
-def _publish(staging: str, output_dir: str) -> None:
-  """Moves `staging`'s entries into `output_dir` by renames, metrics last."""
-  if not os.path.exists(output_dir):
-    os.rename(staging, output_dir)
-    return
-  names = sorted(os.listdir(staging), key=lambda n: n == METRICS_FILE)
-  for entry in names:
-    source = os.path.join(staging, entry)
-    target = os.path.join(output_dir, entry)
-    if os.path.isdir(source) and os.path.isdir(target):
-      old = os.path.join(staging, f"{entry}.old")
-      os.rename(target, old)
-    os.replace(source, target)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,15 +347,16 @@ def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
   """The folder of the results of `steps`; checked if `write`.
 
   Raises:
-    EvalError: it holds the results of other settings (`check_output_dir`).
+    EvalError: it holds the results of other settings
+      (`eval_output.check_output_dir`).
   """
   settings = plan.settings
-  folder = output_dir or default_output_dir(
+  folder = output_dir or eval_output.default_output_dir(
       workdir, settings["split"], steps,
-      settings_suffix(plan.config, settings["beam_size"], settings["alpha"],
+      eval_output.settings_suffix(plan.config, settings["beam_size"], settings["alpha"],
                       settings["max_decode_extra"]))
   if write:
-    check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
+    eval_output.check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
                                   averaged_steps=list(steps)))
   return folder
 
@@ -503,7 +364,7 @@ def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
 def _attention_drawer(model_config: TransformerConfig, params: Any,
                       plan: _Plan, translations: Sequence[str], *,
                       batch_size: int, plot_attention: int, plot_layer: int):
-  """`write_outputs`' draw function for --plot_attention (None if 0)."""
+  """`eval_output.write_outputs`' draw function for --plot_attention (None if 0)."""
   if not plot_attention:
     return None
   n = min(plot_attention, len(plan.sources))
@@ -528,7 +389,7 @@ def _write_results(folder: str, result: dict[str, Any], draw) -> None:
   result["output_dir"] = folder
   metrics = {k: v for k, v in result.items()
              if k not in ("translations", "output_dir")}
-  maps = write_outputs(folder, result["translations"], metrics, draw)
+  maps = eval_output.write_outputs(folder, result["translations"], metrics, draw)
   if draw is not None:
     result["attention_maps"] = maps
   logging.info("Wrote %s.", folder)
@@ -547,8 +408,9 @@ def evaluate(workdir: str, *, split: str | None = None,
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
   Steps: check the flags and inputs; load the workdir, choose the steps,
-  read the sentences, check the output folder (`check_output_dir`); read the
-  checkpoint(s); translate; score; write (`write_outputs`).
+  read the sentences, check the output folder
+  (`eval_output.check_output_dir`); read the checkpoint(s); translate;
+  score; write (`eval_output.write_outputs`).
 
   Args:
     workdir: a training workdir (config.json, spm.model, checkpoints/).
@@ -561,8 +423,9 @@ def evaluate(workdir: str, *, split: str | None = None,
     batch_size: sentences per decoding batch.
     source_file, reference_file: one sentence a line, instead of a split
       ('-' = stdin); without references, no scores.
-    output_dir: default `default_output_dir` (`<workdir>/eval/<split>_<step>`
-      and a `settings_suffix` for settings other than the config's).
+    output_dir: default `eval_output.default_output_dir`
+      (`<workdir>/eval/<split>_<step>`, and a `settings_suffix` for settings
+      other than the config's).
     write: write `translations.txt` and `metrics.json` into `output_dir`.
     plot_attention: draw the first N sentences' attention maps into
       `<output_dir>/attention/` (`attention_maps.write_attention_maps`).

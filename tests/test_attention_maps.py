@@ -121,7 +121,7 @@ def test_weights_match_numpy_and_are_softmax_rows(model):
     assert (last[kind] >= 0).all()
   assert not np.allclose(last["encoder_self"], first["encoder_self"])
   assert (np.triu(last["decoder_self"], k=1) == 0).all()
-  with pytest.raises(ValueError, match="layer 2 is out of range"):
+  with pytest.raises(ValueError, match="layer=2 is out of range"):
     attention_maps.attention_weights(model_config, params, source, target,
                                      layer=2)
 

@@ -23,6 +23,7 @@ import pytest
 from configs import quickstart
 from mha import checkpoints
 from mha import data
+from mha import eval_output
 from mha import evaluator
 from mha import translate
 from mha.data import parallel_text
@@ -160,7 +161,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
 
 def test_write_outputs_replaces_entries_and_keeps_other_files(tmp_path):
   out = tmp_path / "out"
-  evaluator.write_outputs(str(out), ["a"], {"bleu": 1.0})
+  eval_output.write_outputs(str(out), ["a"], {"bleu": 1.0})
   (out / "notes.txt").write_text("mine")
 
   def draw(folder):
@@ -169,7 +170,7 @@ def test_write_outputs_replaces_entries_and_keeps_other_files(tmp_path):
     path.write_bytes(b"png")
     return [str(path)]
 
-  maps = evaluator.write_outputs(str(out), ["b"], {"bleu": 2.0}, draw)
+  maps = eval_output.write_outputs(str(out), ["b"], {"bleu": 2.0}, draw)
   assert maps == [str(out / "attention" / "x.png")]
   assert (out / "translations.txt").read_text() == "b\n"
   assert json.loads((out / "metrics.json").read_text()) == {"bleu": 2.0}

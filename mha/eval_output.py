@@ -1,0 +1,154 @@
+"""An evaluation's output folder: its name, its check, and writing it whole.
+
+    <workdir>/eval/<split>[_avgN]_<step>[_beam<B>][_alpha<α>][_extra<E>]/
+      translations.txt   one line per source sentence
+      metrics.json       the scores and the settings that made them
+      attention/         the maps of --plot_attention (mha.attention_maps)
+
+A folder holds the results of one evaluation: one whose metrics.json records
+other settings (`SETTINGS_FIELDS`) is refused, never replaced, and the files
+are written into a temporary folder beside it first and moved into place by
+renames, metrics.json last, so that a failed evaluation leaves earlier
+results as they were. metrics.json and translations.txt are read and written
+through `mha.data.files`; the temporary folder and its renames are local
+file operations.
+"""
+import json
+import os
+import shutil
+import uuid
+from typing import Any, Callable, Sequence
+
+import ml_collections
+
+from mha import workdir as workdir_lib
+from mha.data import files
+from mha.data import sources
+from mha.errors import UserError
+
+TRANSLATIONS_FILE = "translations.txt"
+METRICS_FILE = "metrics.json"
+# metrics.json fields that say which results a folder holds.
+SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
+                   "alpha", "max_decode_extra", "source_file",
+                   "reference_file")
+
+
+class EvalError(UserError, ValueError):
+  """Bad input to an evaluation: the message names the workdir, file or step."""
+
+
+def settings_suffix(config: ml_collections.ConfigDict, beam_size: int,
+                    alpha: float, max_decode_extra: int) -> str:
+  """'' for the config's search settings, else e.g. '_beam8_alpha1.0'.
+
+  Names each of beam size, α and max_decode_extra (`_extra<n>`) that differs
+  from the workdir's config, so that evaluations with other settings get
+  other folders.
+  """
+  parts = []
+  if beam_size != config.beam_size:
+    parts.append(f"beam{beam_size}")
+  if float(alpha) != float(config.alpha):
+    parts.append(f"alpha{float(alpha)!r}")
+  if max_decode_extra != config.max_decode_extra:
+    parts.append(f"extra{max_decode_extra}")
+  return "".join("_" + p for p in parts)
+
+
+def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],
+                       suffix: str = "") -> str:
+  """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages,
+  followed by `suffix` (`settings_suffix`); `split_name` is `file` for a
+  source file, and reduced to file-name characters (`test[:4]`: `test_4`)."""
+  name = sources.safe_name(split_name).strip("_") or "split"
+  if len(steps) > 1:
+    name += f"_avg{len(steps)}"
+  return workdir_lib.Workdir(workdir).eval_path(name, steps[-1]) + suffix
+
+
+def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
+  """Refuses a folder whose metrics.json holds results of other settings.
+
+  Args:
+    output_dir: where the evaluation would write.
+    settings: the `SETTINGS_FIELDS` of this evaluation.
+
+  Raises:
+    EvalError: `output_dir` is a file, or holds a metrics.json that cannot be
+      read or that records another value of a `SETTINGS_FIELDS` field.
+  """
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise EvalError(f"Output folder {output_dir} is a file.")
+  path = os.path.join(output_dir, METRICS_FILE)
+  if not files.exists(path):
+    return
+  fix = f"give another --output_dir, or delete {output_dir} first"
+  try:
+    earlier = json.loads(files.read_bytes(path))
+    if not isinstance(earlier, dict):
+      raise ValueError("not a JSON object")
+  except (OSError, ValueError) as e:
+    raise EvalError(f"{path} cannot be read ({e}); eval.py does not replace "
+                    f"it: {fix}.") from None
+  differ = [f"{k} {earlier.get(k)!r}, not {settings.get(k)!r}"
+            for k in SETTINGS_FIELDS if earlier.get(k) != settings.get(k)]
+  if differ:
+    raise EvalError(f"{output_dir} holds the results of another evaluation "
+                    f"({'; '.join(differ)}); eval.py never replaces them: "
+                    f"{fix}.")
+
+
+def write_outputs(output_dir: str, translations: Sequence[str],
+                  metrics: dict[str, Any],
+                  draw: Callable[[str], list[str]] | None = None
+                  ) -> list[str]:
+  """Writes translations.txt and metrics.json (and `draw`'s files) at once.
+
+  Everything is written into a new folder beside `output_dir` first
+  (`.<name>.tmp-<random>`); a failure there leaves `output_dir` as it was.
+  Then the new folder is renamed to `output_dir` if that does not exist, or
+  its entries replace those of the same name in `output_dir` one by one, each
+  by a rename, metrics.json last; other files in `output_dir` stay.
+
+  Args:
+    output_dir: the folder of the results.
+    translations: one line each.
+    metrics: written as JSON; a NaN or infinite value raises ValueError
+      before anything is written.
+    draw: optional function of a folder that writes files there and returns
+      their paths.
+
+  Returns:
+    The paths `draw` wrote, under `output_dir`.
+  """
+  text = json.dumps(metrics, indent=2, ensure_ascii=False, allow_nan=False)
+  parent, name = os.path.split(os.path.abspath(output_dir))
+  staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+  os.makedirs(staging)
+  try:
+    files.write_bytes_atomic(
+        os.path.join(staging, TRANSLATIONS_FILE),
+        "".join(t + "\n" for t in translations).encode("utf-8"))
+    drawn = draw(staging) if draw else []
+    files.write_bytes_atomic(os.path.join(staging, METRICS_FILE),
+                             (text + "\n").encode("utf-8"))
+    _publish(staging, output_dir)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return [os.path.join(output_dir, os.path.relpath(p, staging))
+          for p in drawn]
+
+
+def _publish(staging: str, output_dir: str) -> None:
+  """Moves `staging`'s entries into `output_dir` by renames, metrics last."""
+  if not os.path.exists(output_dir):
+    os.rename(staging, output_dir)
+    return
+  names = sorted(os.listdir(staging), key=lambda n: n == METRICS_FILE)
+  for entry in names:
+    source = os.path.join(staging, entry)
+    target = os.path.join(output_dir, entry)
+    if os.path.isdir(source) and os.path.isdir(target):
+      os.rename(target, os.path.join(staging, f"{entry}.old"))
+    os.replace(source, target)
