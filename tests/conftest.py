@@ -48,6 +48,13 @@ def tiny_config(**changes):
   return config
 
 
+# The loop of the tiny_workdir fixture (checkpoints 2, 4, 6): with
+# tiny_config, the config of a run that goes on from it or starts from it.
+TINY_WORKDIR_LOOP = dict(num_train_steps=6, checkpoint_every_steps=2,
+                         eval_every_steps=100, keep_checkpoints=5,
+                         max_decode_extra=8, eval_split="validation[:16]")
+
+
 @pytest.fixture
 def multi30k():
   path = multi30k_dir()
@@ -64,15 +71,9 @@ def tiny_workdir(tmp_path_factory) -> pathlib.Path:
   Shared by the evaluation tests: a test that writes anything but eval/
   into it, or changes files there, works on a copy (shutil.copytree).
   """
-  from configs import quickstart  # pylint: disable=import-outside-toplevel
   from mha import trainer  # pylint: disable=import-outside-toplevel
   path = tmp_path_factory.mktemp("tiny_workdir") / "run"
-  config = quickstart.get_config("tiny")
-  config.update(vocab_size=512, max_source_length=24, max_target_length=24,
-                max_tokens=768, num_train_steps=6, checkpoint_every_steps=2,
-                eval_every_steps=100, eval_bleu_sentences=0, keep_checkpoints=5,
-                max_decode_extra=8, eval_split="validation[:16]")
-  trainer.train_and_evaluate(config, str(path))
+  trainer.train_and_evaluate(tiny_config(**TINY_WORKDIR_LOOP), str(path))
   return path
 
 

@@ -14,8 +14,9 @@ label-smoothed cross entropy (§5.4).
 Dropout is supplied by the caller: `drop(x, kind)` with kind `residual`,
 `embedding` or `attention` returns x with dropout applied (or x itself
 without dropout), so a test can apply the very masks the model drew.
+`param_count` counts the parameters of those shapes by hand.
 """
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -168,3 +169,39 @@ def random_params(shapes, seed: int):
     return np.asarray(x, np.float32)
 
   return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+
+def param_count(num_layers: int, d_model: int, d_ff: int, num_heads: int,
+                d_k: int, d_v: int, vocab: int, *, learned_positions: int = 0,
+                attention_type: str = "scaled_dot",
+                location_filter_sizes: Sequence[int] = (),
+                location_num_filters: int = 0) -> int:
+  """Parameters of the model with shared embeddings, counted by hand.
+
+  Attention: W^Q, W^K (d_model × h·d_k), W^V (d_model × h·d_v) and W^O
+  (h·d_v × d_model), no biases; FFN: W₁, b₁, W₂, b₂; a LayerNorm has a
+  scale and a bias of d_model; 2 sublayers per encoder layer and 3 per
+  decoder layer, each with its LayerNorm; one embedding matrix (source,
+  target and pre-softmax); learned positions: a table of
+  `learned_positions` rows per side. Beyond the paper: additive attention
+  adds a vector v of d_k per head to every attention; location-aware
+  encoder-decoder attention adds `location_num_filters` filters of each
+  head's width (one width for all heads, or one per head) and a projection
+  of the filters to one score per head.
+  """
+  h = num_heads
+  attention = 2 * d_model * h * d_k + d_model * h * d_v + h * d_v * d_model
+  ffn = d_model * d_ff + d_ff + d_ff * d_model + d_model
+  norm = 2 * d_model
+  encoder_layer = attention + ffn + 2 * norm
+  decoder_layer = 2 * attention + ffn + 3 * norm
+  total = (vocab * d_model + num_layers * (encoder_layer + decoder_layer)
+           + 2 * learned_positions * d_model)
+  if attention_type == "additive":  # 3 attentions per encoder-decoder pair
+    total += 3 * num_layers * h * d_k
+  if attention_type == "location":  # encoder-decoder attention only
+    widths = list(location_filter_sizes)
+    widths = widths * h if len(widths) == 1 else widths
+    total += num_layers * (location_num_filters * sum(widths)
+                           + h * location_num_filters)
+  return total

@@ -8,18 +8,20 @@ recipe (§5.3: warmup 4000, Adam β1 0.9, β2 0.98, ε 1e-9; 100k / 300k steps;
 of about 37000 tokens) and decoding (§6.1: beam 4, α 0.6, output at most
 input + 50; the last 5 / 20 checkpoints averaged). Adam's constants are also
 observed in the updates the optimizer makes, and the exact parameter count
-of the built model is pinned by a formula written here.
+of the built model is pinned by a formula written from the paper's shapes
+(`paper_reference.param_count`).
 """
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import mha
+import paper_reference as ref
 from configs import base
 from configs import big
+from scripts import table3 as script
 
 # Table 3: N, d_model, d_ff, h, d_k, d_v, P_drop, ε_ls, train steps; and the
 # position encoding (row E). Blank cells of the paper repeat the base row.
@@ -99,35 +101,6 @@ def test_rows_apply_to_big_too():
   assert config.keep_checkpoints == 20
 
 
-def count_formula(num_layers: int, d_model: int, d_ff: int, num_heads: int,
-                  d_k: int, d_v: int, vocab: int, learned_positions: int = 0
-                  ) -> int:
-  """Parameters of the paper's model with shared embeddings, by hand.
-
-  Attention: W^Q, W^K (d_model × h·d_k), W^V (d_model × h·d_v) and W^O
-  (h·d_v × d_model), no biases; FFN: W₁, b₁, W₂, b₂; a LayerNorm has a
-  scale and a bias of d_model; 2 sublayers per encoder layer and 3 per
-  decoder layer, each with its LayerNorm; one embedding matrix (source,
-  target and pre-softmax); learned positions: a table per side.
-  """
-  attention = (2 * d_model * num_heads * d_k + d_model * num_heads * d_v
-               + num_heads * d_v * d_model)
-  ffn = d_model * d_ff + d_ff + d_ff * d_model + d_model
-  norm = 2 * d_model
-  encoder_layer = attention + ffn + 2 * norm
-  decoder_layer = 2 * attention + ffn + 3 * norm
-  return (vocab * d_model + num_layers * (encoder_layer + decoder_layer)
-          + 2 * learned_positions * d_model)
-
-
-def count_built(config) -> int:
-  model = mha.create_model(config)
-  ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-  shapes = jax.eval_shape(model.init, jax.random.key(0), ids, ids)
-  return sum(int(np.prod(p.shape))
-             for p in jax.tree_util.tree_leaves(shapes["params"]))
-
-
 @pytest.mark.parametrize("module, row, expected", [
     (base, None, 63_045_632), (big, None, 214_171_648)])
 def test_parameter_count_is_exactly_the_formula(module, row, expected):
@@ -136,18 +109,18 @@ def test_parameter_count_is_exactly_the_formula(module, row, expected):
   # (the paper: 213M).
   config = module.get_config(row)
   values = resolved(config)
-  assert count_formula(values["num_layers"], values["d_model"],
+  assert ref.param_count(values["num_layers"], values["d_model"],
                        values["d_ff"], values["num_heads"], values["d_k"],
                        values["d_v"], config.vocab_size) == expected
-  assert count_built(config) == expected
+  assert script.count_params(config) == expected
 
 
 def test_parameter_count_of_rows_b_and_e():
   # d_k != d_v (row B1) and learned positions (row E, max_len per side).
   b1 = base.get_config("B1,tiny")
-  assert count_built(b1) == count_formula(2, 32, 64, 4, 16, 8, 64)
+  assert script.count_params(b1) == ref.param_count(2, 32, 64, 4, 16, 8, 64)
   e = base.get_config("E,tiny")
-  assert count_built(e) == count_formula(2, 32, 64, 4, 8, 8, 64,
+  assert script.count_params(e) == ref.param_count(2, 32, 64, 4, 8, 8, 64,
                                          learned_positions=e.max_len)
 
 

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+import paper_reference as ref
 from scripts import table3 as script
 from configs import multi30k
 from configs import table3
@@ -112,26 +113,15 @@ def test_unknown_config_argument_lists_the_rows():
 
 def expected_params(c: dict) -> int:
   """The parameter count from the paper's shapes (no attention biases)."""
-  d, f, V = c["d_model"], c["d_ff"], c["vocab_size"]
   h = c["num_heads"]
-  dk = c["d_k"] or d // h
-  dv = c["d_v"] or d // h
-  layers = c["num_layers"]
-  attention = 2 * d * h * dk + d * h * dv + h * dv * d  # W^Q W^K, W^V, W^O
-  ffn = 2 * d * f + f + d
-  norm = 2 * d
-  total = (V * d + layers * (attention + ffn + 2 * norm)
-           + layers * (2 * attention + ffn + 3 * norm))
-  if c["position_encoding"] == "learned":
-    total += 2 * c["max_len"] * d  # one table for each side
-  if c["attention_type"] == "additive":
-    total += 3 * layers * h * dk  # a vector v per head, in every attention
-  if c["attention_type"] == "location":  # encoder-decoder attention only
-    widths = c["location_filter_sizes"]
-    widths = widths * h if len(widths) == 1 else widths
-    num_filters = c["location_num_filters"]
-    total += layers * (num_filters * sum(widths) + h * num_filters)
-  return total
+  return ref.param_count(
+      c["num_layers"], c["d_model"], c["d_ff"], h, c["d_k"] or c["d_model"] // h,
+      c["d_v"] or c["d_model"] // h, c["vocab_size"],
+      learned_positions=(c["max_len"] if c["position_encoding"] == "learned"
+                         else 0),
+      attention_type=c["attention_type"],
+      location_filter_sizes=c["location_filter_sizes"],
+      location_num_filters=c["location_num_filters"])
 
 
 def test_parameter_counts_from_eval_shape():

@@ -4,6 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import TINY_WORKDIR_LOOP
+from conftest import tiny_config
 from mha import checkpoints
 from mha import warm_start
 from mha.errors import ConfigError
@@ -71,16 +73,9 @@ def test_refuses_naming_the_first_mismatch(source_workdir):
 
 
 def _tiny_config(**changes):
-  """The config of conftest's tiny_workdir, for one more run."""
-  from configs import quickstart
-  config = quickstart.get_config("tiny")
-  config.update(vocab_size=512, max_source_length=24, max_target_length=24,
-                max_tokens=768, num_train_steps=1, checkpoint_every_steps=1,
-                eval_every_steps=100, eval_bleu_sentences=0,
-                keep_checkpoints=5, max_decode_extra=8,
-                eval_split="validation[:16]")
-  config.update(changes)
-  return config
+  """The config of conftest's tiny_workdir, for a run of one step."""
+  return tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 1,
+                        "checkpoint_every_steps": 1, **changes})
 
 
 def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path):
