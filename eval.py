@@ -28,6 +28,11 @@ checkpoint, unknown or damaged step, unreadable config.json or spm.model,
 mismatched files, ...) prints one line, `eval.py: <message>`, and exits with
 status 1; any other error is a bug and keeps its stack.
 
+eval.py runs in one process and uses this host's devices: started where JAX
+detects a cluster of several processes (every host of a TPU pod slice, a
+SLURM job of several tasks), it stops with one line before reading anything;
+run it once, on one host that reads the workdir.
+
 --paper_bleu also scores the BLEU the paper reports (Table 2): Moses
 tokenization with compound splitting, as tensor2tensor's get_ende_bleu.sh
 (mha/paper_bleu.py), written as bleu_paper beside sacreBLEU's bleu. It reads
@@ -52,6 +57,7 @@ from absl import app
 from absl import flags
 
 from mha import compilation_cache
+from mha import distributed
 from mha import evaluator
 from mha.errors import UserError
 
@@ -94,6 +100,7 @@ def main(argv):
   compilation_cache.enable(FLAGS.compilation_cache_dir)
   piped = FLAGS.source_file == "-"
   try:
+    distributed.check_single_process("eval.py")
     result = evaluator.evaluate(
         FLAGS.workdir, split=FLAGS.split,
         checkpoint_step=FLAGS.checkpoint_step,

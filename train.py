@@ -3,13 +3,18 @@ r"""Trains a Transformer from a config file; resumes from the workdir.
     python train.py --config=configs/base.py --workdir=/tmp/base
     python train.py --config=configs/base.py:A1 --config.warmup_steps=8000 ...
 
-Several processes (GPU clusters, CPU processes on one host) also take
---coordinator_address=HOST:PORT --num_processes=N --process_id=I; TPU pod
-slices are detected without flags. A bad config file, config field, workdir
-(or one that another run holds) or data file, and a non-finite loss, print
-one line naming the problem and exit with status 1 (--traceback shows the
-stack); a refused run writes nothing, and earlier checkpoints stay as they
-were.
+--distributed=auto (the default) starts jax.distributed when JAX detects a
+cluster (Cloud TPU pod slices, SLURM, Open MPI, Kubernetes); =on starts it
+or stops with one line; =off never does. Several processes JAX does not
+detect (GPU clusters, CPU processes on one host) take
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I. With
+several processes, process 0 prepares the dataset, trains the vocabulary and
+writes the tokenized cache while the others wait, then they read them.
+
+A bad config file, config field, workdir (or one that another run holds) or
+data file, and a non-finite loss, print one line naming the problem and exit
+with status 1 (--traceback shows the stack); a refused run writes nothing,
+and earlier checkpoints stay as they were.
 """
 import os
 import re
@@ -22,6 +27,7 @@ from ml_collections import config_flags
 from mha import compilation_cache
 from mha import distributed
 from mha import trainer
+from mha.data import multihost
 from mha.errors import ConfigError
 from mha.errors import UserError
 
@@ -29,6 +35,10 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and vocabulary.")
+flags.DEFINE_enum("distributed", "auto", distributed.MODES,
+                  "Multi-process start-up: auto = when JAX detects a cluster "
+                  "(TPU pod slice, SLURM, Open MPI, Kubernetes), on = always "
+                  "(or fail), off = never.")
 flags.DEFINE_string("coordinator_address", None,
                     "HOST:PORT of process 0, for multi-process runs.")
 flags.DEFINE_integer("num_processes", None, "Number of processes.")
@@ -91,8 +101,10 @@ def main(argv):
   try:
     config = _config()
     compilation_cache.enable(FLAGS.compilation_cache_dir)
-    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes,
-                           FLAGS.process_id)
+    distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address,
+                           FLAGS.num_processes, FLAGS.process_id)
+    # Several processes: process 0 prepares the dataset, the others wait.
+    multihost.prepare_splits(config)
     trainer.train_and_evaluate(config, FLAGS.workdir)
   except UserError as e:
     # Bad input (a config field, the workdir or its lock, a data file, a

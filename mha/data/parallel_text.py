@@ -30,6 +30,7 @@ import zlib
 
 import tensorflow_datasets as tfds
 
+from mha.data import multihost
 from mha.data.errors import DataError
 
 _FILE_RE = re.compile(r"^(?P<split>.+?)\.(?P<lang>[A-Za-z][A-Za-z0-9_-]{0,15})"
@@ -228,7 +229,9 @@ def make_builder(folder: str, languages: tuple[str, str]) -> ParallelText:
   """The prepared builder of `folder` for a language pair.
 
   Prepares (checks and converts) the folder's splits that have files for
-  both languages on first use; later calls read the TFDS cache.
+  both languages on first use; later calls read the TFDS cache. With
+  several processes, process 0 prepares while the others wait
+  (`multihost.process_zero_first`).
   """
   folder = os.path.abspath(folder)
   languages = tuple(sorted(languages))
@@ -244,9 +247,13 @@ def make_builder(folder: str, languages: tuple[str, str]) -> ParallelText:
       name=f"{'-'.join(languages)}-{_fingerprint(folder, splits)}",
       description=f"{'-'.join(languages)} text of {folder}",
       folder=folder, languages=languages, splits=splits)
-  builder = ParallelText(config=config, data_dir=tfds_dir())
-  if not builder.is_prepared():
-    for split, files in splits:
-      check_split(split, dict(files))
-    builder.download_and_prepare()
-  return builder
+
+  def prepare():
+    builder = ParallelText(config=config, data_dir=tfds_dir())
+    if not builder.is_prepared():
+      for split, files in splits:
+        check_split(split, dict(files))
+      builder.download_and_prepare()
+    return builder
+
+  return multihost.process_zero_first(f"prepare {folder}", prepare)

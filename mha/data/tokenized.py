@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from mha.data import files
+from mha.data import multihost
 from mha.data import sources
 from mha.data.errors import DataError
 from mha.data.tokenizer import EOS_ID, Tokenizer
@@ -117,7 +118,9 @@ def tokenize_split(config: ml_collections.ConfigDict, tok: Tokenizer,
   """The split's token ids, from the workdir cache when present.
 
   The cache lives beside the tokenizer's model file (`tok.path`); a
-  tokenizer without a path is not cached.
+  tokenizer without a path is not cached. With several processes, process 0
+  writes the cache while the others wait, then they read it
+  (`multihost.process_zero_first`).
 
   Raises:
     DataError: unknown dataset, language or split, bad files, or an empty
@@ -129,20 +132,25 @@ def tokenize_split(config: ml_collections.ConfigDict, tok: Tokenizer,
     key = sources.cache_key(text_split, tok.sha256, _CACHE_VERSION)
     path = os.path.join(os.path.dirname(tok.path), TOKENIZED_DIR,
                         f"{sources.safe_name(split)}-{key}.npz")
-  if path and files.exists(path):
-    result = _read_cache(path)
-    if result is not None:
-      logging.info("Read %d tokenized pairs of %s from %s.", len(result),
-                   text_split.description, path)
-      return result
-  result = _encode_split(text_split, tok)
-  if not len(result):
-    raise DataError(f"Split {text_split.description} is empty.")
-  if path:
-    buffer = io.BytesIO()
-    np.savez(buffer, **dataclasses.asdict(result))
-    files.write_bytes_atomic(path, buffer.getvalue())
-  logging.info("Tokenized %d pairs of %s (%d + %d tokens).", len(result),
-               text_split.description, len(result.inputs),
-               len(result.targets))
-  return result
+
+  def read_or_encode():
+    if path and files.exists(path):
+      result = _read_cache(path)
+      if result is not None:
+        logging.info("Read %d tokenized pairs of %s from %s.", len(result),
+                     text_split.description, path)
+        return result
+    result = _encode_split(text_split, tok)
+    if not len(result):
+      raise DataError(f"Split {text_split.description} is empty.")
+    if path:
+      buffer = io.BytesIO()
+      np.savez(buffer, **dataclasses.asdict(result))
+      files.write_bytes_atomic(path, buffer.getvalue())
+    logging.info("Tokenized %d pairs of %s (%d + %d tokens).", len(result),
+                 text_split.description, len(result.inputs),
+                 len(result.targets))
+    return result
+
+  return multihost.process_zero_first(
+      f"tokenize {text_split.description}", read_or_encode)

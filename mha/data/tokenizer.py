@@ -25,6 +25,7 @@ import numpy as np
 import sentencepiece as spm
 
 from mha.data import files
+from mha.data import multihost
 from mha.data import sources
 from mha.data.errors import DataError
 
@@ -186,15 +187,23 @@ def get_tokenizer(config: ml_collections.ConfigDict,
                   workdir: str) -> Tokenizer:
   """Loads `<workdir>/spm.model`, or trains and saves it if absent.
 
+  With several processes, process 0 trains and saves it while the others
+  wait, then they load it (`multihost.process_zero_first`).
+
   Raises:
     DataError: as `load_tokenizer` (the saved model is never retrained
       silently).
   """
   path = os.path.join(workdir, MODEL_FILENAME)
-  if files.exists(path):
-    return load_tokenizer(config, path)
-  proto = train_model(config)
-  tok = Tokenizer(proto, path=path)
-  files.write_bytes_atomic(path, proto)
-  logging.info("Saved the SentencePiece model to %s.", path)
-  return tok
+
+  def load_or_train():
+    if files.exists(path):
+      return load_tokenizer(config, path)
+    proto = train_model(config)
+    tok = Tokenizer(proto, path=path)
+    files.write_bytes_atomic(path, proto)
+    logging.info("Saved the SentencePiece model to %s.", path)
+    return tok
+
+  return multihost.process_zero_first(f"train the vocabulary {path}",
+                                      load_or_train)

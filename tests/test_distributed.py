@@ -1,0 +1,211 @@
+"""--distributed=auto|on|off, eval.py's single-process check, and two real
+processes on localhost where process 0 prepares the data and the other
+reads it."""
+import json
+import logging
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT
+from conftest import TINY_OVERRIDES
+from conftest import tiny_config
+from mha import data
+from mha import distributed
+from mha.data import synthetic
+from mha.errors import ConfigError
+
+
+def _slurm_env(ntasks: int, procid: int = 0) -> dict[str, str]:
+  """The variables by which JAX's SlurmCluster recognises a SLURM task."""
+  return {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "localhost",
+          "SLURM_NTASKS": str(ntasks), "SLURM_PROCID": str(procid),
+          "SLURM_LOCALID": str(procid)}
+
+
+@pytest.fixture
+def initialize_calls(monkeypatch):
+  """jax.distributed.initialize replaced by a recorder of its arguments."""
+  calls = []
+  monkeypatch.setattr(distributed.jax.distributed, "initialize",
+                      lambda **kwargs: calls.append(kwargs))
+  return calls
+
+
+def _detected(monkeypatch, env):
+  monkeypatch.setattr(distributed, "detect_cluster", lambda: env)
+
+
+class FakeCluster:
+  """Stands for the cluster class that detect_cluster returns."""
+
+
+def test_auto_initializes_only_where_jax_detects_a_cluster(
+    monkeypatch, initialize_calls, caplog):
+  caplog.set_level(logging.INFO)
+  _detected(monkeypatch, None)
+  distributed.initialize("auto")
+  assert initialize_calls == []
+  assert "Process 0 of 1: 4 local of 4 global devices (cpu)." in caplog.text
+  _detected(monkeypatch, FakeCluster)
+  distributed.initialize("auto")
+  distributed.initialize("on")
+  # Without arguments: JAX's own detection fills them in.
+  assert initialize_calls == [{}, {}]
+  assert "jax.distributed through FakeCluster" in caplog.text
+
+
+def test_off_never_initializes(monkeypatch, initialize_calls):
+  _detected(monkeypatch, FakeCluster)
+  distributed.initialize("off")
+  assert initialize_calls == []
+  with pytest.raises(ConfigError, match="--distributed=off cannot take"):
+    distributed.initialize("off", "host:1234", 2, 0)
+
+
+def test_explicit_flags_are_passed_on_and_go_together(monkeypatch,
+                                                      initialize_calls):
+  _detected(monkeypatch, None)
+  distributed.initialize("auto", "host:1234", 2, 1)
+  assert initialize_calls == [dict(coordinator_address="host:1234",
+                                   num_processes=2, process_id=1)]
+  with pytest.raises(ConfigError, match="--num_processes, --process_id "
+                     "missing"):
+    distributed.initialize("auto", "host:1234")
+
+
+def test_on_without_a_cluster_is_one_line(monkeypatch, initialize_calls):
+  _detected(monkeypatch, None)
+  with pytest.raises(ConfigError) as e:
+    distributed.initialize("on")
+  assert "--distributed=on: JAX detects no cluster" in str(e.value)
+  assert "\n" not in str(e.value) and initialize_calls == []
+  with pytest.raises(ConfigError, match="use one of auto, on, off"):
+    distributed.initialize("maybe")
+
+
+def test_a_failing_initialize_is_one_line(monkeypatch):
+  def fail(**kwargs):
+    raise RuntimeError("DEADLINE_EXCEEDED: Barrier timed out\n  more")
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", fail)
+  with pytest.raises(ConfigError) as e:
+    distributed.initialize("on", "host:1234", 2, 1)
+  assert str(e.value).startswith("jax.distributed.initialize "
+                                 "(--coordinator_address) failed: "
+                                 "DEADLINE_EXCEEDED: Barrier timed out more")
+
+
+def test_detection_is_jaxs_own(monkeypatch):
+  """The real detection: nothing here; a SLURM task's variables are JAX's
+  SlurmCluster; Kubernetes without the kubernetes package is not a cluster
+  (JAX warns)."""
+  for name in _slurm_env(2):
+    monkeypatch.delenv(name, raising=False)
+  assert distributed.detect_cluster() is None
+  for name, value in _slurm_env(2).items():
+    monkeypatch.setenv(name, value)
+  assert distributed.detect_cluster().__name__ == "SlurmCluster"
+  for name in _slurm_env(2):
+    monkeypatch.delenv(name)
+  monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+  with pytest.warns(UserWarning, match="kubernetes"):
+    assert distributed.detect_cluster() is None
+
+
+def test_eval_py_refuses_a_cluster_of_several_processes(monkeypatch, eval_py,
+                                                        tmp_path, capsys):
+  for name, value in _slurm_env(2).items():
+    monkeypatch.setenv(name, value)
+  assert eval_py(f"--workdir={tmp_path / 'run'}") == 1
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("eval.py: eval.py runs in one process, but JAX "
+                        "detects a cluster of 2 processes (SlurmCluster)")
+  assert "\n" not in err
+  # A job of one task is one process: the check lets it through (to the
+  # missing workdir's own message).
+  monkeypatch.setenv("SLURM_NTASKS", "1")
+  assert eval_py(f"--workdir={tmp_path / 'run'}") == 1
+  err = capsys.readouterr().err
+  assert "runs in one process" not in err and "does not exist" in err
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _write_corpus(folder: pathlib.Path) -> None:
+  """A parallel_text folder: the first lines of the synthetic pair."""
+  folder.mkdir()
+  splits = synthetic.generate(0)
+  for split, count in (("train", 300), ("validation", 24), ("test", 8)):
+    for lang, lines in zip(synthetic.LANGUAGES, splits[split]):
+      (folder / f"{split}.{lang}").write_text(
+          "".join(line + "\n" for line in lines[:count]), encoding="utf-8")
+
+
+def test_two_processes_process_zero_prepares_the_other_reads(tmp_path,
+                                                           monkeypatch):
+  """Two processes of a SLURM-like job on localhost (2 CPU devices each):
+  process 0 prepares the TFDS folder, trains the vocabulary and writes the
+  tokenized caches; process 1 writes nothing and reads the same vocabulary;
+  their batches are the two halves of the one-process global batches."""
+  corpus, workdir = tmp_path / "corpus", tmp_path / "run"
+  _write_corpus(corpus)
+  overrides = dict(TINY_OVERRIDES, vocab_size=100, dataset_name="parallel_text",
+                   data_dir=str(corpus))
+  port = str(_free_port())
+  procs = []
+  for i in range(2):
+    env = dict(os.environ, **_slurm_env(2, i), JAX_COORDINATOR_PORT=port,
+               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               MHA_TFDS_DIR=str(tmp_path / "tfds"))
+    procs.append(subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "tests" / "multiprocess_data.py"),
+         str(tmp_path / f"out{i}.npz"), str(workdir), json.dumps(overrides)],
+        env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True))
+  logs = [p.communicate(timeout=240)[1] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-3000:]
+  out = [np.load(tmp_path / f"out{i}.npz") for i in range(2)]
+  for i, log in enumerate(logs):
+    assert (f"Process {i} of 2, jax.distributed through SlurmCluster: 2 "
+            "local of 4 global devices (cpu)." in log)
+  counts = [json.loads(str(o["counts"])) for o in out]
+  # spm.model and the train and validation caches, written by process 0.
+  assert counts[0] == {"train_model": 1, "download_and_prepare": 1,
+                       "write_bytes_atomic": 3}
+  assert counts[1] == {}
+  assert "Process 1 waits for process 0 to train the vocabulary" in logs[1]
+  assert len(list((tmp_path / "tfds" / "parallel_text").iterdir())) == 1
+
+  # The same vocabulary, and each process's rows are its half of the
+  # global batch that one process with 4 devices builds.
+  # No path: this process tokenizes the text itself (no cache).
+  tok = data.Tokenizer((workdir / "spm.model").read_bytes())
+  monkeypatch.setenv("MHA_TFDS_DIR", str(tmp_path / "tfds"))
+  assert str(out[0]["sha256"]) == str(out[1]["sha256"]) == tok.sha256
+  config = tiny_config(**overrides)
+  kwargs = dict(process_index=0, process_count=1, num_global_devices=4)
+  whole = {"train": data.train_batches(config, tok, **kwargs),
+           "eval": data.eval_batches(config, tok, config.eval_split, **kwargs)}
+  whole["eval"] = iter(whole["eval"])
+  names = sorted(k for k in out[0].files if k[:4] in ("trai", "eval"))
+  assert names == sorted(k for k in out[1].files if k[:4] in ("trai", "eval"))
+  seen = 0
+  for kind in ("train", "eval"):
+    for i in range(sum(k.startswith(f"{kind}") and k.endswith("_inputs")
+                       for k in names)):
+      batch = next(whole[kind])
+      for key, value in batch.items():
+        halves = [o[f"{kind}{i}_{key}"] for o in out]
+        assert len(halves[0]) == len(halves[1]) == len(value) // 2
+        np.testing.assert_array_equal(np.concatenate(halves), value)
+        seen += 1
+  assert seen >= 2 * 4
