@@ -20,7 +20,6 @@ import functools
 import math
 import numbers
 import os
-import sys
 import time
 from typing import Any, Sequence
 
@@ -36,6 +35,7 @@ from mha import workdir as workdir_lib
 from mha.errors import UserError
 from mha.eval_output import EvalError
 from mha.data import files
+from mha.data import parallel_text
 from mha.scoring import score
 from mha.transformer import TransformerConfig
 
@@ -48,36 +48,24 @@ READ_ATTEMPTS = 3
 
 
 def read_lines(path: str, what: str = "File") -> list[str]:
-  """Lines of a UTF-8 text file ('-' = standard input), without newlines.
+  """Lines of a UTF-8 text file, plain or gzip, without line endings ('-' =
+  standard input, read as /dev/stdin).
 
-  Only '\\n' (and a '\\r' before it) ends a line, so line numbers agree with
-  `wc -l`; a last line without a newline counts. A byte order mark at the
+  The reader of local parallel text (`parallel_text.read_lines`): only
+  '\n' (and a '\r' before it) ends a line, so line numbers agree with
+  `wc -l`; a last line without a newline counts; a byte order mark at the
   start is dropped (it would stay in the first sentence and its score).
 
   Raises:
-    EvalError: the file does not exist or is not UTF-8.
+    EvalError: the file does not exist (named as `what`).
+    DataError: it is a directory, not valid UTF-8 (naming the line), or a
+      damaged gzip file.
   """
-  try:
-    if path == "-":
-      raw = sys.stdin.buffer.read()
-    else:
-      with open(path, "rb") as f:
-        raw = f.read()
-    text = raw.decode("utf-8-sig")  # without a byte order mark
-  except FileNotFoundError:
-    raise EvalError(f"{what} {path} does not exist.") from None
-  except IsADirectoryError:
-    raise EvalError(f"{what} {path} is a directory, not a file.") from None
-  except OSError as e:
-    raise EvalError(f"{what} {path} cannot be read: {e.strerror}.") from None
-  except UnicodeDecodeError as e:
-    raise EvalError(f"{what} {path} is not valid UTF-8: {e}.") from None
-  if not text:
-    return []
-  lines = text.split("\n")
-  if lines[-1] == "":
-    lines.pop()  # the newline that ends the last line
-  return [line.removesuffix("\r") for line in lines]
+  if path == "-":
+    return parallel_text.read_lines("/dev/stdin")
+  if not os.path.lexists(path):
+    raise EvalError(f"{what} {path} does not exist.")
+  return parallel_text.read_lines(path)
 
 
 def _available_steps(workdir: str) -> list[int]:

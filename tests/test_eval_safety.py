@@ -398,6 +398,9 @@ def test_damaged_gzip_directory_split_and_bom(tmp_path, monkeypatch):
   bom.write_bytes(codecs.BOM_UTF8 + "Ein Hund.\nZwei.\n".encode())
   assert parallel_text.read_lines(str(bom)) == ["Ein Hund.", "Zwei."]
   assert evaluator.read_lines(str(bom)) == ["Ein Hund.", "Zwei."]
+  zipped = tmp_path / "source.de.gz"  # eval.py reads what training reads
+  zipped.write_bytes(gzip.compress(b"Ein Hund.\r\n\nZwei."))
+  assert evaluator.read_lines(str(zipped)) == ["Ein Hund.", "", "Zwei."]
   bad = tmp_path / "bad.txt"
   bad.write_bytes(codecs.BOM_UTF8 + b"ok\n\xff\n")
   with pytest.raises(data.DataError, match=r"bad.txt, line 2: invalid UTF-8 "
