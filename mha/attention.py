@@ -355,7 +355,9 @@ class MultiHeadAttention(nn.Module):
 
     query = self._project("query", inputs_q, d_k)  # [B, Q, H, d_k]
     if self.decode and cross_attention:
-      key, value = self._cached_cross_kv(inputs_kv, d_k, d_v)
+      key, value, mask = self._cached_cross_kv(inputs_kv, mask, d_k, d_v,
+                                               query.shape[0])
+      query = _queries_by_sentence(query, key.shape[0])  # [b, G * Q, H, D]
     else:
       key = self._project("key", inputs_kv, d_k)  # [B, K, H, d_k]
       value = self._project("value", inputs_kv, d_v)  # [B, K, H, d_v]
@@ -393,6 +395,8 @@ class MultiHeadAttention(nn.Module):
             rng, (self.num_heads * d_v, out_features)).reshape(shape),
         (self.num_heads, d_v, out_features))
     # Concat(head_1..head_h) W^O: [B, Q, H, V] x [H, V, M] -> [B, Q, M]
+    # Rows by sentence (cached cross-attention) back to one row per query.
+    heads = heads.reshape(inputs_q.shape[:2] + heads.shape[2:])
     return jnp.einsum("BQHV,HVM->BQM", heads, w_out.astype(self.dtype))
 
   def _filter_widths(self) -> tuple[int, ...]:
@@ -424,8 +428,11 @@ class MultiHeadAttention(nn.Module):
     if self.decode and self.has_variable("cache", "previous_weights"):
       # One query per step: the cache holds the previous step's content row.
       cached = self.variable("cache", "previous_weights")
-      previous = cached.value
-      cached.value = content_weights.astype(cached.value.dtype)
+      previous = cached.value  # [rows, H, 1, K], one row per hypothesis
+      b, h, g, k = content_weights.shape  # g > 1: rows by sentence
+      previous = previous.reshape(b, g, h, k).transpose(0, 2, 1, 3)
+      cached.value = content_weights.astype(cached.value.dtype).transpose(
+          0, 2, 1, 3).reshape(cached.value.shape)
     else:
       if self.decode:  # initialising the cache: zeros before the first step
         b, h, _, k = content_weights.shape
@@ -465,12 +472,30 @@ class MultiHeadAttention(nn.Module):
     mask = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1,1,1,L]
     return cached_key.value, cached_value.value, mask
 
-  def _cached_cross_kv(self, inputs_kv, d_k, d_v):
-    """Encoder-decoder keys/values, projected on the first step only.
+  def _cached_cross_kv(self, inputs_kv, mask, d_k, d_v, rows):
+    """Encoder-decoder keys/values of the decode cache, one row per sentence.
 
-    Cached as `source_key` / `source_value`: the `source_` prefix tells beam
-    search (`mha.decoding`) that they are equal across the beams of a
-    sentence and need no reordering.
+    `inputs_kv` `[b, S, d_model]` has one row per sentence; the queries have
+    `rows` = b * G rows, G hypotheses per sentence ordered `[sentence,
+    hypothesis]` (G = 1 without a beam). The keys and values are projected
+    and cached once per sentence (`source_key` / `source_value`, b rows);
+    `__call__` attends from the G query rows of sentence i to key row i
+    (`_queries_by_sentence`), under the mask of sentence i.
+
+    The cache is made in one of two ways:
+
+    * applying the model with its parameters and `mutable=['cache']` on the
+      encoder output (`mha.translate`): the keys and values are projected
+      then, and every step reads them as they are;
+    * `model.init` (random parameters, so nothing can be projected yet):
+      zeros and a `filled` flag, and the first step projects them (a
+      `lax.cond` on the flag, which copies them at every step).
+
+    Returns:
+      `(key, value, mask)`: `[b, S, H, d_k / d_v]` and `mask` as given; in
+      the call that makes the cache, repeated to `rows` rows each, so that
+      the call's other cache variables (`previous_weights`) are made per
+      query row (that call's output is not a decoding step's).
     """
     initialized = self.has_variable("cache", "source_key")
     d_model = inputs_kv.shape[-1]
@@ -479,25 +504,47 @@ class MultiHeadAttention(nn.Module):
     inputs_kv = inputs_kv.astype(self.dtype)
 
     def project():
-      return (_apply_projection(inputs_kv, w_key),     # [B, K, H, d_k]
-              _apply_projection(inputs_kv, w_value))   # [B, K, H, d_v]
+      return (_apply_projection(inputs_kv, w_key),     # [b, S, H, d_k]
+              _apply_projection(inputs_kv, w_value))   # [b, S, H, d_v]
 
-    batch, length = inputs_kv.shape[:2]
-    cached_key = self.variable("cache", "source_key", jnp.zeros,
-                               (batch, length, self.num_heads, d_k), self.dtype)
-    cached_value = self.variable("cache", "source_value", jnp.zeros,
-                                 (batch, length, self.num_heads, d_v),
-                                 self.dtype)
-    filled = self.variable("cache", "filled", lambda: jnp.array(False))
+    batch = inputs_kv.shape[0]
     if not initialized:
-      return project()
+      key, value = project()
+      stored = (key, value)
+      if self.is_initializing():
+        self.variable("cache", "filled", lambda: jnp.array(False))
+        stored = (jnp.zeros_like(key), jnp.zeros_like(value))
+      self.variable("cache", "source_key", lambda: stored[0])
+      self.variable("cache", "source_value", lambda: stored[1])
+      per_row = lambda x: (x if x is None or x.shape[0] != batch else
+                           jnp.repeat(x, rows // batch, axis=0))
+      return per_row(key), per_row(value), per_row(mask)
+    cached_key = self.variable("cache", "source_key")
+    cached_value = self.variable("cache", "source_value")
+    if not self.has_variable("cache", "filled"):  # made with the parameters
+      return cached_key.value, cached_value.value, mask
+    filled = self.variable("cache", "filled")
     # Only the branch taken runs: the projections cost nothing after step 1.
     key, value = lax.cond(filled.value,
                           lambda: (cached_key.value, cached_value.value),
                           project)
     cached_key.value, cached_value.value = key, value
     filled.value = jnp.array(True)
-    return key, value
+    return key, value, mask
+
+
+def _queries_by_sentence(query: jax.Array, sentences: int) -> jax.Array:
+  """`[b * G, Q, H, D]` queries, rows ordered `[sentence, hypothesis]`, as
+  `[b, G * Q, H, D]`: the G hypotheses of a sentence attend to its one row
+  of keys and values. (A reshape: no copy; the output is reshaped back.)"""
+  rows, length = query.shape[:2]
+  if rows == sentences:
+    return query
+  if rows % sentences:
+    raise ValueError(f"{rows} query rows cannot attend to {sentences} rows of "
+                     "keys: expected a multiple (hypotheses per sentence).")
+  return query.reshape((sentences, rows // sentences * length)
+                       + query.shape[2:])
 
 
 def _apply_projection(x: jax.Array, kernel: jax.Array) -> jax.Array:

@@ -24,9 +24,13 @@ Transformer). Rows are ordered `[batch, beam]` (row `b * beam_size + k`).
   of `batch_size` (then repeated for each beam); gathered along it when the
   beams are reordered, so the rows follow their hypotheses.
 * `CacheRows.SENTENCE`: the same leading axis, but equal across the beams of
-  a sentence (e.g. the encoder-decoder keys and values, computed from the
-  source alone): repeated per beam, never gathered, since a reordering never
-  moves a hypothesis to another sentence.
+  a sentence (computed from the source alone): repeated per beam, never
+  gathered, since a reordering never moves a hypothesis to another sentence.
+* `CacheRows.ONE_PER_SENTENCE`: a leading axis of `batch_size`, kept so:
+  never repeated nor gathered. The step function reads row b for the
+  hypotheses of sentence b (rows `b * beam_size` to `(b + 1) * beam_size -
+  1`): the Transformer's encoder-decoder keys and values, stored and read
+  once per sentence.
 
 Without `cache_rows`, 0-d leaves are `SHARED` and every other leaf is
 `HYPOTHESIS`.
@@ -91,6 +95,7 @@ class CacheRows(enum.Enum):
   SHARED = 'shared'
   HYPOTHESIS = 'hypothesis'
   SENTENCE = 'sentence'
+  ONE_PER_SENTENCE = 'one_per_sentence'
 
 
 def _row_kinds(cache: PyTree, cache_rows: PyTree | None) -> PyTree:
@@ -104,12 +109,19 @@ def _row_kinds(cache: PyTree, cache_rows: PyTree | None) -> PyTree:
 
 def _expand_cache(cache: PyTree, cache_rows: PyTree, batch_size: int,
                   beam_size: int) -> PyTree:
-  """Brings every per-row leaf to `batch_size * beam_size` rows."""
+  """Brings every per-hypothesis leaf to `batch_size * beam_size` rows."""
   num_rows = batch_size * beam_size
 
   def expand(path, kind: CacheRows, x):
     if kind is CacheRows.SHARED:
       return x
+    if kind is CacheRows.ONE_PER_SENTENCE:
+      if jnp.ndim(x) and x.shape[0] == batch_size:
+        return x
+      raise ValueError(
+          f'Cache leaf {jax.tree_util.keystr(path)} ({kind.value} rows) has '
+          f'shape {jnp.shape(x)}: expected a leading axis of batch_size = '
+          f'{batch_size}.')
     if jnp.ndim(x) and x.shape[0] == num_rows:
       return x
     if jnp.ndim(x) and x.shape[0] == batch_size:

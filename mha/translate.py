@@ -60,10 +60,12 @@ CACHE_ROWS = {
     "cached_value": decoding.CacheRows.HYPOTHESIS,
     # Location-aware attention: [rows, h, 1, keys], the previous step's row.
     "previous_weights": decoding.CacheRows.HYPOTHESIS,
-    # Encoder-decoder keys and values, [rows, s, h, d_k / d_v], from the
-    # source alone; `filled` [] says they are computed.
-    "source_key": decoding.CacheRows.SENTENCE,
-    "source_value": decoding.CacheRows.SENTENCE,
+    # Encoder-decoder keys and values, [batch, s, h, d_k / d_v]: one row per
+    # sentence, read by the sentence's every hypothesis.
+    "source_key": decoding.CacheRows.ONE_PER_SENTENCE,
+    "source_value": decoding.CacheRows.ONE_PER_SENTENCE,
+    # In a cache made by `model.init` (not this module's): [] whether the
+    # first step has projected source_key / source_value yet.
     "filled": decoding.CacheRows.SHARED,
 }
 
@@ -91,9 +93,13 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
                           Callable[[Any, int], Any]]:
   """The Transformer's step function and initial cache for the search.
 
-  `encode(inputs)` once per sentence, then the encoder output is repeated
-  for each beam (rows ordered [batch, beam]); `decode(encoded, inputs,
-  targets)` with the `cache` collection is the step function.
+  `encode(inputs)` once per sentence; the cache is made by applying the
+  decoder with the parameters (`mutable=["cache"]`), which projects the
+  encoder-decoder keys and values once per sentence (`[batch, s, h, d]`,
+  `CacheRows.ONE_PER_SENTENCE`); the self-attention keys and values have a
+  row per hypothesis (rows ordered [batch, beam]). `decode(encoded, inputs,
+  tokens)` with the `cache` collection is the step function: the encoder
+  output and the source mask stay at one row per sentence.
 
   Args:
     model: the Transformer built with `decode=True, deterministic=True`.
@@ -109,14 +115,14 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
     shape of a cache made for `length`.
   """
   encoded = model.apply({"params": params}, inputs, method="encode")
-  encoded = jnp.repeat(encoded, beam_size, axis=0)  # [batch * beam, s, d]
-  inputs = jnp.repeat(inputs, beam_size, axis=0)  # [batch * beam, s]
-  num_rows = inputs.shape[0]
+  num_rows = inputs.shape[0] * beam_size
 
-  # Only the cache collection is kept: XLA drops the parameter initialisers.
   def init_cache(length: int) -> Any:
-    return model.init(jax.random.PRNGKey(0), inputs,
-                      jnp.ones((num_rows, length), jnp.int32))["cache"]
+    # Only the cache is kept: XLA drops the rest of this decoder pass.
+    _, made = model.apply({"params": params}, encoded, inputs,
+                          jnp.ones((num_rows, length), jnp.int32),
+                          mutable=["cache"], method="decode")
+    return made["cache"]
 
   def grow_cache(cache: Any, length: int) -> Any:
     shapes = jax.eval_shape(functools.partial(init_cache, length))
@@ -166,10 +172,10 @@ def translate_batch(model_config: TransformerConfig, params: Any,
                     ) -> jax.Array:
   """One batch through the Transformer's search: the best hypotheses.
 
-  Encodes once, initialises the decode cache at `batch * beam_size` rows and
-  runs the whole search (`mha.decoding.beam_search`, with the cache's
-  `cache_rows`: the encoder-decoder keys and values are never gathered) as
-  one jitted function, cached per (config, beam_size, alpha, eos_id) and
+  Encodes once, makes the decode cache (the encoder-decoder keys and values
+  once per sentence, the self-attention cache at `batch * beam_size` rows)
+  and runs the whole search (`mha.decoding.beam_search`, with the cache's
+  `cache_rows`) as one jitted function, cached per (config, beam_size, alpha, eos_id) and
   compiled per input shape and `max_decode_len`. The search runs in two stages
   (`mha.decoding`): first with outputs and a self-attention cache of
   `inputs.shape[1] + first_stage_extra` positions, then, only if some

@@ -453,9 +453,16 @@ def test_transformer_caches_cross_attention_as_sentence_leaves(
   assert any('self_attention' in n and 'cached_key' in n for n in names)
   kinds = {jax.tree_util.keystr(path): kind for path, kind in
            jax.tree_util.tree_flatten_with_path(translate.cache_rows(cache))[0]}
-  assert {n for n, k in kinds.items() if k is CacheRows.SENTENCE} == source
+  assert {n for n, k in kinds.items()
+          if k is CacheRows.ONE_PER_SENTENCE} == source
   assert all(kinds[n] is CacheRows.HYPOTHESIS for n in names
              if 'cached_' in n)
+  # Encoder-decoder keys and values once per sentence (3), the
+  # self-attention cache once per hypothesis (3 sentences x beam 2).
+  rows = {jax.tree_util.keystr(path): x.shape[0] for path, x in
+          jax.tree_util.tree_flatten_with_path(cache)[0] if x.ndim}
+  assert {rows[n] for n in source} == {3}
+  assert {r for n, r in rows.items() if 'cached_' in n} == {6}
   with pytest.raises(ValueError, match='new_variable'):
     translate.cache_rows({'layer': {'new_variable': jnp.zeros((2,))}})
 
@@ -542,3 +549,19 @@ def test_translate_in_two_stages_equals_one_stage(tiny_transformer, beam):
   two = np.asarray(translate.translate_batch(model_config, params, inputs,
                                       first_stage_extra=1, **kwargs))
   np.testing.assert_array_equal(two, one)
+
+
+def test_translate_beam_batch_equals_one_sentence_at_a_time(tiny_transformer):
+  # The encoder-decoder keys and values are cached once per sentence and
+  # attended to from the sentence's beam rows: a batch must give each
+  # sentence the search it gets alone (a row mix-up would not).
+  model_config, _, params, inputs = tiny_transformer
+  kwargs = dict(beam_size=3, alpha=0.6, max_decode_extra=6, eos_id=EOS,
+                max_decode_len=16)
+  batch = np.asarray(translate.translate_batch(model_config, params, inputs,
+                                               **kwargs))
+  assert len({hypothesis(t) for t in batch}) == 3
+  for b in range(3):
+    alone = translate.translate_batch(model_config, params, inputs[b:b + 1],
+                                      **kwargs)
+    np.testing.assert_array_equal(np.asarray(alone)[0], batch[b])
