@@ -1,6 +1,7 @@
 """--distributed=auto|on|off, eval.py's single-process check, and two real
 processes on localhost where process 0 prepares the data and the other
 reads it."""
+import itertools
 import json
 import logging
 import os
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ from conftest import TINY_OVERRIDES
 from conftest import tiny_config
 from mha import data
 from mha import distributed
+from mha.data import multihost
 from mha.data import synthetic
 from mha.errors import ConfigError
 
@@ -132,6 +135,73 @@ def test_eval_py_refuses_a_cluster_of_several_processes(monkeypatch, eval_py,
   assert eval_py(f"--workdir={tmp_path / 'run'}") == 1
   err = capsys.readouterr().err
   assert "runs in one process" not in err and "does not exist" in err
+
+
+class FakeClient:
+  """The coordination service's key-value store, in one process."""
+
+  def __init__(self, values=None, timeouts=0):
+    self.values = dict(values or {})
+    self.timeouts = timeouts  # blocking gets that time out first
+
+  def key_value_set(self, key, value):
+    assert key not in self.values, key
+    self.values[key] = value
+
+  def blocking_key_value_get(self, key, timeout_in_ms):
+    del timeout_in_ms
+    if self.timeouts:
+      self.timeouts -= 1
+      raise jax.errors.JaxRuntimeError(f"DEADLINE_EXCEEDED: {key}")
+    return self.values[key]
+
+
+def _as_process(monkeypatch, index, client):
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: index)
+  monkeypatch.setattr(multihost, "_client", lambda: client)
+  monkeypatch.setattr(multihost, "_calls", itertools.count())
+
+
+def test_process_zero_passes_its_error_to_the_others(monkeypatch):
+  client = FakeClient()
+  _as_process(monkeypatch, 0, client)
+
+  def bad_step():
+    raise data.DataError("train.de has 3 lines,\n train.en 4.")
+
+  with pytest.raises(data.DataError, match="train.de has 3 lines"):
+    multihost.process_zero_first("prepare the folder", bad_step)
+  steps = []
+  _as_process(monkeypatch, 1, FakeClient(client.values, timeouts=2))
+  with pytest.raises(data.DataError) as e:
+    multihost.process_zero_first("prepare the folder",
+                                 lambda: steps.append(1))
+  assert str(e.value) == ("Process 0 could not prepare the folder: "
+                          "DataError: train.de has 3 lines, train.en 4.")
+  assert steps == []  # the others do not run a step that failed
+
+
+def test_calls_inside_a_step_do_not_wait(monkeypatch):
+  """Process 0 trains (opening a split, itself a process_zero_first call)
+  where process 1 loads: only the outer calls are numbered and waited on,
+  so both processes agree on the numbers of the calls that follow."""
+  client = FakeClient()
+  for index, inner_calls in ((0, 2), (1, 0)):
+    _as_process(monkeypatch, index, client)
+    order = []
+
+    def step(inner_calls=inner_calls, order=order):
+      for _ in range(inner_calls):
+        multihost.process_zero_first("open", lambda: order.append("inner"))
+      order.append("outer")
+
+    multihost.process_zero_first("train", step)
+    multihost.process_zero_first("tokenize", lambda order=order:
+                                 order.append("next"))
+    assert order == ["inner"] * inner_calls + ["outer", "next"]
+  assert client.values == {"mha/data/process_zero_first/0": "ok",
+                           "mha/data/process_zero_first/1": "ok"}
 
 
 def _free_port() -> int:
