@@ -153,7 +153,7 @@ def check_single_process(program: str) -> None:
     return
   if count > 1:
     raise ConfigError(
-        f"{program} runs in one process, but JAX detects a cluster of "
-        f"{count} processes ({env.__name__}): run it once, on a single "
-        "host or task that reads the workdir (README: 'Several processes, "
-        "TPU pods').")
+        f"JAX detects a cluster of {count} processes ({env.__name__}), but "
+        f"{program} runs in one process: run it once, on a single host or "
+        "task that reads the workdir (README: 'Several processes, TPU "
+        "pods').")

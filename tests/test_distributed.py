@@ -126,15 +126,15 @@ def test_eval_py_refuses_a_cluster_of_several_processes(monkeypatch, eval_py,
     monkeypatch.setenv(name, value)
   assert eval_py(f"--workdir={tmp_path / 'run'}") == 1
   err = capsys.readouterr().err.strip()
-  assert err.startswith("eval.py: eval.py runs in one process, but JAX "
-                        "detects a cluster of 2 processes (SlurmCluster)")
+  assert err.startswith("eval.py: JAX detects a cluster of 2 processes "
+                        "(SlurmCluster), but eval.py runs in one process")
   assert "\n" not in err
   # A job of one task is one process: the check lets it through (to the
   # missing workdir's own message).
   monkeypatch.setenv("SLURM_NTASKS", "1")
   assert eval_py(f"--workdir={tmp_path / 'run'}") == 1
   err = capsys.readouterr().err
-  assert "runs in one process" not in err and "does not exist" in err
+  assert "cluster of" not in err and "does not exist" in err
 
 
 class FakeClient:
