@@ -204,6 +204,30 @@ def test_calls_inside_a_step_do_not_wait(monkeypatch):
                            "mha/data/process_zero_first/1": "ok"}
 
 
+def test_prepare_splits_opens_every_split_after_process_zero(monkeypatch):
+  """TFDS datasets are prepared by opening their splits: process 0 opens
+  the three first, the others after it; a bad split names its field."""
+  opened = []
+
+  def open_split(config, split):
+    if split == "nope":
+      raise data.DataError("no split 'nope'")
+    opened.append((jax.process_index(), split))
+
+  monkeypatch.setattr(multihost.sources, "open_split", open_split)
+  config = tiny_config(dataset_name="wmt14_translate/de-en")
+  client = FakeClient()
+  for index in (0, 1):
+    _as_process(monkeypatch, index, client)
+    multihost.prepare_splits(config)
+  assert opened == [(0, "train"), (0, "validation"), (0, "test"),
+                    (1, "train"), (1, "validation"), (1, "test")]
+  _as_process(monkeypatch, 0, FakeClient())
+  with pytest.raises(data.DataError,
+                     match=r"^config.test_split='nope': no split 'nope'$"):
+    multihost.prepare_splits(tiny_config(test_split="nope"))
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
