@@ -234,18 +234,22 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+# The corpus of the two-process test: the first lines of the synthetic pair.
+_SIZES = {"train": 300, "validation": 24, "test": 8}
+
+
 def _write_corpus(folder: pathlib.Path) -> None:
-  """A parallel_text folder: the first lines of the synthetic pair."""
+  """A parallel_text folder of the first _SIZES lines of the synthetic
+  pair's splits."""
   folder.mkdir()
   splits = synthetic.generate(0)
-  for split, count in (("train", 300), ("validation", 24), ("test", 8)):
+  for split, count in _SIZES.items():
     for lang, lines in zip(synthetic.LANGUAGES, splits[split]):
       (folder / f"{split}.{lang}").write_text(
           "".join(line + "\n" for line in lines[:count]), encoding="utf-8")
 
 
-def test_two_processes_process_zero_prepares_the_other_reads(tmp_path,
-                                                           monkeypatch):
+def test_two_processes_process_zero_prepares_the_other_reads(tmp_path):
   """Two processes of a SLURM-like job on localhost (2 CPU devices each):
   process 0 prepares the TFDS folder, trains the vocabulary and writes the
   tokenized caches; process 1 writes nothing and reads the same vocabulary;
@@ -280,12 +284,15 @@ def test_two_processes_process_zero_prepares_the_other_reads(tmp_path,
   assert len(list((tmp_path / "tfds" / "parallel_text").iterdir())) == 1
 
   # The same vocabulary, and each process's rows are its half of the
-  # global batch that one process with 4 devices builds.
-  # No path: this process tokenizes the text itself (no cache).
+  # global batch that one process with 4 devices builds: here from the same
+  # sentences read from the synthetic dataset itself, tokenized without a
+  # cache (the tokenizer has no path), without TFDS.
   tok = data.Tokenizer((workdir / "spm.model").read_bytes())
-  monkeypatch.setenv("MHA_TFDS_DIR", str(tmp_path / "tfds"))
   assert str(out[0]["sha256"]) == str(out[1]["sha256"]) == tok.sha256
-  config = tiny_config(**overrides)
+  config = tiny_config(**dict(
+      overrides, dataset_name="synthetic", data_dir=None,
+      **{f"{field}_split": f"{split}[:{_SIZES[split]}]" for field, split in
+         (("train", "train"), ("eval", "validation"), ("test", "test"))}))
   kwargs = dict(process_index=0, process_count=1, num_global_devices=4)
   whole = {"train": data.train_batches(config, tok, **kwargs),
            "eval": data.eval_batches(config, tok, config.eval_split, **kwargs)}
