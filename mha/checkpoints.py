@@ -4,14 +4,19 @@ A workdir holds `checkpoints/<step>/` written by orbax-checkpoint's
 `CheckpointManager`, each with two items:
 
 * `state`: the training state, a pytree dict `{'params', 'opt_state', 'step',
-  'rng'}` of host (NumPy) or fully addressable jax arrays (unreplicate a
-  `pmap`ped state first);
+  'rng'}` of host (NumPy) or jax arrays (the trainer hands over device arrays
+  replicated over every device, `trainer.checkpoint_arrays`; Orbax copies one
+  replica to the host);
 * `meta`: a JSON dict (data-loader position and other metadata).
 
 Orbax writes each step in a temporary folder and renames it when complete, so
-a step folder that exists was whole when written; `save` waits for the write
-to finish. The paper averages the last 5 (base) or 20 (big) checkpoints for
-evaluation: `average_checkpoints`.
+a step folder that exists was whole when written. Saves are asynchronous:
+`save` returns once Orbax holds a host copy of the arrays (`wait=False`) and
+the files are written by a background thread; the manager's next `save`, and
+`wait_until_finished()` or `close()`, wait for that write first. `save` with
+`wait=True` (the default) returns only once the step folder is final. The
+paper averages the last 5 (base) or 20 (big) checkpoints for evaluation:
+`resolve_steps` chooses them, `average_checkpoints` averages them.
 
 Every read checks the step first: the items' metadata files must exist and
 every stored value of the items read must be readable in full (a synchronous
@@ -115,18 +120,26 @@ def make_manager(workdir: str | os.PathLike[str],
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: PyTree,
-         meta: dict[str, Any], force: bool = False) -> bool:
-  """Writes `state` and `meta` as checkpoint `step` and waits until done.
+         meta: dict[str, Any], force: bool = False, wait: bool = True) -> bool:
+  """Writes `state` and `meta` as checkpoint `step`.
+
+  Waits first for the manager's previous save to be written (Orbax does).
 
   Args:
     manager: from `make_manager`.
     step: the training step.
-    state: pytree of arrays (host NumPy or fully addressable jax arrays).
+    state: pytree of arrays (host NumPy, or jax arrays: Orbax copies them to
+      the host before `save` returns, so they may be changed or deleted
+      afterwards).
     meta: JSON-serialisable dict.
     force: save even if the manager's save policy would skip this step.
+    wait: return only once the step folder is final (renamed from its
+      temporary name); False returns once the arrays are copied and leaves
+      the write to a background thread: call `manager.wait_until_finished()`
+      (or `close()`) before the process exits or reads the step.
 
   Returns:
-    Whether a checkpoint was written.
+    Whether a checkpoint was written (or, with `wait=False`, started).
 
   Raises:
     ValueError: if checkpoint `step` already exists (Orbax never overwrites).
@@ -138,9 +151,10 @@ def save(manager: ocp.CheckpointManager, step: int, state: PyTree,
           META: ocp.args.JsonSave(meta),
       }),
       force=force)
-  # Blocks until the step folder is finalised (renamed from its temporary
-  # name), so a kill afterwards cannot lose it.
-  manager.wait_until_finished()
+  if wait:
+    # Blocks until the step folder is finalised (renamed from its temporary
+    # name), so a kill afterwards cannot lose it.
+    manager.wait_until_finished()
   return saved
 
 

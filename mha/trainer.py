@@ -187,6 +187,37 @@ def unreplicate(tree):
   return jax.tree_util.tree_map(first, tree)
 
 
+# A replicated tree's first row on one device, as new buffers (the train
+# step may donate the state's own buffers after the save returns).
+_first_rows = jax.jit(lambda leaves: [x[0] for x in leaves])
+
+
+def checkpoint_arrays(tree):
+  """The replicated `tree` as jax arrays for Orbax, without a host copy
+  made here.
+
+  Each leaf of a `pmap`ped tree is `[local devices, ...]`. Each becomes a
+  global array of the leaf's shape, replicated over the first local device
+  of every process and copied there from that device's row: Orbax copies it
+  to the host while it saves, once per process, and in multi-process runs
+  each process writes a part of each value.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  first = jax.local_devices()[0]
+  rows = _first_rows([next(s.data for s in x.addressable_shards
+                           if s.device == first) for x in leaves])
+  firsts = {}
+  for device in jax.devices():
+    firsts.setdefault(device.process_index, device)
+  mesh = jax.sharding.Mesh(np.asarray([firsts[p] for p in sorted(firsts)]),
+                           ("process",))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  arrays = [jax.make_array_from_single_device_arrays(x.shape[1:], replicated,
+                                                     [row])
+            for x, row in zip(leaves, rows)]
+  return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
 @dataclasses.dataclass
 class _Updater:
   """The compiled update functions for `grad_accum_steps` micro-batches."""
@@ -547,19 +578,43 @@ def _train_batches(config: ml_collections.ConfigDict, tokenizer,
 
 @dataclasses.dataclass
 class _Saver:
-  """Saving: a checkpoint with the data position it has reached."""
+  """Saving: a checkpoint with the data position it has reached.
+
+  Asynchronous: training goes on while Orbax writes the step's files in the
+  background; the next save waits for that write first, and so does the end
+  of the run (`finish`).
+  """
   manager: Any
   start: _Start
   grad_accum_steps: int
 
-  def __call__(self, step: int, state: State) -> None:
-    """Saves the replicated `state` of `step` (waits for the write)."""
+  def __call__(self, step: int, state: State) -> float:
+    """Starts saving the replicated `state` of `step`.
+
+    Returns:
+      The seconds training paused: waiting for the previous save's write,
+      then Orbax's copy of the arrays to the host.
+    """
+    begin = time.perf_counter()
+    self.manager.wait_until_finished()
+    waited = time.perf_counter() - begin
     accum = self.grad_accum_steps
     position = self.start.data_position + (step - self.start.step) * accum
-    checkpoints.save(self.manager, step, unreplicate(state),
+    checkpoints.save(self.manager, step, checkpoint_arrays(state),
                      {"step": step, "data_position": position,
-                      "grad_accum_steps": accum}, force=True)
-    logging.info("Saved checkpoint at step %d.", step)
+                      "grad_accum_steps": accum}, force=True, wait=False)
+    paused = time.perf_counter() - begin
+    logging.info("Saving checkpoint %d in the background: training paused "
+                 "%.2f s (%.2f s of it for the previous save's write).",
+                 step, paused, waited)
+    return paused
+
+  def finish(self) -> None:
+    """Waits for the last save's write (before the run returns or raises)."""
+    begin = time.perf_counter()
+    self.manager.wait_until_finished()
+    logging.info("Checkpoints written (%.2f s waited at the end).",
+                 time.perf_counter() - begin)
 
 
 class MetricsWindow:
@@ -673,9 +728,12 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
         window.add(*pending)
         pending = None
       if need_save or window.stop:
-        save(step, state)
+        window.write(step, {"save_seconds": save(step, state)})
       if need_eval:
-        window.write(step, evaluate(state))
+        begin = time.perf_counter()
+        metrics = evaluate(state)
+        metrics["eval_seconds"] = time.perf_counter() - begin
+        window.write(step, metrics)
       if window.stop:
         logging.warning("Preempted: saved step %d; exiting.", step)
         break
@@ -702,8 +760,14 @@ def _train(config: ml_collections.ConfigDict,
   evaluate = InTrainingEval(config, run.tokenizer, run.eval_model)
   window = MetricsWindow(config, writer, metrics_lib.Progress(
       start.step, config.num_train_steps))
-  step = _loop(config, state, start.step, batches, update, window,
-               _Saver(manager, start, config.grad_accum_steps), evaluate)
-  manager.wait_until_finished()
+  saver = _Saver(manager, start, config.grad_accum_steps)
+  try:
+    step = _loop(config, state, start.step, batches, update, window, saver,
+                 evaluate)
+  finally:
+    # Also when the loop raises (a diverged run): the checkpoint being
+    # written is completed before the workdir's lock is released.
+    saver.finish()
+    manager.close()
   writer.flush()
   return dict(window.last, step=step)

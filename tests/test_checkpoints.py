@@ -1,5 +1,6 @@
 """Checkpoints: round trips, pruning, restoring params, averaging, errors."""
 import re
+import threading
 
 import flax.linen as nn
 import jax
@@ -229,3 +230,34 @@ def test_relative_workdir(tmp_path, monkeypatch):
   params, step = checkpoints.restore_params("run")
   np.testing.assert_array_equal(params["w"], state["params"]["w"])
   assert step == 1
+
+
+def test_save_without_wait_returns_while_the_step_is_written(tmp_path,
+                                                             monkeypatch):
+  # Orbax's last act of a save (renaming the step's temporary folder) is
+  # held until the test releases it: save(wait=False) must return before,
+  # with the step not yet visible, and the next save must wait for it.
+  from orbax.checkpoint._src.path import atomicity
+  release = threading.Event()
+  finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+  async def held(self):
+    assert release.wait(60), 'the test never released the write'
+    return await finalize(self)
+
+  monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, 'finalize', held)
+  state = jax.device_put(make_state(0))
+  manager = checkpoints.make_manager(tmp_path, keep=3)
+  assert checkpoints.save(manager, 1, state, {'step': 1}, wait=False)
+  assert checkpoints.all_steps(tmp_path) == []  # still being written
+  # The arrays may be deleted once save returns (the train step donates
+  # them): Orbax holds its own host copy.
+  for x in jax.tree.leaves(state):
+    x.delete()
+  release.set()
+  manager.wait_until_finished()
+  assert checkpoints.all_steps(tmp_path) == [1]
+  restored, meta = checkpoints.restore(manager, 1, make_state(5))
+  assert_trees_equal(restored, make_state(0))
+  assert meta == {'step': 1}
+  manager.close()

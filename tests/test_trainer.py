@@ -9,10 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import quickstart
@@ -45,6 +47,14 @@ def _train_cmd(workdir, *flags) -> list[str]:
 def _params(workdir, step=None):
   params, _ = checkpoints.restore_params(str(workdir), step)
   return params
+
+
+def _state(workdir, step):
+  """Checkpoint `step`'s whole state (parameters, Adam moments, step, RNG),
+  as NumPy arrays, read without a target."""
+  path = checkpoints.checkpoint_dir(str(workdir)) / str(step) / "state"
+  with ocp.PyTreeCheckpointer() as reader:
+    return jax.tree_util.tree_map(np.asarray, reader.restore(path))
 
 
 def _assert_trees_equal(a, b):
@@ -111,10 +121,49 @@ def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
                   eval_every_steps=100, log_every_steps=2), str(copy))
   assert result["step"] == 12
   assert checkpoints.all_steps(str(copy)) == [4, 8, 12]
-  _assert_trees_equal(_params(copy, 12), _params(workdir, 12))
+  # Both runs saved asynchronously: the whole state, Adam's moments and
+  # count included, is bit-identical.
+  resumed, straight = _state(copy, 12), _state(workdir, 12)
+  assert set(resumed) == {"params", "opt_state", "step", "rng"}
+  _assert_trees_equal(resumed, straight)
+  assert int(resumed["step"]) == 12
   steps = [r["step"] for r in metrics_lib.read_metrics(str(copy))
            if "loss" in r]
   assert steps[-2:] == [10, 12]
+
+
+def test_training_goes_on_while_a_checkpoint_is_written(tmp_path,
+                                                        monkeypatch):
+  # The rename that ends the save of step 2 is held until the loop has
+  # logged step 3: with a save that blocked training it would never be.
+  from orbax.checkpoint._src.path import atomicity
+  logged_past_save = threading.Event()
+  held_steps = []
+  finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+  async def held(self):
+    if self.get_final().name == "2":
+      held_steps.append(logged_past_save.wait(120))
+    return await finalize(self)
+
+  write = metrics_lib.MetricsWriter.write
+
+  def recording(self, step, scalars):
+    write(self, step, scalars)
+    if step >= 3 and "loss" in scalars:
+      logged_past_save.set()
+
+  monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", held)
+  monkeypatch.setattr(metrics_lib.MetricsWriter, "write", recording)
+  workdir = tmp_path / "run"
+  result = trainer.train_and_evaluate(
+      tiny_config(num_train_steps=4, checkpoint_every_steps=2,
+                  eval_every_steps=100), str(workdir))
+  assert held_steps == [True]
+  assert result["step"] == 4 and result["save_seconds"] >= 0
+  # Every save was waited for before the run returned.
+  assert checkpoints.all_steps(str(workdir)) == [2, 4]
+  assert not list((workdir / "checkpoints").glob("*tmp*"))
 
 
 def test_finished_workdir_is_left_as_it_is_without_reading_data(
