@@ -14,6 +14,9 @@ import numpy as np
 
 ATTENTION_TYPES = ("scaled_dot", "dot", "additive", "location")
 ATTENTION_IMPLS = ("einsum", "xla")
+# The self-attention decode cache is stored as [B, H, D, L]: the axes of a
+# [B, L, H, D] key or value in this order (`_append_to_cache`).
+_CACHE_LAYOUT = (0, 2, 3, 1)
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -445,32 +448,39 @@ class MultiHeadAttention(nn.Module):
     """Writes this step's key/value at the cache index; returns the cache.
 
     The cache is created (zero-filled, sized by the length of `inputs_kv`)
-    when the module is initialised with `decode=True`, as in Flax.
+    when the module is initialised with `decode=True`, as in Flax. It is
+    stored as `[B, H, D, L]` (`cached_key`, `cached_value`), the layout in
+    which XLA's attention products read it (stored as `[B, L, H, D]`, the
+    whole cache was transposed for them at every step), and returned as
+    `[B, L, H, D]` (a transposed view).
     """
+    layout = lambda x: jnp.transpose(x, _CACHE_LAYOUT)  # [B, L, H, D] -> store
     initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape,
-                               key.dtype)
+    cached_key = self.variable("cache", "cached_key", jnp.zeros,
+                               layout(key).shape, key.dtype)
     cached_value = self.variable("cache", "cached_value", jnp.zeros,
-                                 value.shape, value.dtype)
+                                 layout(value).shape, value.dtype)
     cache_index = self.variable("cache", "cache_index",
                                 lambda: jnp.array(0, jnp.int32))
     if not initialized:
       return key, value, None
-    batch, max_length = cached_key.value.shape[:2]
     if key.shape[1] != 1:
       raise ValueError("Incremental decoding takes one position per call, got "
                        f"{key.shape[1]}.")
     index = cache_index.value
-    # [B, L, H, D] with this step's [B, 1, H, D] written at `index`.
+    start = tuple(index if axis == 1 else 0 for axis in _CACHE_LAYOUT)
+    # This step's [B, 1, H, D] written at position `index`.
     cached_key.value = lax.dynamic_update_slice(
-        cached_key.value, key.astype(cached_key.value.dtype), (0, index, 0, 0))
+        cached_key.value, layout(key.astype(cached_key.value.dtype)), start)
     cached_value.value = lax.dynamic_update_slice(
-        cached_value.value, value.astype(cached_value.value.dtype),
-        (0, index, 0, 0))
+        cached_value.value, layout(value.astype(cached_value.value.dtype)),
+        start)
     cache_index.value = index + 1
+    view = lambda x: jnp.transpose(x, tuple(np.argsort(_CACHE_LAYOUT)))
+    key, value = view(cached_key.value), view(cached_value.value)
     # The query at position `index` attends to positions 0..index.
-    mask = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1,1,1,L]
-    return cached_key.value, cached_value.value, mask
+    mask = (jnp.arange(key.shape[1]) <= index)[None, None, None, :]  # [1,1,1,L]
+    return key, value, mask
 
   def _cached_cross_kv(self, inputs_kv, mask, d_k, d_v, rows):
     """Encoder-decoder keys/values of the decode cache, one row per sentence.

@@ -141,7 +141,7 @@ def _gather_rows(cache: PyTree, cache_rows: PyTree,
 
   def gather(kind: CacheRows, x):
     if kind is CacheRows.HYPOTHESIS:
-      return jnp.take(x, rows, axis=0)
+      return jnp.take(x, rows, axis=0, mode="clip")  # rows are in range
     return x
 
   return jax.tree.map(gather, cache_rows, cache)

@@ -55,7 +55,7 @@ FIRST_STAGE_EXTRA = 10
 CACHE_ROWS = {
     "position_index": decoding.CacheRows.SHARED,  # [] decoded positions
     "cache_index": decoding.CacheRows.SHARED,  # [] decoded positions
-    # Decoder self-attention: [rows, max_decode_len, h, d_k / d_v].
+    # Decoder self-attention: [rows, h, d_k / d_v, max_decode_len].
     "cached_key": decoding.CacheRows.HYPOTHESIS,
     "cached_value": decoding.CacheRows.HYPOTHESIS,
     # Location-aware attention: [rows, h, 1, keys], the previous step's row.
