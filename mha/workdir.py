@@ -308,6 +308,9 @@ class Workdir:
     self.metrics_path = os.path.join(self.path, METRICS_FILE)
     self.checkpoints_path = os.path.join(self.path, CHECKPOINTS_DIR)
     self.eval_root = os.path.join(self.path, EVAL_DIR)
+    # jax.profiler traces of config.profile_steps (<time>/ folders), where
+    # TensorBoard's Profile tab looks for a logdir's traces.
+    self.profile_path = os.path.join(self.path, "plugins", "profile")
 
   def eval_path(self, split: str, step: int) -> str:
     """`<workdir>/eval/<split>_<step>`: one evaluation's outputs."""
