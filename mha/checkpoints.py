@@ -71,6 +71,25 @@ class CheckpointNotFound(CheckpointError, FileNotFoundError):
   while it was read."""
 
 
+class TooFewCheckpoints(CheckpointError, ValueError):
+  """Fewer checkpoints up to a step than the number to average.
+
+  Attributes:
+    directory: the checkpoints folder.
+    step: the last step asked for.
+    steps: the steps up to it.
+    needed: the number to average.
+  """
+
+  def __init__(self, directory: epath.Path, step: int, steps: list[int],
+               needed: int):
+    super().__init__(
+        f'{directory} holds {len(steps)} checkpoint(s) up to step {step}: '
+        f'{steps}, fewer than the {needed} to average.')
+    self.directory, self.step, self.steps, self.needed = (directory, step,
+                                                          steps, needed)
+
+
 class DamagedCheckpointError(CheckpointError):
   """A step folder whose files are missing or cannot be read.
 
@@ -214,6 +233,31 @@ def check_step(workdir: str | os.PathLike[str], step: int | None = None,
   step = _check_step(directory, all_steps(workdir), step)
   _verify(directory, step, (STATE, META), purpose)
   return step
+
+
+def resolve_steps(workdir: str | os.PathLike[str], step: int | None = None,
+                  num_last: int = 1) -> list[int]:
+  """The steps one evaluation reads: the last `num_last` checkpoints up to
+  `step` (None: the latest), ascending, chosen without reading them.
+
+  `num_last=1` is the one checkpoint `step`; more is the paper's average of
+  the last N checkpoints (5 for the base model, 20 for the big one).
+
+  Raises:
+    ValueError: `num_last` < 1.
+    CheckpointNotFound: no checkpoint, or no checkpoint `step` (the message
+      names the folder and lists the available steps).
+    TooFewCheckpoints: fewer than `num_last` checkpoints up to `step`.
+  """
+  if num_last < 1:
+    raise ValueError(f'num_last must be >= 1, got {num_last}.')
+  directory = checkpoint_dir(workdir)
+  available = all_steps(workdir)
+  step = _check_step(directory, available, step)
+  upto = [s for s in available if s <= step]
+  if len(upto) < num_last:
+    raise TooFewCheckpoints(directory, step, upto, num_last)
+  return upto[-num_last:]
 
 
 def latest_step(workdir: str | os.PathLike[str]) -> int | None:
@@ -541,7 +585,8 @@ def average_checkpoints(
 
   Args:
     workdir: the run's folder.
-    num_last: average the last `num_last` checkpoints.
+    num_last: average the last `num_last` checkpoints
+      (`resolve_steps(workdir, None, num_last)`).
     steps: or average these steps. With neither, every checkpoint.
     purpose: as in `restore_params`.
 
@@ -553,29 +598,24 @@ def average_checkpoints(
     CheckpointNotFound: no checkpoint, a requested step is missing, or a step
       was deleted while it was read (the caller may choose steps again).
     DamagedCheckpointError: a step's state cannot be read.
-    ValueError: fewer checkpoints than `num_last`, or both arguments given.
+    TooFewCheckpoints: fewer checkpoints than `num_last` (a ValueError).
+    ValueError: both arguments given, or `num_last` < 1.
   """
-  directory = checkpoint_dir(workdir)
-  available = all_steps(workdir)
   if num_last is not None and steps is not None:
     raise ValueError('Give num_last or steps, not both.')
-  _check_step(directory, available, None)  # raises if there is none
   if steps is not None:
+    directory, available = checkpoint_dir(workdir), all_steps(workdir)
+    _check_step(directory, available, None)  # raises if there is none
     steps_used = sorted({int(s) for s in steps})
     if not steps_used:
       raise ValueError('steps is empty.')
     for step in steps_used:
       _check_step(directory, available, step)
   elif num_last is not None:
-    if num_last < 1:
-      raise ValueError(f'num_last must be >= 1, got {num_last}.')
-    if len(available) < num_last:
-      raise ValueError(
-          f'Cannot average the last {num_last} checkpoints: {directory} holds '
-          f'{len(available)} (steps {available}).')
-    steps_used = available[-num_last:]
-  else:
-    steps_used = available
+    steps_used = resolve_steps(workdir, None, num_last)
+  else:  # every checkpoint
+    steps_used = all_steps(workdir)
+    _check_step(checkpoint_dir(workdir), steps_used, None)  # none: raises
   with _reader(workdir, steps_used, (STATE,), purpose) as reader:
     params = average_params(_read_params(reader, s, purpose)
                             for s in steps_used)

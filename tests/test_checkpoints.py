@@ -160,6 +160,29 @@ def test_average_checkpoints_is_the_mean_of_the_params(three_checkpoints):
   assert_trees_equal(one, states[300]['params'])
 
 
+def test_resolve_steps_chooses_the_last_n_up_to_a_step(three_checkpoints,
+                                                      tmp_path):
+  workdir, _ = three_checkpoints
+  assert checkpoints.resolve_steps(workdir) == [300]
+  assert checkpoints.resolve_steps(workdir, num_last=2) == [200, 300]
+  assert checkpoints.resolve_steps(workdir, 200) == [200]
+  assert checkpoints.resolve_steps(workdir, 200, num_last=2) == [100, 200]
+  with pytest.raises(checkpoints.TooFewCheckpoints,
+                     match=re.escape('holds 1 checkpoint(s) up to step 100: '
+                                     '[100], fewer than the 2 to average')
+                     ) as error:
+    checkpoints.resolve_steps(workdir, 100, num_last=2)
+  assert (error.value.step, error.value.steps, error.value.needed) == (
+      100, [100], 2)
+  with pytest.raises(checkpoints.CheckpointNotFound,
+                     match=re.escape('available steps: [100, 200, 300]')):
+    checkpoints.resolve_steps(workdir, 250)
+  with pytest.raises(checkpoints.CheckpointNotFound, match='No checkpoint in'):
+    checkpoints.resolve_steps(tmp_path / 'empty')
+  with pytest.raises(ValueError, match='num_last must be >= 1, got 0'):
+    checkpoints.resolve_steps(workdir, num_last=0)
+
+
 def test_average_params_in_float32_cast_back():
   trees = [{'w': np.full((3,), v, np.float32),
             'b': np.full((2,), v, jnp.bfloat16),
@@ -206,8 +229,9 @@ def test_errors_name_the_folder_and_the_steps(tmp_path, three_checkpoints):
     checkpoints.restore_params(workdir, step=150)
   with pytest.raises(FileNotFoundError, match=f'step 150 .*{available}'):
     checkpoints.average_checkpoints(workdir, steps=[100, 150])
-  with pytest.raises(ValueError, match=r'last 5 checkpoints.*holds 3 '
-                     r'\(steps \[100, 200, 300\]\)'):
+  with pytest.raises(checkpoints.TooFewCheckpoints,
+                     match=r'holds 3 checkpoint\(s\) up to step 300: '
+                     r'\[100, 200, 300\], fewer than the 5 to average'):
     checkpoints.average_checkpoints(workdir, num_last=5)
   with pytest.raises(ValueError, match='not both'):
     checkpoints.average_checkpoints(workdir, num_last=1, steps=[100])
