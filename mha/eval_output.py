@@ -8,14 +8,14 @@
 A folder holds the results of one evaluation: one whose metrics.json records
 other settings (`SETTINGS_FIELDS`) is refused, never replaced, and the files
 are written into a temporary folder beside it first and moved into place by
-renames, metrics.json last, so that a failed evaluation leaves earlier
-results as they were. metrics.json and translations.txt are read and written
-through `mha.data.files`; the temporary folder and its renames are local
-file operations.
+renames (on gs://: one upload a file), metrics.json last, so that a failed
+evaluation leaves earlier results as they were. A gs:// folder is read and
+written through `mha.data.files`.
 """
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from typing import Any, Callable, Sequence
 
@@ -71,14 +71,14 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
   """Refuses a folder whose metrics.json holds results of other settings.
 
   Args:
-    output_dir: where the evaluation would write.
+    output_dir: where the evaluation would write (a local path or gs://).
     settings: the `SETTINGS_FIELDS` of this evaluation.
 
   Raises:
     EvalError: `output_dir` is a file, or holds a metrics.json that cannot be
       read or that records another value of a `SETTINGS_FIELDS` field.
   """
-  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+  if files.exists(output_dir) and not files.isdir(output_dir):
     raise EvalError(f"Output folder {output_dir} is a file.")
   path = os.path.join(output_dir, METRICS_FILE)
   if not files.exists(path):
@@ -105,50 +105,70 @@ def write_outputs(output_dir: str, translations: Sequence[str],
                   ) -> list[str]:
   """Writes translations.txt and metrics.json (and `draw`'s files) at once.
 
-  Everything is written into a new folder beside `output_dir` first
-  (`.<name>.tmp-<random>`); a failure there leaves `output_dir` as it was.
-  Then the new folder is renamed to `output_dir` if that does not exist, or
-  its entries replace those of the same name in `output_dir` one by one, each
-  by a rename, metrics.json last; other files in `output_dir` stay.
+  Everything is written into a new local folder first (beside `output_dir`:
+  `.<name>.tmp-<random>`); a failure there leaves `output_dir` as it was.
+  Then, locally, the new folder is renamed to `output_dir` if that does not
+  exist, or its entries replace those of the same name in `output_dir` one
+  by one, each by a rename. On gs://, where a folder cannot be renamed,
+  each file is uploaded whole (an object appears at once). In both,
+  metrics.json comes last, and other files in `output_dir` stay.
 
   Args:
-    output_dir: the folder of the results.
+    output_dir: the folder of the results (a local path or gs://).
     translations: one line each.
     metrics: written as JSON; a NaN or infinite value raises ValueError
       before anything is written.
-    draw: optional function of a folder that writes files there and returns
-      their paths.
+    draw: optional function of a local folder that writes files there and
+      returns their paths.
 
   Returns:
     The paths `draw` wrote, under `output_dir`.
   """
   text = json.dumps(metrics, indent=2, ensure_ascii=False, allow_nan=False)
-  parent, name = os.path.split(os.path.abspath(output_dir))
-  staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
-  os.makedirs(staging)
+  remote = files.is_gcs(output_dir)
+  if remote:
+    staging = tempfile.mkdtemp(prefix="mha_eval_")
+  else:
+    parent, name = os.path.split(os.path.abspath(output_dir))
+    staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    os.makedirs(staging)
   try:
-    files.write_bytes_atomic(
-        os.path.join(staging, TRANSLATIONS_FILE),
-        "".join(t + "\n" for t in translations).encode("utf-8"))
+    with open(os.path.join(staging, TRANSLATIONS_FILE), "w",
+              encoding="utf-8") as f:
+      f.writelines(t + "\n" for t in translations)
     drawn = draw(staging) if draw else []
-    files.write_bytes_atomic(os.path.join(staging, METRICS_FILE),
-                             (text + "\n").encode("utf-8"))
-    _publish(staging, output_dir)
+    with open(os.path.join(staging, METRICS_FILE), "w",
+              encoding="utf-8") as f:
+      f.write(text + "\n")
+    (_upload if remote else _publish)(staging, output_dir)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return [os.path.join(output_dir, os.path.relpath(p, staging))
           for p in drawn]
 
 
+def _metrics_last(names: list[str]) -> list[str]:
+  return sorted(names, key=lambda n: n == METRICS_FILE)
+
+
 def _publish(staging: str, output_dir: str) -> None:
-  """Moves `staging`'s entries into `output_dir` by renames, metrics last."""
+  """Moves `staging`'s entries into the local `output_dir` by renames."""
   if not os.path.exists(output_dir):
     os.rename(staging, output_dir)
     return
-  names = sorted(os.listdir(staging), key=lambda n: n == METRICS_FILE)
-  for entry in names:
+  for entry in _metrics_last(os.listdir(staging)):
     source = os.path.join(staging, entry)
     target = os.path.join(output_dir, entry)
     if os.path.isdir(source) and os.path.isdir(target):
       os.rename(target, os.path.join(staging, f"{entry}.old"))
     os.replace(source, target)
+
+
+def _upload(staging: str, output_dir: str) -> None:
+  """Copies `staging`'s files to gs:// `output_dir`, one upload each."""
+  paths = [os.path.relpath(os.path.join(folder, name), staging)
+           for folder, _, names in os.walk(staging) for name in names]
+  for relative in _metrics_last(sorted(paths)):
+    with open(os.path.join(staging, relative), "rb") as f:
+      files.write_bytes_atomic(f"{output_dir.rstrip('/')}/{relative}",
+                               f.read())
