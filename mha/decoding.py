@@ -73,10 +73,11 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from mha.data import PAD_ID
+
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
 
-PAD_ID = 0
 # Slots without a hypothesis have score -inf. Masking uses jnp.where, never
 # arithmetic with the infinity, so no NaN can appear.
 NEG_INF = -np.inf

@@ -18,11 +18,19 @@ Every output is at most its source's tokens (EOS included) +
 
 Batching sorts the sentences by length (longest first), cuts them into
 batches of `batch_size`, pads each batch's sources to one of a few bucket
-lengths (`LENGTH_BUCKETS`) and its rows to a multiple of `ROW_MULTIPLE`,
-decodes with a cache of bucket length + `max_decode_extra` positions, and
-puts the outputs back in the input order. A split therefore compiles the
-search a handful of times, and repeated calls on the same sentences (BLEU
-during training) reuse the compiled search.
+lengths (`LENGTH_BUCKETS`) and its rows to a multiple of `ROW_MULTIPLE` (a
+power of two below it: `search_rows`), decodes with a cache of bucket
+length + `max_decode_extra` positions, and puts the outputs back in the
+input order. A split therefore compiles the search a handful of times, and
+repeated calls on the same sentences (BLEU during training) reuse the
+compiled search.
+
+Devices: each batch's sentences are split evenly over this process's
+devices (`jax.local_devices()`, or the `devices` given), each device
+searching its own sentences (`jax.shard_map`); a batch whose rows they do
+not divide runs on the default device. The translations are the same on
+any number of devices. Translation is per process: with several processes,
+each translates the sentences it is given.
 """
 import dataclasses
 import functools
@@ -35,6 +43,7 @@ import numpy as np
 
 from mha import data
 from mha import decoding
+from mha.data.batching import round_up
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
 
@@ -42,6 +51,7 @@ from mha.transformer import TransformerConfig
 # decode cache is bucket + max_decode_extra long whatever the batch holds.
 LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROW_MULTIPLE = 8
+_AXIS = "sentences"  # the mesh axis the sharded search splits rows over
 # The first stage of the search: outputs up to the padded input length + 10
 # (in a trained model nearly all searches end there; see `mha.decoding`).
 FIRST_STAGE_EXTRA = 10
@@ -142,14 +152,20 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
 @functools.lru_cache(maxsize=32)
 def _translate_fn(model_config: TransformerConfig, beam_size: int,
                   alpha: float, eos_id: int) -> Callable[..., jax.Array]:
-  """The jitted search for one model config; recompiles per input shape."""
+  """The jitted search for one model config; recompiles per input shape
+  and per tuple of devices.
+
+  `devices=()`: the search on the default device. Two or more devices: the
+  sentences (rows of `inputs` and `max_lengths`, a multiple of the number
+  of devices) are split evenly over them (`jax.shard_map`), the parameters
+  replicated; each device searches its own sentences, as one device would,
+  and stops when they are done.
+  """
   model = Transformer(model_config.replace(decode=True, deterministic=True))
 
-  @functools.partial(jax.jit,
-                     static_argnames=("max_decode_len", "stage_lengths"))
-  def search(params: Any, inputs: jax.Array, max_lengths: jax.Array, *,
-             max_decode_len: int, stage_lengths: tuple[int, ...]
-             ) -> jax.Array:
+  def local_search(params: Any, inputs: jax.Array, max_lengths: jax.Array,
+                   max_decode_len: int, stage_lengths: tuple[int, ...]
+                   ) -> jax.Array:
     batch_size = inputs.shape[0]
     lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
     tokens_to_logits, cache, grow_cache = _model_fns(
@@ -161,14 +177,52 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
         cache_rows=cache_rows(cache))
     return tokens[:, 0]  # [batch, max_decode_len]
 
+  @functools.partial(jax.jit, static_argnames=("max_decode_len",
+                                               "stage_lengths", "devices"))
+  def search(params: Any, inputs: jax.Array, max_lengths: jax.Array, *,
+             max_decode_len: int, stage_lengths: tuple[int, ...],
+             devices: tuple[jax.Device, ...] = ()) -> jax.Array:
+    local = functools.partial(local_search, max_decode_len=max_decode_len,
+                              stage_lengths=stage_lengths)
+    if len(devices) < 2:
+      return local(params, inputs, max_lengths)
+    mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,))
+    rows = jax.sharding.PartitionSpec(_AXIS)
+    # check_vma=False: no collective; the loop's constant-initialised state
+    # becomes per-device, which the type check would want spelled out.
+    return jax.shard_map(local, mesh=mesh,
+                         in_specs=(jax.sharding.PartitionSpec(), rows, rows),
+                         out_specs=rows, check_vma=False)(
+                             params, inputs, max_lengths)
+
   return search
+
+
+def search_devices(rows: int, devices: Sequence[jax.Device] | None = None
+                   ) -> tuple[jax.Device, ...]:
+  """The devices a batch of `rows` rows is split over: all of `devices`
+  (default: `jax.local_devices()`) if they divide the rows evenly, else none
+  (the default device)."""
+  devices = tuple(jax.local_devices() if devices is None else devices)
+  return devices if len(devices) > 1 and rows % len(devices) == 0 else ()
+
+
+def replicate(params: Any, devices: tuple[jax.Device, ...]) -> Any:
+  """`params` on every one of `devices` (as the sharded search takes them);
+  unchanged for fewer than two devices."""
+  if len(devices) < 2:
+    return params
+  mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,))
+  return jax.device_put(params, jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec()))
 
 
 def translate_batch(model_config: TransformerConfig, params: Any,
                     inputs: jax.Array | np.ndarray, *, beam_size: int,
                     alpha: float, max_decode_extra: int, eos_id: int,
                     max_decode_len: int | None = None,
-                    first_stage_extra: int | None = FIRST_STAGE_EXTRA
+                    first_stage_extra: int | None = FIRST_STAGE_EXTRA,
+                    devices: Sequence[jax.Device] | None = None
                     ) -> jax.Array:
   """One batch through the Transformer's search: the best hypotheses.
 
@@ -197,15 +251,18 @@ def translate_batch(model_config: TransformerConfig, params: Any,
       model's `max_len` positions, and so are the limits.
     first_stage_extra: the first stage's room beyond the padded input
       length; None or 0: one stage of `max_decode_len`.
+    devices: the devices the sentences are split over (`search_devices`:
+      all of them if they divide the rows evenly, else the default device);
+      None: `jax.local_devices()`. The outputs are the same on any number.
 
   Returns:
     int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it.
   """
   inputs_np = np.asarray(inputs)
-  max_lengths = (inputs_np != decoding.PAD_ID).sum(axis=1).astype(
+  max_lengths = (inputs_np != data.PAD_ID).sum(axis=1).astype(
       np.int32) + max_decode_extra  # [batch]
   if max_decode_len is None:
-    max_decode_len = -(-int(max_lengths.max()) // 8) * 8
+    max_decode_len = round_up(int(max_lengths.max()), 8)
   # The decoder cannot encode positions past its table (config.max_len).
   max_decode_len = min(int(max_decode_len), model_config.max_len)
   max_lengths = np.minimum(max_lengths, max_decode_len)
@@ -215,10 +272,12 @@ def translate_batch(model_config: TransformerConfig, params: Any,
                   max_decode_len),)
   search = _translate_fn(model_config, int(beam_size), float(alpha),
                          int(eos_id))
-  return search(params, jnp.asarray(inputs_np, jnp.int32),
-                jnp.asarray(max_lengths), max_decode_len=max_decode_len,
+  devices = search_devices(inputs_np.shape[0], devices)
+  return search(replicate(params, devices), inputs_np.astype(np.int32),
+                max_lengths, max_decode_len=max_decode_len,
                 stage_lengths=tuple(
-                    decoding.all_stage_lengths(stages, max_decode_len)[:-1]))
+                    decoding.all_stage_lengths(stages, max_decode_len)[:-1]),
+                devices=devices)
 
 
 # ------------------------------------------------------------ text batches
@@ -271,6 +330,16 @@ def encode_sources(tokenizer: data.Tokenizer, sources: Sequence[str],
   return [list(ids[:max_len - 1]) + [data.EOS_ID] for ids in encoded]
 
 
+def search_rows(n: int) -> int:
+  """The rows of a batch of n sentences: n rounded up to a power of two
+  below `ROW_MULTIPLE` (1, 2, 4, 8), to a multiple of `ROW_MULTIPLE` above.
+  Few batch shapes (compilations), and a lone sentence (standard input) is
+  one search, not eight."""
+  if n >= ROW_MULTIPLE:
+    return round_up(n, ROW_MULTIPLE)
+  return 1 << max(n - 1, 0).bit_length()
+
+
 def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
                  max_len: int, max_decode_extra: int) -> list[DecodeBatch]:
   """Length-sorted, bucket-padded batches covering every sentence once.
@@ -295,8 +364,7 @@ def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
   for start in range(0, len(order), batch_size):
     chunk = order[start:start + batch_size]
     length = bucket_length(max(len(encoded[i]) for i in chunk), max_len)
-    rows = min(-(-len(chunk) // ROW_MULTIPLE) * ROW_MULTIPLE,
-               max(batch_size, len(chunk)))
+    rows = min(search_rows(len(chunk)), max(batch_size, len(chunk)))
     inputs = np.zeros((rows, length), np.int32)  # [rows, length]
     for row, i in enumerate(chunk):
       inputs[row, :len(encoded[i])] = encoded[i]
@@ -309,27 +377,39 @@ def decode_batches(model_config: TransformerConfig, params: Any,
                    batches: Sequence[DecodeBatch], *, beam_size: int,
                    alpha: float, max_decode_extra: int,
                    eos_id: int = data.EOS_ID,
-                   first_stage_extra: int | None = FIRST_STAGE_EXTRA
+                   first_stage_extra: int | None = FIRST_STAGE_EXTRA,
+                   devices: Sequence[jax.Device] | None = None
                    ) -> list[np.ndarray]:
   """Output ids of each batch (`[rows, max_decode_len]`, EOS included).
 
   All batches are dispatched before the first result is fetched, so the host
-  work overlaps with the device's. `eos_id=-1` disables early ends (every
+  work overlaps with the device's. Each batch's sentences are split over
+  `devices` (default: `jax.local_devices()`; `search_devices`), the
+  parameters replicated to them once. `eos_id=-1` disables early ends (every
   output runs to its length limit: decoding benchmarks of random models).
   `first_stage_extra`: as in `translate_batch` (None: one stage).
   """
-  outputs = [translate_batch(
-      model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
-      max_decode_extra=max_decode_extra, eos_id=eos_id,
-      max_decode_len=batch.max_decode_len,
-      first_stage_extra=first_stage_extra) for batch in batches]
+  devices = tuple(jax.local_devices() if devices is None else devices)
+  replicated = {}
+  outputs = []
+  for batch in batches:
+    used = search_devices(batch.inputs.shape[0], devices)
+    if used not in replicated:
+      replicated[used] = replicate(params, used)
+    outputs.append(translate_batch(
+        model_config, replicated[used], batch.inputs, beam_size=beam_size,
+        alpha=alpha, max_decode_extra=max_decode_extra, eos_id=eos_id,
+        max_decode_len=batch.max_decode_len,
+        first_stage_extra=first_stage_extra, devices=used))
   return [np.asarray(o) for o in outputs]
 
 
 def translate_ids(model_config: TransformerConfig, params: Any,
                   tokenizer: data.Tokenizer, sources: Sequence[str], *,
                   beam_size: int, alpha: float, max_decode_extra: int,
-                  batch_size: int = 64) -> list[tuple[np.ndarray, np.ndarray]]:
+                  batch_size: int = 64,
+                  devices: Sequence[jax.Device] | None = None
+                  ) -> list[tuple[np.ndarray, np.ndarray]]:
   """(source ids, output ids) of each source, in the order of `sources`.
 
   Args:
@@ -342,6 +422,8 @@ def translate_ids(model_config: TransformerConfig, params: Any,
     max_decode_extra: output limit = source tokens (EOS included) + this,
       capped at the model's `max_len`.
     batch_size: sentences per decoding batch.
+    devices: the devices each batch is split over (`decode_batches`;
+      default: `jax.local_devices()`).
 
   Returns:
     Per source: int32 `[s]` source ids as encoded (EOS included, truncated
@@ -355,7 +437,8 @@ def translate_ids(model_config: TransformerConfig, params: Any,
                          max_len=model_config.max_len,
                          max_decode_extra=max_decode_extra)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
-                           alpha=alpha, max_decode_extra=max_decode_extra)
+                           alpha=alpha, max_decode_extra=max_decode_extra,
+                           devices=devices)
   pairs: list[Any] = [None] * len(sources)
   for batch, tokens in zip(batches, outputs):  # tokens [rows, len]
     for row, i in enumerate(batch.indices):
@@ -373,22 +456,26 @@ def detokenize(tokenizer: data.Tokenizer, ids: Sequence[int]) -> str:
 def translate_texts(model_config: TransformerConfig, params: Any,
                     tokenizer: data.Tokenizer, sources: Sequence[str], *,
                     beam_size: int, alpha: float, max_decode_extra: int,
-                    batch_size: int = 64) -> list[str]:
+                    batch_size: int = 64,
+                    devices: Sequence[jax.Device] | None = None
+                    ) -> list[str]:
   """Detokenized translations of `sources`, in their order.
 
   Args:
     model_config, params, tokenizer, sources, beam_size, alpha,
-      max_decode_extra, batch_size: as in `translate_ids`.
+      max_decode_extra, batch_size, devices: as in `translate_ids`.
 
   Returns:
     One translation per source, without newlines.
   """
   return [detokenize(tokenizer, output) for _, output in translate_ids(
       model_config, params, tokenizer, sources, beam_size=beam_size,
-      alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size)]
+      alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size,
+      devices=devices)]
 
 
 __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
            "ROW_MULTIPLE", "bucket_length", "decode_batches", "detokenize",
-           "cache_rows", "encode_sources", "make_batches", "translate_batch",
+           "cache_rows", "encode_sources", "make_batches", "replicate",
+           "search_devices", "search_rows", "translate_batch",
            "translate_ids", "translate_texts"]

@@ -1,0 +1,75 @@
+"""Decoding on every local device (issue 18): the sentences of a batch are
+split over the 4 fake CPU devices of tests/conftest.py, and the
+translations equal those of one device."""
+import jax
+import numpy as np
+import pytest
+
+from configs import base
+import paper_reference
+from mha import transformer
+from mha import translate
+
+EOS = 1
+
+
+@pytest.fixture(scope="module")
+def model():
+  # paper_reference's random parameters (nothing to compile). The outputs
+  # differ from sentence to sentence at least in length (each runs to its
+  # source length + 6), so a sentence given another's row would show.
+  model_config = transformer.TransformerConfig.from_config(
+      base.get_config("tiny"), deterministic=True, num_encoder_layers=1,
+      num_decoder_layers=1, vocab_size=32, max_len=32,
+      share_embeddings=False)
+  dummy = np.ones((1, 4), np.int32)
+  shapes = jax.eval_shape(transformer.Transformer(model_config).init,
+                          jax.random.PRNGKey(0), dummy, dummy)["params"]
+  params = paper_reference.random_params(shapes, seed=3)
+  rng = np.random.default_rng(0)
+  encoded = [list(rng.integers(3, 32, n - 1)) + [EOS]
+             for n in rng.integers(2, 12, 11)]
+  return model_config, params, encoded
+
+
+def test_four_devices_equal_one_device(model):
+  model_config, params, encoded = model
+  devices = jax.local_devices()
+  assert len(devices) == 4  # tests/conftest.py
+  # 11 sentences in batches of 8: rows 8 (split 4 ways) and 3 -> 4 rows.
+  batches = translate.make_batches(encoded, batch_size=8, max_len=32,
+                                   max_decode_extra=6)
+  assert [b.inputs.shape[0] for b in batches] == [8, 4]
+  kwargs = dict(beam_size=3, alpha=0.6, max_decode_extra=6, eos_id=EOS)
+  four = translate.decode_batches(model_config, params, batches,
+                                  devices=devices, **kwargs)
+  one = translate.decode_batches(model_config, params, batches,
+                                 devices=devices[:1], **kwargs)
+  for a, b in zip(four, one):
+    np.testing.assert_array_equal(a, b)
+  outputs = {tuple(row) for o, b in zip(one, batches)
+             for row in o[:len(b.indices)]}
+  assert len(outputs) > 5  # not one output for all
+  # The 4-device search ran on all four, each holding its own rows.
+  sharded = translate.translate_batch(
+      model_config, translate.replicate(params, tuple(devices)),
+      batches[0].inputs, max_decode_len=batches[0].max_decode_len,
+      devices=devices, **kwargs)
+  assert sharded.sharding.device_set == set(devices)
+  assert {s.data.shape for s in sharded.addressable_shards} == {
+      (2, batches[0].max_decode_len)}
+  np.testing.assert_array_equal(np.asarray(sharded), one[0])
+
+
+def test_rows_and_devices_of_a_batch():
+  assert [translate.search_rows(n) for n in (1, 2, 3, 5, 8, 9, 17)] == [
+      1, 2, 4, 8, 8, 16, 24]
+  # One sentence (standard input) is one search row, not eight.
+  (lone,) = translate.make_batches([[5, 6, EOS]], batch_size=64, max_len=32,
+                                   max_decode_extra=4)
+  assert lone.inputs.shape == (1, 8)
+  devices = tuple(jax.local_devices())
+  assert translate.search_devices(8, devices) == devices
+  assert translate.search_devices(4, devices) == devices
+  assert translate.search_devices(2, devices) == ()  # the default device
+  assert translate.search_devices(8, devices[:1]) == ()
