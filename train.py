@@ -24,12 +24,18 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from mha import compilation_cache
-from mha import distributed
-from mha import trainer
-from mha.data import multihost
-from mha.errors import ConfigError
-from mha.errors import UserError
+from mha import library_logs
+
+# TensorFlow's start-up lines are hidden unless --verbose_libraries: it is
+# imported here, before the imports below load it.
+library_logs.quiet_native(sys.argv)
+
+from mha import compilation_cache  # noqa: E402
+from mha import distributed  # noqa: E402
+from mha import trainer  # noqa: E402
+from mha.data import multihost  # noqa: E402
+from mha.errors import ConfigError  # noqa: E402
+from mha.errors import UserError  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.",
@@ -47,6 +53,7 @@ flags.DEFINE_bool("traceback", False,
                   "On a bad config, workdir or data, raise with the stack "
                   "instead of printing only the message.")
 compilation_cache.define_flag()
+library_logs.define_flag()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -98,6 +105,7 @@ def _config():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  library_logs.configure(FLAGS.verbose_libraries)
   try:
     config = _config()
     compilation_cache.enable(FLAGS.compilation_cache_dir)

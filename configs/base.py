@@ -144,6 +144,10 @@ def base_config() -> ml_collections.ConfigDict:
   # a new run starts from (not its optimizer state or step; mha/warm_start.py).
   # A run that resumes from its own checkpoint ignores it.
   c.init_from = config_dict.placeholder(str)
+  # A jax.profiler trace of `count` updates from the one that makes step
+  # `first`, into <workdir>/plugins/profile/ (TensorBoard's Profile tab):
+  # (first, count), e.g. --config.profile_steps="(100, 5)"; () = off.
+  c.profile_steps = ()
 
   # Decoding (§6.1).
   c.beam_size = 4

@@ -121,6 +121,19 @@ def _check_names(config: ml_collections.ConfigDict) -> None:
         raise _refuse(field, value, "a non-empty string")
 
 
+def _check_profile(config: ml_collections.ConfigDict) -> None:
+  """`profile_steps`: empty (off) or (first step >= 1, count >= 0)."""
+  value = config.get("profile_steps", ())
+  if value is None or (isinstance(value, (tuple, list)) and not value):
+    return
+  if not (isinstance(value, (tuple, list)) and len(value) == 2
+          and all(_is_int(v) for v in value) and value[0] >= 1
+          and value[1] >= 0):
+    raise _refuse("profile_steps", value,
+                  "() (off) or (first, count): integers, the first step "
+                  ">= 1 and the count of steps >= 0, e.g. (100, 5)")
+
+
 def _check_model(config: ml_collections.ConfigDict) -> None:
   """The model config as a whole: heads, key sizes, filters, impl."""
   if (config.get("attention_impl") == "xla"
@@ -167,6 +180,7 @@ def validate(config: ml_collections.ConfigDict,
   _check_ints(config)
   _check_reals(config)
   _check_names(config)
+  _check_profile(config)
   _check_model(config)
   if num_devices is not None:
     least = min_max_tokens(config, num_devices)

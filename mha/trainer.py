@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from absl import logging
+from clu import metric_writers
 import flax
 import jax
 import jax.numpy as jnp
@@ -699,13 +700,79 @@ class InTrainingEval:
     return metrics
 
 
+def write_hparams(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """The resolved config as TensorBoard hparams (its HParams tab), in an
+  event file of the workdir; process 0 only. Nested fields are flattened
+  ('a.b'); values that are not numbers, strings or booleans (tuples, None)
+  are written as their text."""
+  if jax.process_index() != 0:
+    return
+  hparams = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+             for k, v in _flat(config.to_dict()).items()}
+  writer = metric_writers.SummaryWriter(workdir)
+  try:
+    writer.write_hparams(hparams)
+  finally:
+    writer.close()
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flat(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+class _Profiler:
+  """`config.profile_steps = (first, count)`: a `jax.profiler` trace of the
+  `count` updates from the one that makes step `first`, on process 0, into
+  `Workdir.profile_path` (`<workdir>/plugins/profile/<time>/`: TensorBoard's
+  Profile tab reads it beside the scalars). Off when empty, when the count is 0, or when the run
+  starts past `first`.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict,
+               folder: workdir_lib.Workdir):
+    first, count = tuple(config.get("profile_steps") or ()) or (0, 0)
+    on = count > 0 and jax.process_index() == 0
+    self._first, self._last = (first, first + count - 1) if on else (0, -1)
+    self._folder = folder
+    self._tracing = False
+
+  def before_update(self, step: int) -> None:
+    """Called before the update that makes `step` is dispatched."""
+    if step == self._first:
+      logging.info("Profiling steps %d to %d into %s.", self._first,
+                   self._last, self._folder.profile_path)
+      # The workdir is the trace's logdir: jax writes plugins/profile/ in it.
+      jax.profiler.start_trace(self._folder.path)
+      self._tracing = True
+
+  def after_update(self, step: int, state: State) -> None:
+    """Called once the update that made `step` is dispatched."""
+    if self._tracing and step >= self._last:
+      jax.block_until_ready(state)
+      self.close()
+
+  def close(self) -> None:
+    """Ends the trace if it runs (also when the loop stops early)."""
+    if self._tracing:
+      self._tracing = False
+      jax.profiler.stop_trace()
+      logging.info("Profile written into %s.", self._folder.profile_path)
+
+
 def _is_due(step: int, every: int, config: ml_collections.ConfigDict) -> bool:
   return step % every == 0 or step == config.num_train_steps
 
 
 def _loop(config: ml_collections.ConfigDict, state: State, step: int,
           batches: Iterator, update: _Updater, window: MetricsWindow,
-          save: _Saver, evaluate: Callable[[State], dict[str, float]]) -> int:
+          save: _Saver, evaluate: Callable[[State], dict[str, float]],
+          profiler: _Profiler) -> int:
   """Updates from `step` to num_train_steps; returns the last step.
 
   Preemption: a SIGTERM on any process sets the stop flag of the next
@@ -713,14 +780,16 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
   """
   num_devices = jax.local_device_count()
   pending = None  # (step, device metrics) of the update in flight
-  with _StopSignal() as sigterm:
+  with _StopSignal() as sigterm, contextlib.closing(profiler):
     while step < config.num_train_steps:
       micro = [next(batches) for _ in range(config.grad_accum_steps)]
       stop = np.full((num_devices,), int(sigterm.received), np.int32)
+      profiler.before_update(step + 1)
       state, device_metrics = update(state, micro, stop)
       if pending is not None:
         window.add(*pending)  # overlaps with the update just dispatched
       step += 1
+      profiler.after_update(step, state)
       pending = (step, device_metrics)
       need_save = _is_due(step, config.checkpoint_every_steps, config)
       need_eval = _is_due(step, config.eval_every_steps, config)
@@ -761,9 +830,10 @@ def _train(config: ml_collections.ConfigDict,
   window = MetricsWindow(config, writer, metrics_lib.Progress(
       start.step, config.num_train_steps))
   saver = _Saver(manager, start, config.grad_accum_steps)
+  write_hparams(config, folder.path)
   try:
     step = _loop(config, state, start.step, batches, update, window, saver,
-                 evaluate)
+                 evaluate, _Profiler(config, folder))
   finally:
     # Also when the loop raises (a diverged run): the checkpoint being
     # written is completed before the workdir's lock is released.

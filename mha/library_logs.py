@@ -1,0 +1,124 @@
+"""The libraries' own log lines, hidden by default in train.py and eval.py.
+
+TensorFlow prints native INFO lines when it loads (oneDNN, and absl's
+"All log messages before absl::InitializeLog()" notice), JAX logs the
+backends it could not start (INFO), and Orbax logs about 40 INFO lines per
+checkpoint. The entry points hide these and keep the project's own lines,
+warnings and errors of every library; `--verbose_libraries` shows them:
+
+    from mha import library_logs
+    library_logs.quiet_native(sys.argv)   # imports TensorFlow quietly
+    library_logs.define_flag()
+    ...
+    library_logs.configure(FLAGS.verbose_libraries)   # in main()
+
+Calling the library (`trainer.train_and_evaluate`) directly changes nothing.
+"""
+import logging
+import os
+import re
+import sys
+import tempfile
+from typing import Sequence
+
+from absl import flags
+
+FLAG = "verbose_libraries"
+# TensorFlow's native (C++) log threshold: 1 hides INFO, keeps warnings.
+NATIVE_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
+# Python loggers whose INFO lines are start-up noise (JAX's backend probe).
+_QUIET_LOGGERS = ("jax._src.xla_bridge",)
+# Files whose INFO lines through absl's logger are hidden.
+_LIBRARY_PATHS = (f"{os.sep}orbax{os.sep}",)
+
+
+def define_flag() -> None:
+  """Defines --verbose_libraries (False)."""
+  flags.DEFINE_bool(
+      FLAG, False, "Show the INFO log lines of Orbax (per checkpoint), "
+      "TensorFlow (native, at start-up) and JAX's backend start-up, hidden "
+      "by default.")
+
+
+def _asks_verbose(argv: Sequence[str]) -> bool:
+  return any(a in (f"--{FLAG}", f"--{FLAG}=true", f"--{FLAG}=True",
+                   f"--{FLAG}=1") for a in argv)
+
+
+# TensorFlow's native start-up lines: absl INFO lines ("I0000 00:00:...
+# port.cc:153] oneDNN custom operations are on...") and absl's notice that
+# precedes them. TensorFlow 2.21 writes them before its log threshold
+# (TF_CPP_MIN_LOG_LEVEL) applies.
+_NATIVE_INFO = re.compile(
+    r"^(I\d{4} [\d:. ]+\d+ \S+:\d+\] |WARNING: All log messages before "
+    r"absl::InitializeLog\(\) is called are written to STDERR$)")
+
+
+def is_native_info(line: str) -> bool:
+  """Whether `line` is one of TensorFlow's native INFO start-up lines."""
+  return bool(_NATIVE_INFO.match(line))
+
+
+def _import_tensorflow() -> None:
+  import tensorflow  # pylint: disable=import-outside-toplevel,unused-import  # noqa: F401
+
+
+def quiet_native(argv: Sequence[str]) -> int:
+  """Imports TensorFlow with its native INFO start-up lines hidden, unless
+  `argv` holds --verbose_libraries.
+
+  Its other native output (warnings, errors) is printed once the import is
+  done. TF_CPP_MIN_LOG_LEVEL=1 is also set (unless set already) for
+  TensorFlow's later native INFO lines. Call it before anything imports
+  TensorFlow: once imported, it prints nothing more when it loads.
+
+  Returns:
+    The number of lines hidden.
+  """
+  if _asks_verbose(argv) or "tensorflow" in sys.modules:
+    return 0
+  os.environ.setdefault(NATIVE_LEVEL_ENV, "1")
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      _import_tensorflow()
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      lines = captured.read().decode("utf-8", "replace").splitlines(True)
+  kept = [line for line in lines if not is_native_info(line)]
+  if kept:
+    sys.stderr.write("".join(kept))
+  return len(lines) - len(kept)
+
+
+class _HideLibraryInfo(logging.Filter):
+  """Drops records below WARNING logged from the libraries' files."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return (record.levelno >= logging.WARNING or
+            not any(p in record.pathname for p in _LIBRARY_PATHS))
+
+
+_FILTER = _HideLibraryInfo()
+
+
+def configure(verbose: bool) -> None:
+  """Hides (verbose=False) or shows the libraries' INFO lines.
+
+  Orbax logs through absl's logger: a filter on that logger drops its
+  records below WARNING (for every handler, before they are formatted);
+  JAX's backend probe logger is set to WARNING. Calling it again undoes or
+  redoes this.
+  """
+  absl_logger = logging.getLogger("absl")
+  absl_logger.removeFilter(_FILTER)
+  for name in _QUIET_LOGGERS:
+    logging.getLogger(name).setLevel(logging.NOTSET if verbose
+                                     else logging.WARNING)
+  if not verbose:
+    absl_logger.addFilter(_FILTER)

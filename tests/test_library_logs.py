@@ -1,0 +1,79 @@
+"""The libraries' log lines: hidden by default, shown with --verbose_libraries."""
+import logging
+import subprocess
+import sys
+import pathlib
+
+import numpy as np
+import pytest
+
+from mha import checkpoints
+from mha import library_logs
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _orbax_info(records) -> list[str]:
+  return [r.getMessage() for r in records
+          if "/orbax/" in r.pathname and r.levelno < logging.WARNING]
+
+
+def _save(folder) -> None:
+  manager = checkpoints.make_manager(folder, keep=1)
+  checkpoints.save(manager, 1, {"w": np.arange(3, dtype=np.float32)},
+                   {"step": 1})
+  manager.close()
+
+
+@pytest.fixture
+def absl_info(caplog):
+  caplog.set_level(logging.INFO, logger="absl")
+  yield caplog
+  library_logs.configure(verbose=True)  # as the library is left by default
+
+
+def test_orbax_info_lines_are_hidden_by_default_and_shown_verbose(
+    tmp_path, absl_info):
+  library_logs.configure(verbose=False)
+  _save(tmp_path / "quiet")
+  # The project's own lines and Orbax's warnings pass; its INFO lines not.
+  logging.getLogger("absl").info("project line")
+  logging.getLogger("absl").warning("a warning")
+  assert _orbax_info(absl_info.records) == []
+  messages = [r.getMessage() for r in absl_info.records]
+  assert "project line" in messages and "a warning" in messages
+  assert checkpoints.all_steps(tmp_path / "quiet") == [1]
+
+  absl_info.clear()
+  library_logs.configure(verbose=True)
+  _save(tmp_path / "verbose")
+  shown = _orbax_info(absl_info.records)
+  assert any("Saving checkpoint at step 1" in m for m in shown), shown
+
+
+def test_tensorflow_start_up_lines_are_hidden(tmp_path):
+  # One process imports TensorFlow through quiet_native (as train.py does)
+  # and reports how many lines it hid; none reach its stderr.
+  script = ("import sys; from mha import library_logs; "
+            "hidden = library_logs.quiet_native(sys.argv); "
+            "import tensorflow; print(hidden)")
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          check=True)
+  hidden = int(result.stdout.strip())
+  if hidden == 0:
+    pytest.skip("this TensorFlow prints no native INFO line when it loads")
+  assert not [line for line in result.stderr.splitlines()
+              if library_logs.is_native_info(line)], result.stderr
+  assert "oneDNN" not in result.stderr
+
+
+def test_verbose_flag_in_argv_leaves_tensorflow_alone(monkeypatch):
+  monkeypatch.delenv(library_logs.NATIVE_LEVEL_ENV, raising=False)
+  monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+  imported = []
+  monkeypatch.setattr(library_logs, "_import_tensorflow",
+                      lambda: imported.append(True))
+  assert library_logs.quiet_native(["train.py", "--verbose_libraries"]) == 0
+  assert imported == []
+  assert library_logs.NATIVE_LEVEL_ENV not in library_logs.os.environ
