@@ -14,6 +14,7 @@ warnings and errors of every library; `--verbose_libraries` shows them:
 
 Calling the library (`trainer.train_and_evaluate`) directly changes nothing.
 """
+import importlib.util
 import logging
 import os
 import re
@@ -28,8 +29,8 @@ FLAG = "verbose_libraries"
 NATIVE_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 # Python loggers whose INFO lines are start-up noise (JAX's backend probe).
 _QUIET_LOGGERS = ("jax._src.xla_bridge",)
-# Files whose INFO lines through absl's logger are hidden.
-_LIBRARY_PATHS = (f"{os.sep}orbax{os.sep}",)
+# Packages whose INFO lines through absl's logger are hidden.
+_LIBRARIES = ("orbax",)
 
 
 def define_flag() -> None:
@@ -96,12 +97,30 @@ def quiet_native(argv: Sequence[str]) -> int:
   return len(lines) - len(kept)
 
 
+def _package_dirs(names: Sequence[str]) -> tuple[str, ...]:
+  """The folders of the installed packages `names` (not imported here)."""
+  dirs = []
+  for name in names:
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations:
+      dirs.extend(os.path.join(os.path.realpath(p), "")
+                  for p in spec.submodule_search_locations)
+  return tuple(dirs)
+
+
 class _HideLibraryInfo(logging.Filter):
   """Drops records below WARNING logged from the libraries' files."""
 
+  def __init__(self):
+    super().__init__()
+    self._dirs = None  # found at the first record
+
   def filter(self, record: logging.LogRecord) -> bool:
-    return (record.levelno >= logging.WARNING or
-            not any(p in record.pathname for p in _LIBRARY_PATHS))
+    if record.levelno >= logging.WARNING:
+      return True
+    if self._dirs is None:
+      self._dirs = _package_dirs(_LIBRARIES)
+    return not os.path.realpath(record.pathname).startswith(self._dirs)
 
 
 _FILTER = _HideLibraryInfo()
