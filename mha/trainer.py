@@ -6,6 +6,11 @@ devices and divided by the global number of target tokens, so the update
 does not depend on how the batch is split. A run resumes exactly from the
 workdir's latest checkpoint: the step, parameters, optimizer state and RNG are
 restored, and the input pipeline restarts at the saved position.
+Checkpoints are saved asynchronously (`_Saver`): training goes on while Orbax
+writes a step, and waits for that write at the next save and at the end.
+Evaluation and save times, the config as TensorBoard hparams
+(`write_hparams`) and an optional `jax.profiler` trace (`config.
+profile_steps`, `_Profiler`) are written into the workdir.
 """
 import contextlib
 import dataclasses
