@@ -68,44 +68,23 @@ def read_lines(path: str, what: str = "File") -> list[str]:
   return parallel_text.read_lines(path)
 
 
-def _available_steps(workdir: str) -> list[int]:
-  if not checkpoints.checkpoint_dir(workdir).exists():
-    return []
-  return checkpoints.all_steps(workdir)
-
-
-def resolve_steps(workdir: str, checkpoint_step: int | None = None,
-                  average_last: int | None = None) -> list[int]:
-  """The checkpoint steps an evaluation uses (ascending), without reading them.
-
-  Args:
-    workdir: the training workdir.
-    checkpoint_step: the step to evaluate; None = the latest.
-    average_last: average the last N checkpoints up to `checkpoint_step`.
+def choose_steps(workdir: str, checkpoint_step: int | None = None,
+                 average_last: int | None = None) -> list[int]:
+  """The checkpoint steps an evaluation reads (ascending), without reading
+  them: `checkpoints.resolve_steps`, its shortfall named by the flag.
 
   Raises:
-    EvalError: no checkpoint, no checkpoint `checkpoint_step` (the message
-      lists the available ones) or fewer than `average_last` checkpoints.
+    CheckpointNotFound: no checkpoint, or no checkpoint `checkpoint_step`
+      (the message lists the available ones).
+    EvalError: fewer than `average_last` checkpoints up to the step.
   """
-  if average_last is not None and average_last < 1:
-    raise EvalError(f"--average_last must be >= 1, got {average_last}.")
-  steps = _available_steps(workdir)
-  directory = checkpoints.checkpoint_dir(workdir)
-  if not steps:
-    raise EvalError(f"No checkpoint in {directory}: has {workdir} been "
-                    "trained (train.py saves checkpoints/<step>/)?")
-  if checkpoint_step is None:
-    checkpoint_step = steps[-1]
-  elif checkpoint_step not in steps:
-    raise EvalError(f"No checkpoint for step {checkpoint_step} in "
-                    f"{directory}; available steps: {steps}.")
-  upto = [s for s in steps if s <= checkpoint_step]
-  num = average_last or 1
-  if len(upto) < num:
+  try:
+    return checkpoints.resolve_steps(workdir, checkpoint_step,
+                                     average_last or 1)
+  except checkpoints.TooFewCheckpoints as e:
     raise EvalError(
-        f"--average_last={num} but {directory} holds {len(upto)} "
-        f"checkpoint(s) up to step {checkpoint_step}: {upto}.")
-  return upto[-num:]
+        f"--average_last={e.needed} but {e.directory} holds {len(e.steps)} "
+        f"checkpoint(s) up to step {e.step}: {e.steps}.") from None
 
 
 def load_params(workdir: str, checkpoint_step: int | None = None,
@@ -128,12 +107,13 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
     `(params, checkpoint step, averaged steps)`; params as NumPy arrays.
 
   Raises:
-    EvalError: as `resolve_steps`, or the steps kept vanishing.
+    CheckpointNotFound, EvalError: as `choose_steps`; EvalError: the steps
+      kept vanishing.
     checkpoints.DamagedCheckpointError: a chosen step cannot be read (the
       message names it and the newest intact step).
   """
   for attempt in range(READ_ATTEMPTS):
-    steps = resolve_steps(workdir, checkpoint_step, average_last)
+    steps = choose_steps(workdir, checkpoint_step, average_last)
     try:
       if len(steps) > 1:
         params, steps = checkpoints.average_checkpoints(workdir, steps=steps)
@@ -158,18 +138,13 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
 
   Raises:
     EvalError: the workdir or its config.json is missing.
-    UserError: config.json or spm.model is missing or cannot be read (the
-      message names the file).
+    UserError: a URL (`workdir.check_local`), or config.json or spm.model
+      missing or unreadable (the message names the file).
   """
-  try:
-    workdir_lib.check_local(workdir)
-  except UserError:
-    raise
-  except ValueError as e:
-    raise EvalError(str(e)) from None
+  workdir_lib.check_local(workdir)  # a URL is refused, with the reason
   if not files.exists(workdir):
     raise EvalError(f"Workdir {workdir} does not exist.")
-  if not os.path.isdir(workdir):
+  if not files.isdir(workdir):
     raise EvalError(f"--workdir={workdir} is a file, not a workdir folder.")
   layout = workdir_lib.Workdir(workdir)
   try:
@@ -320,7 +295,7 @@ def _plan(workdir: str, split: str | None, source_file: str | None,
   beam_size, alpha, max_decode_extra = _search_settings(
       config, workdir, beam_size, alpha, max_decode_extra)
   _check_plot_flags(config, plot_attention, plot_layer, write)
-  steps = resolve_steps(workdir, checkpoint_step, average_last)
+  steps = choose_steps(workdir, checkpoint_step, average_last)
   split_name, sources, references = _read_inputs(
       config, workdir, split, source_file, reference_file)
   settings = {"split": split_name, "beam_size": beam_size, "alpha": alpha,

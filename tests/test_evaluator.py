@@ -112,7 +112,7 @@ def test_average_last_is_the_mean_of_the_last_checkpoints(workdir):
           got, (np.asarray(a, np.float32) + b) / 2, rtol=1e-6),
       params, p4, p6)
   # Up to a given step.
-  assert evaluator.resolve_steps(str(workdir), 4, 2) == [2, 4]
+  assert evaluator.choose_steps(str(workdir), 4, 2) == [2, 4]
   result = evaluator.evaluate(str(workdir), split=SPLIT, average_last=2)
   assert result["averaged_steps"] == [4, 6]
   assert result["checkpoint_step"] == 6
