@@ -12,9 +12,12 @@ in-memory store. Every library is pointed at it as far as it can be:
   event files (clu's writer) cannot reach an emulator: the training test
   writes its metrics to the log and metrics.jsonl only.
 """
+import contextlib
+import ctypes
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import time
@@ -39,6 +42,13 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+  """In the emulator's process: SIGKILL when pytest dies (Linux), so a
+  killed test run leaves no server behind."""
+  with contextlib.suppress(OSError, AttributeError):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # SET_PDEATHSIG
+
+
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory):
   """The emulator's URL, with $STORAGE_EMULATOR_HOST set for the session and
@@ -56,7 +66,8 @@ def emulator(tmp_path_factory):
         [str(binary), "-scheme", "http", "-backend", "memory", "-host",
          "127.0.0.1", "-port", str(port), "-external-url", url,
          "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=stderr)
+        stdout=subprocess.DEVNULL, stderr=stderr,
+        preexec_fn=_die_with_parent)
   try:
     deadline = time.monotonic() + 20
     while True:
@@ -76,7 +87,11 @@ def emulator(tmp_path_factory):
     yield url
   finally:
     server.terminate()
-    server.wait(timeout=10)
+    try:
+      server.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      server.kill()
+      server.wait()
   for name, value in saved.items():
     if value is None:
       os.environ.pop(name, None)
@@ -168,11 +183,14 @@ def test_lock_on_a_bucket_refuses_a_second_writer(gcs_dir):
 def no_tensorboard(monkeypatch):
   """clu's writers log instead of writing event files: TensorFlow's GCS
   file system cannot be pointed at the emulator (see the module doc)."""
-  create = metrics_lib.metric_writers.create_default_writer
+  writers = metrics_lib.metric_writers
+  create = writers.create_default_writer
   monkeypatch.setattr(
-      metrics_lib.metric_writers, "create_default_writer",
+      writers, "create_default_writer",
       lambda logdir, **kwargs: create(logdir, **{**kwargs,
                                                  "just_logging": True}))
+  monkeypatch.setattr(writers, "SummaryWriter",
+                      lambda logdir, **kwargs: writers.LoggingWriter())
 
 
 def test_metrics_jsonl_appends_and_drops_a_torn_line(gcs_dir,
@@ -221,3 +239,83 @@ def test_workdir_set_up_on_a_bucket(gcs_dir):
   files.write_bytes_atomic(f"{gcs_dir}/file", b"")
   with pytest.raises(errors.WorkdirError, match="is an object, not a folder"):
     workdir_lib.Workdir(f"{gcs_dir}/file").check_usable()
+
+
+@pytest.fixture
+def orbax_on_emulator(emulator, monkeypatch, no_tensorboard):
+  """Orbax reaches the emulator: its metadata through etils.epath's fsspec
+  backend (gcsfs) instead of TensorFlow's, its arrays through tensorstore
+  ($TENSORSTORE_GCS_HTTP_URL, set by `emulator`)."""
+  del emulator, no_tensorboard
+  gcsfs = pytest.importorskip(
+      "gcsfs", reason="gcsfs is not installed (pip install -r "
+      "requirements.txt): Orbax cannot reach the emulator")
+  import fsspec  # pylint: disable=g-import-not-at-top
+  from etils.epath import gpath  # pylint: disable=g-import-not-at-top
+  # gcsfs's plain file system, without credentials: its default one first
+  # asks a Google gRPC API (which the emulator does not serve) for the
+  # bucket's layout, and waits a minute for an answer at every call.
+  before = {name: fsspec.get_filesystem_class(name) for name in ("gs", "gcs")}
+  for name in before:
+    fsspec.register_implementation(name, gcsfs.core.GCSFileSystem,
+                                   clobber=True)
+  monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
+  # What EPATH_USE_TF=0 does, after epath has cached its first answer.
+  monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)
+  yield
+  for name, cls in before.items():
+    fsspec.register_implementation(name, cls, clobber=True)
+
+
+def test_train_kill_resume_on_a_bucket(orbax_on_emulator, gcs_dir,
+                                       tiny_workdir, tmp_path, monkeypatch):
+  """Train to step 2 on gs://, leave what a kill -9 leaves (a dead
+  process's lock, a logged step after the checkpoint, a torn line), resume
+  to step 4: the parameters equal those of tiny_workdir's uninterrupted
+  local run at step 4, bit for bit."""
+  from conftest import TINY_WORKDIR_LOOP  # pylint: disable=g-import-not-at-top
+  from mha import checkpoints  # pylint: disable=g-import-not-at-top
+  from mha import trainer  # pylint: disable=g-import-not-at-top
+  del orbax_on_emulator
+  monkeypatch.chdir(tmp_path)
+  folder = workdir_lib.Workdir(gcs_dir)
+  trainer.train_and_evaluate(
+      tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 2}), gcs_dir)
+  assert checkpoints.all_steps(gcs_dir) == [2]
+  assert not files.exists(folder.lock_path)
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  killed = dict(workdir_lib.WorkdirLock(gcs_dir).info, pid=dead.pid,
+                process_start=None)
+  files.write_bytes_atomic(folder.lock_path, json.dumps(killed).encode())
+  files.append_bytes(folder.metrics_path,
+                     b'{"step": 3, "loss": -1.0}\n{"step": 4, "lo')
+  trainer.train_and_evaluate(
+      tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 4}), gcs_dir)
+  assert checkpoints.all_steps(gcs_dir) == [2, 4]
+  assert not files.exists(folder.lock_path)
+  steps = [r["step"] for r in metrics_lib.read_metrics(gcs_dir)]
+  assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 4
+  assert -1.0 not in [r.get("loss") for r in metrics_lib.read_metrics(
+      gcs_dir)]
+  # What evaluation reads: the step-4 parameters, from the bucket.
+  params, step = checkpoints.restore_params(gcs_dir, 4)
+  expected, _ = checkpoints.restore_params(str(tiny_workdir), 4)
+  assert step == 4
+  leaves = jax_leaves_equal(params, expected)
+  assert leaves > 0
+  assert files.read_bytes(folder.vocabulary_path) == (
+      pathlib.Path(tiny_workdir, "spm.model").read_bytes())
+  assert not list(tmp_path.iterdir())  # no local folder named 'gs:'
+
+
+def jax_leaves_equal(tree, expected) -> int:
+  """The number of leaves, after asserting that every one is bit-equal."""
+  import jax  # pylint: disable=g-import-not-at-top
+  got = jax.tree_util.tree_leaves_with_path(tree)
+  want = jax.tree_util.tree_leaves_with_path(expected)
+  assert [p for p, _ in got] == [p for p, _ in want]
+  for (path, a), (_, b) in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
+                                  err_msg=jax.tree_util.keystr(path))
+  return len(got)
