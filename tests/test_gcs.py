@@ -319,3 +319,17 @@ def jax_leaves_equal(tree, expected) -> int:
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
                                   err_msg=jax.tree_util.keystr(path))
   return len(got)
+
+
+def test_a_bucket_without_credentials_is_one_line(tmp_path, monkeypatch):
+  from mha import trainer  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+  monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS",
+                     str(tmp_path / "missing.json"))
+  with pytest.raises(errors.WorkdirError,
+                     match=r"^--workdir=gs://b/run: gs://b: no usable Cloud "
+                     r"Storage credentials .*missing.json") as error:
+    trainer.train_and_evaluate(tiny_config(), "gs://b/run")
+  assert "\n" not in str(error.value)
+  assert not list(tmp_path.iterdir())  # nothing written, no local 'gs:'

@@ -91,8 +91,14 @@ def _exceptions():
 def _as_os_errors(path: str):
   """Cloud Storage errors as the OSError a local file would raise."""
   exceptions = _exceptions()
+  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
   try:
     yield
+  except auth.GoogleAuthError as e:
+    raise PermissionError(
+        f"{path}: no usable Cloud Storage credentials ({e}). A TPU or "
+        "Compute Engine VM uses its service account; elsewhere run `gcloud "
+        "auth application-default login`.") from None
   except exceptions.NotFound as e:
     raise FileNotFoundError(f"{path} does not exist (or its bucket does "
                             f"not): {e.message}") from None
@@ -115,9 +121,9 @@ def _gcs_children(path: str) -> list[str]:
 
 def _gcs_read_versioned(path: str) -> tuple[bytes, int] | None:
   """(content, generation) of the object `path`; None if it does not exist."""
-  blob = _blob(path)
   try:
     with _as_os_errors(path):
+      blob = _blob(path)
       data = blob.download_as_bytes()
   except FileNotFoundError:
     return None
@@ -183,8 +189,12 @@ def check_bucket(path: str) -> None:
   path = os.fspath(path)
   if is_gcs(path):
     bucket, _ = _split(path)
-    with _as_os_errors(f"{GCS_SCHEME}{bucket}"):
-      list(_client().list_blobs(bucket, max_results=1))
+    try:
+      with _as_os_errors(f"{GCS_SCHEME}{bucket}"):
+        list(_client().list_blobs(bucket, max_results=1))
+    except FileNotFoundError:
+      raise FileNotFoundError(f"The bucket {GCS_SCHEME}{bucket} does not "
+                              "exist: create it first.") from None
 
 
 def read_bytes(path: str) -> bytes:
