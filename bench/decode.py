@@ -23,22 +23,29 @@ Two modes, and the output says which one ran:
   cache keeps eval.py's size (padded source + max_decode_extra 50 positions:
   the cost of beam search grows with it); tokens/s counts the forced tokens.
 
+Before and after, in one run: `--baseline=REV` (default: the commit
+before issue 20's decoding work) loads `mha/decoding.py` and
+`mha/translate.py` as they were at REV (`git show`) beside the current ones,
+both running on the current model code (attention, Transformer) with the
+same parameters, and times the two searches alternately, pass by pass, on
+the same sentences. `--baseline=none` times the current search alone.
+
 Each distinct batch shape is compiled (and run once) before timing, then
 `--repeats` full passes are timed (the fastest is reported). Sentences are
-decoded as `eval.py` does (`mha.translate`: length-sorted batches of
-`--batch_size`, bucketed padding). Prints sentences/s and tokens/s for
-greedy and for beam search and the greedy/beam speed ratio, then beam search
-again in one stage (`first_stage_extra=None`: every step over the whole
-input + 50 cache, as before the two-stage search) and the speed ratio of the
-two, with a check that their outputs are identical.
+decoded as `eval.py` does (`translate_ids`'s steps: length-sorted batches of
+`--batch_size`, bucketed padding), each path with its own batching. Prints
+sentences/s and tokens/s of greedy and beam search for each path, the
+new/old speed ratios and whether every sentence's output is identical.
 """
 import argparse
 import gzip
 import io
 import os
 import pathlib
+import subprocess
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,6 +56,7 @@ import numpy as np
 import sentencepiece as spm
 
 from configs import multi30k
+import mha
 from mha import data
 from mha import evaluator
 from mha import scoring
@@ -64,7 +72,9 @@ TEST_SPLIT = "test_2016_flickr"
 # 2-core machine decoded Multi30k test at beam 4 at about 9 sentences/s; the
 # target (issue 7) is twice that.
 REFERENCE_BEAM_SENTENCES_PER_SEC = 9.0
-TARGET_BEAM_SENTENCES_PER_SEC = 18.0
+# The search before issue 20's decoding changes (encoder-decoder keys and
+# values per beam row, cache transposed every step, rows padded to 8).
+BASELINE = "48992a4"
 
 
 def multi30k_dir() -> pathlib.Path | None:
@@ -95,40 +105,88 @@ def _train_tokenizer(folder: pathlib.Path, vocab_size: int) -> data.Tokenizer:
   return data.Tokenizer(writer.getvalue())
 
 
-def _timed(model_config, params, batches, num_sentences, *, beam_size,
-           alpha, max_decode_extra, eos_id, repeats,
-           first_stage_extra=translate.FIRST_STAGE_EXTRA):
-  """Compiles every batch shape, then times `repeats` passes over `batches`."""
-  kwargs = dict(beam_size=beam_size, alpha=alpha,
-                max_decode_extra=max_decode_extra, eos_id=eos_id,
-                first_stage_extra=first_stage_extra)
-  start = time.perf_counter()
-  seen = {}
-  for batch in batches:
-    seen.setdefault(batch.shape_key, batch)
-  translate.decode_batches(model_config, params, list(seen.values()),
-                           **kwargs)
-  warmup = time.perf_counter() - start
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    outputs = translate.decode_batches(model_config, params, batches,
-                                       **kwargs)
-    times.append(time.perf_counter() - start)
-  seconds = min(times)
+def load_baseline(rev: str) -> types.ModuleType:
+  """`mha/translate.py` (and the `mha/decoding.py` it imports) of commit
+  `rev`, loaded from git as separate modules on the current model code."""
+  modules = {}
+  saved = sys.modules.get("mha.decoding"), mha.decoding
+  try:
+    for name in ("decoding", "translate"):
+      source = subprocess.run(
+          ["git", "-C", str(REPO), "show", f"{rev}:mha/{name}.py"],
+          check=True, capture_output=True, text=True).stdout
+      module = types.ModuleType(f"baseline_{rev}_{name}")
+      sys.modules[module.__name__] = module  # dataclasses look it up
+      if name == "translate":  # its `from mha import decoding`: the old one
+        sys.modules["mha.decoding"] = mha.decoding = modules["decoding"]
+      exec(compile(source, f"{rev}:mha/{name}.py", "exec"), module.__dict__)  # pylint: disable=exec-used
+      modules[name] = module
+  finally:
+    sys.modules["mha.decoding"], mha.decoding = saved
+  return modules["translate"]
+
+
+class Path:
+  """One search implementation (a translate module) on the sentences."""
+
+  def __init__(self, name, module, model_config, encoded, batch_size,
+               cache_extra):
+    self.name, self.module, self.encoded = name, module, encoded
+    self.batches = module.make_batches(
+        encoded, batch_size=batch_size, max_len=model_config.max_len,
+        max_decode_extra=cache_extra)
+    self.shapes = {}
+    for batch in self.batches:
+      self.shapes.setdefault(batch.shape_key, batch)
+
+  def run(self, model_config, params, batches, **kwargs) -> list[np.ndarray]:
+    return self.module.decode_batches(model_config, params, batches, **kwargs)
+
+  def outputs(self, raw: list[np.ndarray]) -> list[np.ndarray]:
+    """Per sentence, in input order: its output tokens, trailing 0s cut."""
+    result = [None] * len(self.encoded)
+    for batch, out in zip(self.batches, raw):
+      for row, i in enumerate(batch.indices):
+        tokens = np.asarray(out[row])
+        result[i] = tokens[:np.flatnonzero(tokens).max() + 1] if tokens.any(
+        ) else tokens[:0]
+    return result
+
+
+def _count_tokens(outputs: list[np.ndarray], eos_id: int) -> int:
+  """Output tokens up to and including EOS (all of them without EOS)."""
   tokens = 0
-  for batch, out in zip(batches, outputs):
-    out = out[:len(batch.indices)]
-    if eos_id >= 0:  # up to and including EOS
-      ends = np.where((out == eos_id).any(1), (out == eos_id).argmax(1) + 1,
-                      (out != data.PAD_ID).sum(1))
-      tokens += int(ends.sum())
+  for out in outputs:
+    if eos_id >= 0 and (out == eos_id).any():
+      tokens += int((out == eos_id).argmax()) + 1
     else:
       tokens += int((out != data.PAD_ID).sum())
-  return {"seconds": seconds, "warmup_seconds": warmup,
-          "num_shapes": len(seen), "tokens": tokens,
-          "sentences_per_sec": num_sentences / seconds,
-          "tokens_per_sec": tokens / seconds, "outputs": outputs}
+  return tokens
+
+
+def _timed(paths, model_config, params, num_sentences, *, repeats,
+           **kwargs):
+  """Compiles every batch shape of every path, then times `repeats` passes
+  of each, alternating the paths and their order (old, new, new, old, ...)
+  so that the machine's load hits both alike."""
+  results = {}
+  for path in paths:
+    start = time.perf_counter()
+    path.run(model_config, params, list(path.shapes.values()), **kwargs)
+    results[path.name] = {"warmup_seconds": time.perf_counter() - start,
+                          "num_shapes": len(path.shapes), "times": []}
+  for repeat in range(repeats):
+    for path in paths if repeat % 2 == 0 else paths[::-1]:
+      start = time.perf_counter()
+      raw = path.run(model_config, params, path.batches, **kwargs)
+      results[path.name]["times"].append(time.perf_counter() - start)
+      results[path.name]["outputs"] = path.outputs(raw)
+  for r in results.values():
+    r["seconds"] = min(r["times"])
+    r["tokens"] = _count_tokens(r["outputs"], kwargs["eos_id"])
+    r["sentences_per_sec"] = num_sentences / r["seconds"]
+    r["tokens_per_sec"] = r["tokens"] / r["seconds"]
+  return results
 
 
 def _random_setup(args):
@@ -210,7 +268,10 @@ def main():
                       help="0 = the whole split (Multi30k test: 1,000)")
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--beam_size", type=int, default=4)
-  parser.add_argument("--repeats", type=int, default=1)
+  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--baseline", default=BASELINE,
+                      help="a git revision whose search is timed beside the "
+                      "current one; 'none': the current search alone")
   args = parser.parse_args()
 
   total_start = time.perf_counter()
@@ -219,56 +280,54 @@ def main():
   # each output to its source length + extra.
   (model_config, params, encoded, tokenizer, references, alpha, cache_extra,
    extra, eos_id) = setup(args)
-  batches = translate.make_batches(
-      encoded, batch_size=args.batch_size, max_len=model_config.max_len,
-      max_decode_extra=cache_extra)
-  print(f"{len(batches)} batches of up to {args.batch_size} sentences; "
-        f"{jax.device_count()} {jax.default_backend()} device(s), load "
-        f"average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
-  results = {}
+  paths = []
+  if args.baseline != "none":
+    paths.append(Path(f"old ({args.baseline})", load_baseline(args.baseline),
+                      model_config, encoded, args.batch_size, cache_extra))
+  paths.append(Path("new", translate, model_config, encoded, args.batch_size,
+                    cache_extra))
+  print(f"{len(paths[-1].batches)} batches of up to {args.batch_size} "
+        f"sentences; {jax.device_count()} {jax.default_backend()} device(s), "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
+  speeds = {}
+  for search, beam in (("greedy", 1), (f"beam {args.beam_size}",
+                                       args.beam_size)):
+    results = _timed(paths, model_config, params, len(encoded),
+                     repeats=args.repeats, beam_size=beam, alpha=alpha,
+                     max_decode_extra=extra, eos_id=eos_id)
+    for path in paths:
+      r = results[path.name]
+      line = (f"{search:>7} {path.name:>14}: {r['sentences_per_sec']:7.1f} "
+              f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
+              f"({r['tokens']} tokens, {r['seconds']:.2f} s per pass; "
+              f"{r['num_shapes']} shapes compiled in "
+              f"{r['warmup_seconds']:.1f} s)")
+      if tokenizer is not None:
+        hypotheses = [tokenizer.decode(out) for out in r["outputs"]]
+        line += (f"  BLEU "
+                 f"{scoring.score(hypotheses, references)['bleu']:.2f}")
+      print(line, flush=True)
+      speeds[search, path.name] = r["sentences_per_sec"]
+    if len(paths) == 2:
+      old, new = (results[p.name] for p in paths)
+      same = all(np.array_equal(a, b) for a, b in zip(old["outputs"],
+                                                      new["outputs"]))
+      print(f"{search:>7} new/old speed ratio: "
+            f"{old['seconds'] / new['seconds']:.2f}x; outputs of all "
+            f"{len(encoded)} sentences "
+            f"{'identical' if same else 'DIFFER'}.", flush=True)
   beam_name = f"beam {args.beam_size}"
-  one_stage = f"{beam_name}, one stage"
-  for name, beam, stage in (
-      ("greedy", 1, translate.FIRST_STAGE_EXTRA),
-      (beam_name, args.beam_size, translate.FIRST_STAGE_EXTRA),
-      (one_stage, args.beam_size, None)):
-    r = _timed(model_config, params, batches, len(encoded), beam_size=beam,
-               alpha=alpha, max_decode_extra=extra, eos_id=eos_id,
-               repeats=args.repeats, first_stage_extra=stage)
-    results[name] = r
-    line = (f"{name:>18}: {r['sentences_per_sec']:7.1f} sentences/s "
-            f"{r['tokens_per_sec']:8.1f} tokens/s ({r['tokens']} tokens, "
-            f"{r['seconds']:.2f} s per pass; {r['num_shapes']} shapes "
-            f"compiled in {r['warmup_seconds']:.1f} s)")
-    if tokenizer is not None:
-      hypotheses = [""] * len(encoded)
-      for batch, out in zip(batches, r["outputs"]):
-        for row, i in enumerate(batch.indices):
-          hypotheses[i] = tokenizer.decode(out[row])
-      line += f"  BLEU {scoring.score(hypotheses, references)['bleu']:.2f}"
-    print(line, flush=True)
-  greedy, beam = results["greedy"], results[beam_name]
-  single = results[one_stage]
-  same = all(np.array_equal(a, b) for a, b in zip(beam["outputs"],
-                                                  single["outputs"]))
-  print(f"greedy/beam {args.beam_size} speed ratio: "
-        f"{greedy['sentences_per_sec'] / beam['sentences_per_sec']:.2f}x "
-        f"(sentences/s), "
-        f"{greedy['tokens_per_sec'] / beam['tokens_per_sec']:.2f}x "
-        f"(tokens/s).")
-  print(f"two-stage/one-stage beam {args.beam_size} speed ratio: "
-        f"{single['seconds'] / beam['seconds']:.2f}x (first stage: padded "
-        f"source + {translate.FIRST_STAGE_EXTRA} positions, then source + "
-        f"{cache_extra}); outputs {'identical' if same else 'DIFFER'}; "
-        f"total {time.perf_counter() - total_start:.0f} s.")
-  speed = beam["sentences_per_sec"]
-  print(f"beam {args.beam_size}: {speed:.1f} sentences/s = "
+  speed = speeds[beam_name, "new"]
+  print(f"greedy/beam {args.beam_size} speed ratio (new): "
+        f"{speeds['greedy', 'new'] / speed:.2f}x; total "
+        f"{time.perf_counter() - total_start:.0f} s.")
+  print(f"{beam_name} (new): {speed:.1f} sentences/s = "
         f"{speed / REFERENCE_BEAM_SENTENCES_PER_SEC:.2f}x the reference "
         f"point's {REFERENCE_BEAM_SENTENCES_PER_SEC:g} (google/flax "
-        f"examples/wmt, beam 4, same shape and machine); target "
-        f">= {TARGET_BEAM_SENTENCES_PER_SEC:g}"
+        f"examples/wmt, beam 4, same shape and machine)"
         + ("" if args.workdir else
-           " (the target is for a trained model: run with --workdir)") + ".")
+           " (the reference is for a trained model: run with --workdir)")
+        + ".")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,12 @@ from mha.transformer import TransformerConfig
 
 # Padded source lengths. Few sizes = few compilations of the search; the
 # decode cache is bucket + max_decode_extra long whatever the batch holds.
+# Coarser than the training grid (`mha.data.batching.length_grid`, ratio
+# 1.25) on purpose: training compiles its step once per bucket and then
+# pays for padding on every step of a long run, while a translation run
+# compiles the whole search (encoder, decoder step, beam loop) per shape for
+# a few batches, so here fewer shapes (ratio ~1.5) are worth a little more
+# padding. Both are multiples of 8.
 LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROW_MULTIPLE = 8
 _AXIS = "sentences"  # the mesh axis the sharded search splits rows over
