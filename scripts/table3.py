@@ -282,37 +282,56 @@ def machine() -> str:
 def run_row(row: str, workdir_root: str, config_args: Sequence[str] = (),
             overrides: dict[str, Any] | None = None,
             force: bool = False) -> dict[str, Any]:
-  """Trains (or resumes) and measures one row; writes its table3.json."""
+  """Trains (or resumes) and measures one row; writes its table3.json.
+
+  Steps: skip a row measured with the same config (unless `force`); train
+  (a diverged row is a result too); dev perplexity; dev BLEU.
+  """
   config = row_config(row, config_args, overrides)
   workdir = os.path.join(workdir_root, row)
-  resolved = _config_dict(config)
   previous = load_result(workdir)
   if (not force and previous and previous.get("status") in FINAL
-      and same_config(previous.get("config"), resolved)):
+      and same_config(previous.get("config"), _config_dict(config))):
     print(f"[{row}] already {previous['status']} "
           f"({os.path.join(workdir, RESULT_FILE)}); skipped (--force runs it "
           "again).", flush=True)
     return previous
-  definition = table3_config.ROWS[row]
   train_command, eval_command = commands(row, workdir, config, config_args,
                                          overrides)
+  definition = table3_config.ROWS[row]
   result: dict[str, Any] = {
       "row": row, "paper": definition.paper,
       "description": definition.description,
       "config_args": list(config_args), "overrides": dict(overrides or {}),
-      "config": resolved, "params": count_params(config),
+      "config": _config_dict(config), "params": count_params(config),
       "train_command": train_command, "eval_command": eval_command,
   }
+  if not _train(row, config, workdir, result, previous):
+    return result
+  _measure_dev_loss(config, workdir, result)
+  _measure_dev_bleu(row, config, workdir, result)
+  print(f"[{row}] dev perplexity {result['dev_perplexity']:.2f}, dev BLEU "
+        f"{result['dev_bleu']:.2f}, {result['params']:,} parameters, "
+        f"training {result['train']['seconds'] / 60:.1f} min", flush=True)
+  return result
 
-  # Training (or resuming; a finished workdir only loads).
+
+def _train(row: str, config: ml_collections.ConfigDict, workdir: str,
+           result: dict[str, Any], previous: dict[str, Any] | None) -> bool:
+  """Trains (or resumes; a finished workdir only loads) into `result`.
+
+  Returns:
+    False if the loss diverged (`result` then says so, and is written).
+  """
   start_step = checkpoints.latest_step(workdir) or 0
-  same_training = (previous and same_config(previous.get("config"), resolved)
+  same_training = (previous and same_config(previous.get("config"),
+                                            result["config"])
                    and previous.get("train", {}).get("step") == start_step)
   if start_step >= config.num_train_steps and same_training:
     result["train"] = previous["train"]  # trained by an earlier call
   else:
     print(f"[{row}] training {workdir} from step {start_step} to "
-          f"{config.num_train_steps}: {definition.description}", flush=True)
+          f"{config.num_train_steps}: {result['description']}", flush=True)
     begin = time.perf_counter()
     try:
       trained = trainer.train_and_evaluate(config, workdir)
@@ -324,7 +343,7 @@ def run_row(row: str, workdir_root: str, config_args: Sequence[str] = (),
                     load_average=common.load_average())
       _write_result(workdir, result)
       print(f"[{row}] FAILED: {e}", flush=True)
-      return result
+      return False
     seconds = time.perf_counter() - begin
     step = int(trained["step"])
     if step < config.num_train_steps:
@@ -336,8 +355,13 @@ def run_row(row: str, workdir_root: str, config_args: Sequence[str] = (),
   result["train"].update(loop_speed(workdir, result["train"]["step"]))
   result["status"] = "trained"
   _write_result(workdir, result)
+  return True
 
-  # Dev perplexity: the trainer's evaluation at the last step.
+
+def _measure_dev_loss(config: ml_collections.ConfigDict, workdir: str,
+                      result: dict[str, Any]) -> None:
+  """Dev perplexity: the trainer's evaluation at the last step (recomputed
+  from the checkpoint if metrics.jsonl lacks it)."""
   step = result["train"]["step"]
   dev = logged_dev_loss(workdir, step)
   result["dev_loss_source"] = "metrics.jsonl"
@@ -349,12 +373,16 @@ def run_row(row: str, workdir_root: str, config_args: Sequence[str] = (),
                 dev_perplexity=math.exp(dev["eval_nll"]),
                 dev_accuracy=dev.get("eval_accuracy"))
 
-  # Dev BLEU: the last checkpoint, beam 4, α 0.6, no averaging.
+
+def _measure_dev_bleu(row: str, config: ml_collections.ConfigDict,
+                      workdir: str, result: dict[str, Any]) -> None:
+  """Dev BLEU: the last checkpoint, beam 4, α 0.6, no averaging; writes the
+  finished `result`."""
   print(f"[{row}] decoding {config.eval_split} with beam {BEAM_SIZE}, "
         f"alpha {ALPHA}", flush=True)
   scores = evaluator.evaluate(workdir, split=config.eval_split,
-                              checkpoint_step=step, beam_size=BEAM_SIZE,
-                              alpha=ALPHA)
+                              checkpoint_step=result["step"],
+                              beam_size=BEAM_SIZE, alpha=ALPHA)
   result.update(
       dev_bleu=scores["bleu"], dev_chrf=scores["chrf"],
       sacrebleu_signature=scores["sacrebleu_signature"],
@@ -364,10 +392,6 @@ def run_row(row: str, workdir_root: str, config_args: Sequence[str] = (),
       measured=_now(), machine=machine(),
       load_average=common.load_average(), status="done")
   _write_result(workdir, result)
-  print(f"[{row}] dev perplexity {result['dev_perplexity']:.2f}, dev BLEU "
-        f"{result['dev_bleu']:.2f}, {result['params']:,} parameters, "
-        f"training {result['train']['seconds'] / 60:.1f} min", flush=True)
-  return result
 
 
 # ------------------------------------------------------------------- table
@@ -423,54 +447,67 @@ def build_table(results: dict[str, dict[str, Any]], workdir_root: str,
   the base row's.
   """
   current = _config_dict(row_config("base", config_args, overrides))
-  base_cols = describe(current)
   lines = ["| " + " | ".join(COLUMNS) + " |",
            "|" + "|".join("--:" if c in RIGHT else "---" for c in COLUMNS)
            + "|"]
   for row in table3_config.ROW_NAMES:
-    result = results.get(row)
-    if result is None:
-      config = row_config(row, config_args, overrides)
-      resolved = _config_dict(config)
-      params = count_params(config)
-      train, evaluate = commands(row, os.path.join(workdir_root, row), config,
-                                 config_args, overrides)
-    else:
-      resolved = result["config"]
-      params = result["params"]
-      train, evaluate = result["train_command"], result["eval_command"]
-    cols = describe(resolved)
-    if row != "base":
-      cols = {k: (v if v != base_cols[k] else "") for k, v in cols.items()}
-    name = row
-    if result is not None and (resolved["num_train_steps"]
-                               != current["num_train_steps"]):
-      name += f" ({resolved['num_train_steps']} steps)"
-    cells = {"row": name, "paper": table3_config.ROWS[row].paper, **cols,
-             "params": f"{params:,}",
-             "reproduce": f"`{train}` then `{evaluate}`"}
-    if result is None:
-      cells.update({"dev PPL": NOT_RUN, "dev BLEU": NOT_RUN,
-                    "train min": NOT_RUN, "steps/s": NOT_RUN})
-    elif result["status"] == "failed":
-      step = re.search(r"at step (\d+)", result.get("error", ""))
-      failed = "diverged" + (f" (step {step.group(1)})" if step else "")
-      cells.update({"dev PPL": failed, "dev BLEU": "—",
-                    "train min": f"{result['train']['seconds'] / 60:.1f}",
-                    "steps/s": "—"})
-    else:
-      train_info = result["train"]
-      minutes = f"{train_info['seconds'] / 60:.1f}"
-      if train_info.get("start_step"):
-        minutes += f" (from step {train_info['start_step']})"
-      speed = train_info.get("steps_per_sec")
-      cells.update({"dev PPL": f"{result['dev_perplexity']:.2f}",
-                    "dev BLEU": f"{result['dev_bleu']:.2f}",
-                    "train min": minutes,
-                    "steps/s": f"{speed:.2f}" if speed is not None else "—"})
+    cells = _row_cells(row, results.get(row), current, workdir_root,
+                       config_args, overrides)
     lines.append("| " + " | ".join(cells[c] for c in COLUMNS) + " |")
+  return "\n".join(lines + _notes(results, current))
 
-  c = current
+
+def _row_cells(row: str, result: dict[str, Any] | None,
+               current: dict[str, Any], workdir_root: str,
+               config_args: Sequence[str],
+               overrides: dict[str, Any] | None) -> dict[str, str]:
+  """One row's cells, from its result or (not run) the current arguments."""
+  if result is None:
+    config = row_config(row, config_args, overrides)
+    resolved = _config_dict(config)
+    params = count_params(config)
+    train, evaluate = commands(row, os.path.join(workdir_root, row), config,
+                               config_args, overrides)
+  else:
+    resolved = result["config"]
+    params = result["params"]
+    train, evaluate = result["train_command"], result["eval_command"]
+  cols = describe(resolved)
+  if row != "base":
+    base_cols = describe(current)
+    cols = {k: (v if v != base_cols[k] else "") for k, v in cols.items()}
+  name = row
+  if result is not None and (resolved["num_train_steps"]
+                             != current["num_train_steps"]):
+    name += f" ({resolved['num_train_steps']} steps)"
+  cells = {"row": name, "paper": table3_config.ROWS[row].paper, **cols,
+           "params": f"{params:,}",
+           "reproduce": f"`{train}` then `{evaluate}`"}
+  if result is None:
+    cells.update({"dev PPL": NOT_RUN, "dev BLEU": NOT_RUN,
+                  "train min": NOT_RUN, "steps/s": NOT_RUN})
+  elif result["status"] == "failed":
+    step = re.search(r"at step (\d+)", result.get("error", ""))
+    failed = "diverged" + (f" (step {step.group(1)})" if step else "")
+    cells.update({"dev PPL": failed, "dev BLEU": "—",
+                  "train min": f"{result['train']['seconds'] / 60:.1f}",
+                  "steps/s": "—"})
+  else:
+    train_info = result["train"]
+    minutes = f"{train_info['seconds'] / 60:.1f}"
+    if train_info.get("start_step"):
+      minutes += f" (from step {train_info['start_step']})"
+    speed = train_info.get("steps_per_sec")
+    cells.update({"dev PPL": f"{result['dev_perplexity']:.2f}",
+                  "dev BLEU": f"{result['dev_bleu']:.2f}",
+                  "train min": minutes,
+                  "steps/s": f"{speed:.2f}" if speed is not None else "—"})
+  return cells
+
+
+def _notes(results: dict[str, dict[str, Any]], c: dict[str, Any]
+           ) -> list[str]:
+  """The lines under the table: the budget, when and where, the signature."""
   peak = optim.peak_learning_rate(c["d_model"], c["warmup_steps"],
                                  c["learning_rate_scale"])
   peak_text = f"{peak:.1e}".replace("e-0", "e-")
@@ -495,7 +532,7 @@ def build_table(results: dict[str, dict[str, Any]], workdir_root: str,
     if signatures:
       notes.append("BLEU signature "
                    + ", ".join(f"`{s}`" for s in signatures) + ".")
-  return "\n".join(lines + notes)
+  return notes
 
 
 def replace_section(text: str, table: str, path: str = "README") -> str:
