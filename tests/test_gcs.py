@@ -12,12 +12,9 @@ in-memory store. Every library is pointed at it as far as it can be:
   event files (clu's writer) cannot reach an emulator: the training test
   writes its metrics to the log and metrics.jsonl only.
 """
-import contextlib
-import ctypes
 import json
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import time
@@ -42,13 +39,6 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-  """In the emulator's process: SIGKILL when pytest dies (Linux), so a
-  killed test run leaves no server behind."""
-  with contextlib.suppress(OSError, AttributeError):
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # SET_PDEATHSIG
-
-
 @pytest.fixture(scope="session")
 def emulator(tmp_path_factory):
   """The emulator's URL, with $STORAGE_EMULATOR_HOST set for the session and
@@ -66,8 +56,7 @@ def emulator(tmp_path_factory):
         [str(binary), "-scheme", "http", "-backend", "memory", "-host",
          "127.0.0.1", "-port", str(port), "-external-url", url,
          "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=stderr,
-        preexec_fn=_die_with_parent)
+        stdout=subprocess.DEVNULL, stderr=stderr)
   try:
     deadline = time.monotonic() + 20
     while True:
