@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mha import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.data import files  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def curves(records: list[dict]) -> dict[str, tuple[list, list]]:
@@ -36,7 +37,7 @@ def main(argv=None) -> str:
   parser.add_argument("--title", default=None)
   args = parser.parse_args(argv)
   path = workdir_lib.Workdir(args.workdir).metrics_path
-  if not os.path.exists(path):
+  if not files.exists(path):
     sys.exit(f"{path} does not exist: --workdir must be a training workdir.")
   try:
     records = metrics.read_metrics(args.workdir)
