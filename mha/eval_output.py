@@ -6,11 +6,11 @@
       attention/         the maps of --plot_attention (mha.attention_maps)
 
 A folder holds the results of one evaluation: one whose metrics.json records
-other settings (`SETTINGS_FIELDS`) is refused, never replaced, and the files
-are written into a temporary folder beside it first and moved into place by
-renames (on gs://: one upload a file), metrics.json last, so that a failed
-evaluation leaves earlier results as they were. A gs:// folder is read and
-written through `mha.data.files`.
+other settings (`SETTINGS_FIELDS`) is refused, never replaced. The files are
+written into a local temporary folder first (beside the folder, when that is
+local) and then moved into place by renames, or on gs:// uploaded one by
+one through `mha.data.files`; metrics.json last, so that a failed
+evaluation leaves earlier results as they were.
 """
 import json
 import os
