@@ -64,18 +64,15 @@ EVAL_DIR = "eval"
 
 
 def check_local(workdir: str) -> None:
-  """Refuses a workdir given as a URL, for readers that use local file I/O.
-
-  Training reads and writes gs:// workdirs through the file layer; the
-  evaluation outputs are still written with local file I/O, so eval.py
-  calls this.
+  """Refuses a workdir given as a URL, for the readers not yet tested on
+  gs:// (eval.py calls this). Training reads and writes gs:// workdirs
+  through the file layer.
   """
   if files.has_scheme(workdir):
     raise ConfigError(
-        f"--workdir={workdir}: URLs are not supported by eval.py yet (its "
-        "outputs are written with local file I/O). Copy the workdir to a "
-        "local folder (gcloud storage cp -r) or mount the bucket (gcsfuse), "
-        "and pass its local path.")
+        f"--workdir={workdir}: URLs are not supported by eval.py yet. Copy "
+        "the workdir to a local folder (gcloud storage cp -r) or mount the "
+        "bucket (gcsfuse), and pass its local path.")
 
 
 def _saved_and_given(config: ml_collections.ConfigDict, workdir: str
