@@ -27,8 +27,8 @@ Before and after, in one run: `--baseline=REV` (default: the commit
 before issue 20's decoding work) loads `mha/decoding.py` and
 `mha/translate.py` as they were at REV (`git show`) beside the current ones,
 both running on the current model code (attention, Transformer) with the
-same parameters, and times the two searches alternately, pass by pass, on
-the same sentences. `--baseline=none` times the current search alone.
+same parameters, and times the two searches on the same sentences, taking
+turns batch by batch. `--baseline=none` times the current search alone.
 
 Each distinct batch shape is compiled (and run once) before timing, then
 `--repeats` full passes are timed (the fastest is reported). Sentences are
@@ -167,20 +167,28 @@ def _count_tokens(outputs: list[np.ndarray], eos_id: int) -> int:
 def _timed(paths, model_config, params, num_sentences, *, repeats,
            **kwargs):
   """Compiles every batch shape of every path, then times `repeats` passes
-  of each, alternating the paths and their order (old, new, new, old, ...)
-  so that the machine's load hits both alike."""
+  of each. The paths take turns batch by batch (old, new, then new, old at
+  the next batch, ...), each batch waited for, so that the load of a shared
+  machine, which changes within a pass, hits both alike; a pass's time is
+  the sum of its batches'."""
   results = {}
   for path in paths:
     start = time.perf_counter()
     path.run(model_config, params, list(path.shapes.values()), **kwargs)
     results[path.name] = {"warmup_seconds": time.perf_counter() - start,
                           "num_shapes": len(path.shapes), "times": []}
-  for repeat in range(repeats):
-    for path in paths if repeat % 2 == 0 else paths[::-1]:
-      start = time.perf_counter()
-      raw = path.run(model_config, params, path.batches, **kwargs)
-      results[path.name]["times"].append(time.perf_counter() - start)
-      results[path.name]["outputs"] = path.outputs(raw)
+  for _ in range(repeats):
+    seconds = {path.name: 0.0 for path in paths}
+    raw = {path.name: [] for path in paths}
+    for i in range(len(paths[0].batches)):
+      for path in paths if i % 2 == 0 else paths[::-1]:
+        start = time.perf_counter()
+        raw[path.name] += path.run(model_config, params, [path.batches[i]],
+                                   **kwargs)
+        seconds[path.name] += time.perf_counter() - start
+    for path in paths:
+      results[path.name]["times"].append(seconds[path.name])
+      results[path.name]["outputs"] = path.outputs(raw[path.name])
   for r in results.values():
     r["seconds"] = min(r["times"])
     r["tokens"] = _count_tokens(r["outputs"], kwargs["eos_id"])

@@ -279,8 +279,13 @@ def translate_batch(model_config: TransformerConfig, params: Any,
   search = _translate_fn(model_config, int(beam_size), float(alpha),
                          int(eos_id))
   devices = search_devices(inputs_np.shape[0], devices)
-  return search(replicate(params, devices), inputs_np.astype(np.int32),
-                max_lengths, max_decode_len=max_decode_len,
+  rows = [jnp.asarray(inputs_np, jnp.int32), jnp.asarray(max_lengths)]
+  if devices:  # each device's rows put there now
+    rows = jax.device_put(rows, jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.asarray(devices), (_AXIS,)),
+        jax.sharding.PartitionSpec(_AXIS)))
+  return search(replicate(params, devices), *rows,
+                max_decode_len=max_decode_len,
                 stage_lengths=tuple(
                     decoding.all_stage_lengths(stages, max_decode_len)[:-1]),
                 devices=devices)
