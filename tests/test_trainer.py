@@ -71,13 +71,45 @@ def _assert_trees_equal(a, b):
 @pytest.fixture(scope="module")
 def trained_workdir(tmp_path_factory):
   """A tiny run of 12 steps, checkpoints every 4, steps 5 and 6 profiled:
-  shared, never modified."""
+  shared, never modified.
+
+  The write of checkpoint 4 is held (its final rename waits) until the loop
+  has logged step 6: `OVERLAPPED` records whether it was, before the wait
+  timed out (a save that blocked training would never let it).
+  """
   workdir = tmp_path_factory.mktemp("trained") / "run"
   config = tiny_config(num_train_steps=12, checkpoint_every_steps=4,
                        eval_every_steps=6, log_every_steps=2,
                        eval_bleu_sentences=8, profile_steps=(5, 2))
-  result = trainer.train_and_evaluate(config, str(workdir))
+  with pytest.MonkeyPatch.context() as patch:
+    _hold_write_until_logged(patch, save_step=4, logged_step=6)
+    result = trainer.train_and_evaluate(config, str(workdir))
   return workdir, result
+
+
+OVERLAPPED = []
+
+
+def _hold_write_until_logged(patch, save_step: int, logged_step: int):
+  """Orbax's rename that ends the save of `save_step` waits until the
+  trainer has written the training metrics of `logged_step`."""
+  from orbax.checkpoint._src.path import atomicity
+  logged = threading.Event()
+  finalize = atomicity.AtomicRenameTemporaryPath.finalize
+  write = metrics_lib.MetricsWriter.write
+
+  async def held(self):
+    if self.get_final().name == str(save_step):
+      OVERLAPPED.append(logged.wait(120))
+    return await finalize(self)
+
+  def recording(self, step, scalars):
+    write(self, step, scalars)
+    if step >= logged_step and "loss" in scalars:
+      logged.set()
+
+  patch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", held)
+  patch.setattr(metrics_lib.MetricsWriter, "write", recording)
 
 
 def test_end_to_end_loss_falls_and_workdir_layout(trained_workdir):
@@ -172,37 +204,13 @@ def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
   assert steps[-2:] == [10, 12]
 
 
-def test_training_goes_on_while_a_checkpoint_is_written(tmp_path,
-                                                        monkeypatch):
-  # The rename that ends the save of step 2 is held until the loop has
-  # logged step 3: with a save that blocked training it would never be.
-  from orbax.checkpoint._src.path import atomicity
-  logged_past_save = threading.Event()
-  held_steps = []
-  finalize = atomicity.AtomicRenameTemporaryPath.finalize
-
-  async def held(self):
-    if self.get_final().name == "2":
-      held_steps.append(logged_past_save.wait(120))
-    return await finalize(self)
-
-  write = metrics_lib.MetricsWriter.write
-
-  def recording(self, step, scalars):
-    write(self, step, scalars)
-    if step >= 3 and "loss" in scalars:
-      logged_past_save.set()
-
-  monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", held)
-  monkeypatch.setattr(metrics_lib.MetricsWriter, "write", recording)
-  workdir = tmp_path / "run"
-  result = trainer.train_and_evaluate(
-      tiny_config(num_train_steps=4, checkpoint_every_steps=2,
-                  eval_every_steps=100), str(workdir))
-  assert held_steps == [True]
-  assert result["step"] == 4 and result["save_seconds"] >= 0
-  # Every save was waited for before the run returned.
-  assert checkpoints.all_steps(str(workdir)) == [2, 4]
+def test_training_goes_on_while_a_checkpoint_is_written(trained_workdir):
+  # Checkpoint 4's write was held until step 6 was logged: training went on
+  # meanwhile, and the run still waited for every write before returning.
+  workdir, result = trained_workdir
+  assert OVERLAPPED == [True]
+  assert result["step"] == 12 and result["save_seconds"] >= 0
+  assert checkpoints.all_steps(str(workdir)) == [4, 8, 12]
   assert not list((workdir / "checkpoints").glob("*tmp*"))
 
 
