@@ -56,10 +56,16 @@ import sys
 from absl import app
 from absl import flags
 
-from mha import compilation_cache
-from mha import distributed
-from mha import evaluator
-from mha.errors import UserError
+from mha import library_logs
+
+# TensorFlow's start-up lines are hidden unless --verbose_libraries: it is
+# imported here, before the imports below load it.
+library_logs.quiet_native(sys.argv)
+
+from mha import compilation_cache  # noqa: E402
+from mha import distributed  # noqa: E402
+from mha import evaluator  # noqa: E402
+from mha.errors import UserError  # noqa: E402
 
 flags.DEFINE_string("workdir", None, "A training workdir.")
 flags.DEFINE_string("split", None, "Dataset split (default: test_split).")
@@ -91,12 +97,14 @@ flags.DEFINE_bool("paper_bleu", False,
                   "written as bleu_paper beside sacreBLEU's bleu.")
 compilation_cache.define_flag()
 flags.mark_flag_as_required("workdir")
+library_logs.define_flag()
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  library_logs.configure(FLAGS.verbose_libraries)
   compilation_cache.enable(FLAGS.compilation_cache_dir)
   piped = FLAGS.source_file == "-"
   try:

@@ -97,6 +97,9 @@ def eval_py():
   yield run
   flags.FLAGS.unparse_flags()
   logging.getLogger("absl").setLevel(level)
+  # eval.py's main hides the libraries' INFO lines: show them again.
+  from mha import library_logs  # pylint: disable=import-outside-toplevel
+  library_logs.configure(verbose=True)
 
 
 # The tests marked `slow` (each half a minute to two minutes of subprocesses)

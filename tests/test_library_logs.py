@@ -77,3 +77,13 @@ def test_verbose_flag_in_argv_leaves_tensorflow_alone(monkeypatch):
   assert library_logs.quiet_native(["train.py", "--verbose_libraries"]) == 0
   assert imported == []
   assert library_logs.NATIVE_LEVEL_ENV not in library_logs.os.environ
+
+
+@pytest.mark.parametrize("flag, hidden", [((), True),
+                                          (("--verbose_libraries",), False)])
+def test_eval_py_hides_the_libraries_lines_unless_verbose(
+    eval_py, tmp_path, flag, hidden):
+  # A refused run (no such workdir) is enough: main configures the logs first.
+  assert eval_py(f"--workdir={tmp_path / 'missing'}", *flag) == 1
+  absl_filters = logging.getLogger("absl").filters
+  assert (library_logs._FILTER in absl_filters) is hidden  # pylint: disable=protected-access
