@@ -419,6 +419,7 @@ def test_translate_beam_search_compiles_once_per_shape(tiny_transformer):
 
 
 def test_sentence_leaves_are_repeated_per_beam_but_never_gathered():
+  # SENTENCE leaves given per sentence are repeated per beam.
   batch, beam = 2, 3
   cache = {'layer': {'source_key': jnp.arange(batch * 4).reshape(batch, 4),
                      'cached_key': jnp.arange(batch * beam * 2).reshape(
@@ -438,6 +439,15 @@ def test_sentence_leaves_are_repeated_per_beam_but_never_gathered():
                                     np.asarray(rows)])
   assert gathered['layer']['source_key'] is expanded['layer']['source_key']
   assert int(gathered['layer']['cache_index']) == 3
+  # ONE_PER_SENTENCE: kept at one row per sentence, never gathered.
+  kinds['layer']['source_key'] = CacheRows.ONE_PER_SENTENCE
+  expanded = decoding._expand_cache(cache, kinds, batch, beam)
+  assert expanded['layer']['source_key'] is cache['layer']['source_key']
+  gathered = decoding._gather_rows(expanded, kinds, rows)
+  assert gathered['layer']['source_key'] is cache['layer']['source_key']
+  cache['layer']['source_key'] = jnp.zeros((batch * beam, 4))
+  with pytest.raises(ValueError, match=r"source_key.*batch_size = 2"):
+    decoding._expand_cache(cache, kinds, batch, beam)
 
 
 def test_transformer_caches_cross_attention_as_sentence_leaves(
