@@ -4,9 +4,15 @@ Timing on a shared 2-core CPU is noisy, so every figure is the median of
 several timed runs after warm-up, and each script prints the load average
 next to its figures. Nothing here asserts on a time.
 """
+import importlib
+import io
 import os
 import platform
+import re
 import statistics
+import subprocess
+import sys
+import tarfile
 import time
 from typing import Any, Callable
 
@@ -166,3 +172,33 @@ def percentiles(times: list[float]) -> str:
   """'min / median / max' of a list of seconds."""
   t = np.asarray(times)
   return f"{t.min():.3f} / {np.median(t):.3f} / {t.max():.3f} s"
+
+
+def import_revision(rev: str, dest: str, package: str = "mha",
+                    alias: str = "mha_baseline"):
+  """`package` as it is at git revision `rev`, imported as `alias`.
+
+  `git archive` extracts the package into `dest`, where its imports of
+  itself are rewritten to the alias, so that both versions live in one
+  process and can be timed in turn under the same machine load.
+  """
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  archive = subprocess.run(["git", "-C", root, "archive", rev, package],
+                           check=True, capture_output=True).stdout
+  with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+    tar.extractall(dest, filter="data")
+  os.rename(os.path.join(dest, package), os.path.join(dest, alias))
+  pattern = re.compile(rf"\b(from|import) {package}\b|\b{package}\.(?=[a-z_])")
+  for folder, _, names in os.walk(os.path.join(dest, alias)):
+    for name in names:
+      if name.endswith(".py"):
+        path = os.path.join(folder, name)
+        with open(path) as f:
+          text = f.read()
+        text = pattern.sub(
+            lambda m: (f"{m.group(1)} {alias}" if m.group(1)
+                       else f"{alias}."), text)
+        with open(path, "w") as f:
+          f.write(text)
+  sys.path.insert(0, dest)
+  return importlib.import_module(alias)

@@ -60,6 +60,7 @@ import collections
 import dataclasses
 import glob
 import gzip
+import importlib
 import json
 import os
 import re
@@ -77,6 +78,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import base as base_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import multi30k  # pylint: disable=g-import-not-at-top,wrong-import-position
+import mha  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import data  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -434,6 +436,84 @@ def run_shape(name, config, epoch, description, peak, args):
   return summary
 
 
+def _build(pkg, config):
+  """(update, state, model config) of package `pkg` (this tree's mha or a
+  revision's) for `config`."""
+  model_cfg = pkg.transformer.TransformerConfig.from_config(config)
+  model = pkg.transformer.Transformer(model_cfg)
+  tx = pkg.optim.create_optimizer(config)
+  state = pkg.trainer.replicate(pkg.trainer.init_state(config, model, tx),
+                                jax.local_devices())
+  return pkg.trainer._Updater(  # pylint: disable=protected-access
+      model, tx, config), state, model_cfg
+
+
+def compare_shape(name, config, epoch, packages, peak, args):
+  """Times each package's train step in turn, round by round, on the same
+  batches (both see the same machine load); prints one row per batch shape.
+  """
+  by_shape = {}
+  for b in epoch:
+    by_shape.setdefault((b["inputs"].shape, b["targets"].shape), []).append(b)
+  groups = sorted(by_shape.values(), key=len, reverse=True)[:args.num_shapes]
+  num_devices = jax.local_device_count()
+  stop = np.zeros((num_devices,), np.int32)
+  runs = {label: _build(pkg, config) for label, pkg in packages.items()}
+  rows, weights, seconds = [], [], {label: [] for label in runs}
+  flops_all = []
+  for group in groups:
+    sharded = [trainer.shard(b, num_devices) for b in group]
+    rows_, s = group[0]["inputs"].shape
+    t = group[0]["targets"].shape[1]
+    times = {label: [] for label in runs}
+    temp = {}
+    for label, (update, state, _) in runs.items():
+      compiled = update._train_step.lower(  # pylint: disable=protected-access
+          state, sharded[0], stop).compile()
+      temp[label] = compiled.memory_analysis().temp_size_in_bytes
+    for i in range(args.warmup + args.steps):
+      order = list(runs) if i % 2 == 0 else list(reversed(runs))
+      for label in order:
+        update, state, model_cfg = runs[label]
+        start = time.perf_counter()
+        state, metrics = update(state, [sharded[i % len(sharded)]], stop)
+        common.block((state, metrics))
+        if i >= args.warmup:
+          times[label].append(time.perf_counter() - start)
+        runs[label] = (update, state, model_cfg)
+    flops = model_flops(runs[list(runs)[-1]][2], rows_, s, t)
+    base_label, new_label = list(runs)
+    ratio = statistics.median(
+        a / b for a, b in zip(times[base_label], times[new_label]))
+    medians = {label: statistics.median(v) for label, v in times.items()}
+    peak_best = max(peak.best, 1.0)
+    rows.append([f"{rows_}x{s}+{t}", f"{len(group) / len(epoch):.0%}"]
+                + [f"{medians[label]:.3f}" for label in runs]
+                + [f"{ratio:.2f}x"]
+                + [f"{flops / medians[label] / peak_best:.1%}"
+                   for label in runs]
+                + [common.fmt_bytes(temp[label]) for label in runs])
+    weights.append(len(group) / len(epoch))
+    flops_all.append(flops)
+    for label in runs:
+      seconds[label].append(medians[label])
+  peak.measure(f"after {name}")
+  labels = list(runs)
+  print(f"\n== {name}: {labels[0]} vs {labels[1]}, in turn, "
+        f"{args.steps} rounds after {args.warmup} warm-up; load average "
+        f"{common.load_average():.2f}")
+  print(common.table(
+      ["batch", "share"] + [f"{label} s/step" for label in labels]
+      + ["speed-up (median per round)"] + [f"{label} MFU" for label in labels]
+      + [f"{label} XLA temp memory" for label in labels], rows))
+  w = np.array(weights)
+  summary = {label: float(np.dot(w, flops_all) / np.dot(w, seconds[label])
+                          / max(peak.best, 1.0)) for label in labels}
+  print("weighted MFU: " + ", ".join(f"{label} {mfu:.1%}"
+                                     for label, mfu in summary.items()))
+  return summary
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--shapes", default="reference,base",
@@ -466,6 +546,10 @@ def main():
                       help="where the 8k SentencePiece model and the "
                       "tokenized split are cached")
   parser.add_argument("--peak_size", type=int, default=2048)
+  parser.add_argument("--baseline", default=None,
+                      help="a git revision (e.g. HEAD~3): time its mha/ and "
+                      "this tree's in turn, round by round, on the same "
+                      "batches, and print both and their ratio")
   args = parser.parse_args()
   args.warmup = max(args.warmup, 1)
 
@@ -474,6 +558,9 @@ def main():
   print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
   peak = Peak(args.peak_size)
   peak.measure("start")
+  if args.baseline:
+    baseline = common.import_revision(args.baseline, tempfile.mkdtemp())
+    importlib.import_module(baseline.__name__ + ".trainer")
   summaries = {}
   for name in [s.strip() for s in args.shapes.split(",") if s.strip()]:
     if name == "reference":
@@ -488,7 +575,14 @@ def main():
     else:
       raise ValueError(f"Unknown shape {name!r}; known: reference, base.")
     config.attention_impl = args.attention_impl
+    if args.baseline:
+      summaries[name] = compare_shape(
+          name, config, epoch, {args.baseline: baseline, "this tree": mha},
+          peak, args)
+      continue
     summaries[name] = run_shape(name, config, epoch, description, peak, args)
+  if args.baseline:
+    return
   print(f"\nload average {common.load_average():.2f} at the end; total "
         f"{time.perf_counter() - start:.0f} s; float32 matmul peak (best "
         f"of every measurement) {common.fmt_si(peak.best, 'FLOP/s')}")

@@ -7,6 +7,7 @@ import pytest
 
 import mha
 from configs import base
+from mha import losses
 
 
 def formula(k, d_model=512, warmup=4000, scale=1.0):
@@ -111,3 +112,35 @@ def test_accuracy_counts_non_pad_tokens():
   logits = jnp.eye(4)[jnp.array([[1, 2, 3, 0]])] * 5
   correct, tokens = mha.accuracy(logits, jnp.array([[1, 3, 3, 0]]))
   assert (float(correct), float(tokens)) == (2.0, 3.0)
+
+
+def test_loss_gradient_equals_autodiff_of_log_softmax():
+  # losses.logit_stats has a hand-written gradient; compare the smoothed
+  # loss's gradient with jax's autodiff of the log_softmax formula.
+  rng = np.random.default_rng(1)
+  eps, vocab = 0.1, 11
+  logits = jnp.asarray(rng.normal(scale=3.0, size=(2, 5, vocab)), jnp.float32)
+  targets = jnp.asarray(rng.integers(1, vocab, size=(2, 5)))
+  targets = targets.at[1, 3:].set(0)
+
+  def reference(z):
+    q = jnp.full(z.shape, eps / (vocab - 1)).at[
+        jnp.arange(2)[:, None], jnp.arange(5)[None], targets].set(1 - eps)
+    kl = jnp.sum(q * (jnp.log(q) - jax.nn.log_softmax(z)), axis=-1)
+    return jnp.sum(kl * (targets > 0))
+
+  def ours(z):
+    return mha.cross_entropy_with_label_smoothing(z, targets, eps)[0]
+
+  np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-5)
+  np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(reference)(logits),
+                             atol=1e-6)
+  sums = losses.token_sums(logits, targets, eps)
+  assert float(sums["loss"]) == pytest.approx(float(ours(logits)), rel=1e-6)
+  nll, tokens = mha.negative_log_likelihood(logits, targets)
+  correct, _ = mha.accuracy(logits, targets)
+  assert float(sums["nll"]) == pytest.approx(float(nll), rel=1e-6)
+  assert (float(sums["correct"]), float(sums["tokens"])) == (
+      float(correct), float(tokens))
+  argmax_correct = (jnp.argmax(logits, -1) == targets) & (targets > 0)
+  assert float(correct) == float(jnp.sum(argmax_correct))

@@ -6,7 +6,9 @@ import pytest
 
 import mha
 from configs import base
+from mha.transformer import Dropout
 from mha.transformer import EncoderLayer
+from mha.transformer import dropout_keep_mask
 
 
 def tiny(**changes):
@@ -161,6 +163,21 @@ def test_dropout_only_in_training():
   np.testing.assert_allclose(
       out, no_dropout.apply({"params": params}, SRC, TGT,
                             rngs={"dropout": jax.random.key(3)}), atol=1e-6)
+
+
+def test_dropout_mask_rate_and_inverted_scaling():
+  # The cheaper mask: keep probability rounded to a multiple of 2^-10
+  # (0.9 -> 922/1024); 2^20 draws put the fraction within ~5 standard
+  # deviations (1.5e-3) of it, and far from the 0.1 of a wrong polarity.
+  keep = np.asarray(dropout_keep_mask(jax.random.key(0), 0.9, (1024, 1024)))
+  assert abs(keep.mean() - 922 / 1024) < 1.5e-3
+  x = jnp.arange(1.0, 1.0 + 4096).reshape(64, 64)
+  out = np.asarray(Dropout(0.25, deterministic=False).apply(
+      {}, x, rngs={"dropout": jax.random.key(1)}))
+  kept = out != 0
+  np.testing.assert_allclose(out[kept], np.asarray(x)[kept] / 0.75, rtol=1e-6)
+  assert 0.2 < 1 - kept.mean() < 0.3
+  assert Dropout(0.25, deterministic=True).apply({}, x) is x
 
 
 def test_bfloat16_compute_keeps_float32_params():
