@@ -15,7 +15,6 @@ profile_steps`, `_Profiler`) are written into the workdir.
 import contextlib
 import dataclasses
 import functools
-import os
 import signal
 import time
 from typing import Any, Callable, Iterator
@@ -402,10 +401,10 @@ def check_inputs(config: ml_collections.ConfigDict,
   config_check.validate(config, jax.device_count())
   workdir.check_usable()
   workdir.check_config(config)
-  if os.path.exists(workdir.vocabulary_path):
+  if files.exists(workdir.vocabulary_path):
     workdir.load_tokenizer(config)  # reads it: writes nothing
   latest = (checkpoints.latest_step(workdir.path)
-            if os.path.isdir(workdir.checkpoints_path) else None)
+            if files.isdir(workdir.checkpoints_path) else None)
   if latest is not None:
     # A damaged latest step is refused here, before config.json or the
     # event files are touched, naming the newest intact step.
@@ -442,7 +441,7 @@ def _workdir_lock(workdir: workdir_lib.Workdir) -> Iterator[None]:
         message = (f"Process 0 could not take {workdir.lock_path}; its "
                    "message names the run that holds it.")
       if message is None:
-        os.makedirs(workdir.path, exist_ok=True)
+        files.makedirs(workdir.path)
     if message is not None:
       raise WorkdirError(message)
     yield
@@ -503,7 +502,7 @@ def _set_up(config: ml_collections.ConfigDict,
           checkpoints.latest_step(folder.path) is None)
   if warm:  # the vocabulary of the run it starts from (checked before)
     proto = warm_start.vocabulary(config.init_from, folder.path)
-    if is_primary and not os.path.exists(folder.vocabulary_path):
+    if is_primary and not files.exists(folder.vocabulary_path):
       files.write_bytes_atomic(folder.vocabulary_path, proto)
     tokenizer = data.Tokenizer(proto, path=folder.vocabulary_path)
   else:

@@ -296,6 +296,22 @@ def test_train_kill_resume_on_a_bucket(orbax_on_emulator, gcs_dir,
   assert files.read_bytes(folder.vocabulary_path) == (
       pathlib.Path(tiny_workdir, "spm.model").read_bytes())
   assert not list(tmp_path.iterdir())  # no local folder named 'gs:'
+  # The checks made before anything is written read the bucket's spm.model:
+  # a damaged one is refused, naming it, before the set-up (which writes)
+  # starts, and the workdir stays as it was.
+  before = files.read_bytes(folder.metrics_path)
+  files.write_bytes_atomic(folder.vocabulary_path, b"not a model")
+
+  def set_up(*args):
+    raise AssertionError(f"set-up reached with a damaged spm.model: {args}")
+
+  monkeypatch.setattr(trainer, "_set_up", set_up)
+  with pytest.raises(errors.UserError, match="spm.model"):
+    trainer.train_and_evaluate(
+        tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 6}), gcs_dir)
+  assert files.read_bytes(folder.metrics_path) == before
+  assert checkpoints.all_steps(gcs_dir) == [2, 4]
+  assert not files.exists(folder.lock_path)
 
 
 def jax_leaves_equal(tree, expected) -> int:
