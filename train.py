@@ -33,7 +33,7 @@ library_logs.quiet_native(sys.argv)
 from mha import compilation_cache  # noqa: E402
 from mha import distributed  # noqa: E402
 from mha import trainer  # noqa: E402
-from mha.data import multihost  # noqa: E402
+from mha.data import sources  # noqa: E402
 from mha.errors import ConfigError  # noqa: E402
 from mha.errors import UserError  # noqa: E402
 
@@ -112,7 +112,7 @@ def main(argv):
     distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address,
                            FLAGS.num_processes, FLAGS.process_id)
     # Several processes: process 0 prepares the dataset, the others wait.
-    multihost.prepare_splits(config)
+    sources.prepare_splits(config)
     trainer.train_and_evaluate(config, FLAGS.workdir)
   except UserError as e:
     # Bad input (a config field, the workdir or its lock, a data file, a

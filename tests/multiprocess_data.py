@@ -25,7 +25,7 @@ from configs import quickstart
 from mha import distributed
 from mha import data
 from mha.data import files
-from mha.data import multihost
+from mha.data import sources
 from mha.data import parallel_text
 from mha.data import tokenizer
 import numpy as np
@@ -52,7 +52,7 @@ def main(out: str, workdir: str, overrides: str) -> None:
   _counted(parallel_text.ParallelText, "download_and_prepare")
   config = quickstart.get_config("tiny")
   config.update(json.loads(overrides))
-  multihost.prepare_splits(config)  # as train.py
+  sources.prepare_splits(config)  # as train.py
   tok = data.get_tokenizer(config, workdir)  # as the trainer's set-up
   train = list(itertools.islice(data.train_batches(config, tok), 3))
   evaluation = data.eval_batches(config, tok, config.eval_split)

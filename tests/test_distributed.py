@@ -20,6 +20,7 @@ from conftest import tiny_config
 from mha import data
 from mha import distributed
 from mha.data import multihost
+from mha.data import sources
 from mha.data import synthetic
 from mha.errors import ConfigError
 
@@ -214,18 +215,18 @@ def test_prepare_splits_opens_every_split_after_process_zero(monkeypatch):
       raise data.DataError("no split 'nope'")
     opened.append((jax.process_index(), split))
 
-  monkeypatch.setattr(multihost.sources, "open_split", open_split)
+  monkeypatch.setattr(sources, "open_split", open_split)
   config = tiny_config(dataset_name="wmt14_translate/de-en")
   client = FakeClient()
   for index in (0, 1):
     _as_process(monkeypatch, index, client)
-    multihost.prepare_splits(config)
+    sources.prepare_splits(config)
   assert opened == [(0, "train"), (0, "validation"), (0, "test"),
                     (1, "train"), (1, "validation"), (1, "test")]
   _as_process(monkeypatch, 0, FakeClient())
   with pytest.raises(data.DataError,
                      match=r"^config.test_split='nope': no split 'nope'$"):
-    multihost.prepare_splits(tiny_config(test_split="nope"))
+    sources.prepare_splits(tiny_config(test_split="nope"))
 
 
 def _free_port() -> int:

@@ -30,9 +30,7 @@ import itertools
 from typing import Callable, TypeVar
 
 from absl import logging
-import ml_collections
 
-from mha.data import sources
 from mha.data.errors import DataError
 
 T = TypeVar("T")
@@ -120,29 +118,3 @@ def _run(step: Callable[[], T]) -> T:
     return step()
   finally:
     _in_step = False
-
-
-def prepare_splits(config: ml_collections.ConfigDict) -> None:
-  """Several processes: process 0 opens the config's three splits first.
-
-  Opening a split of a TFDS dataset downloads and prepares it when its data
-  dir lacks it (`sources.open_split`); a parallel_text folder is prepared
-  the same way. The other processes open the splits once process 0 has, and
-  find them prepared. A single process does nothing here: the trainer opens
-  the splits itself.
-
-  Raises:
-    DataError: a split that cannot be opened, as `config.<field>=...`.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() == 1:
-    return
-
-  def open_splits():
-    for field in ("train_split", "eval_split", "test_split"):
-      try:
-        sources.open_split(config, config[field])
-      except DataError as e:
-        raise DataError(f"config.{field}={config[field]!r}: {e}") from None
-
-  process_zero_first(f"prepare dataset {config.dataset_name!r}", open_splits)

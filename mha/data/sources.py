@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 from absl import logging
 import ml_collections
 
+from mha.data import multihost
 from mha.data import synthetic
 from mha.data.errors import DataError
 
@@ -205,3 +206,30 @@ def cache_key(text_split: TextSplit, *parts: str) -> str:
 def safe_name(split: str) -> str:
   """`split` reduced to characters safe in a file name."""
   return re.sub(r"[^A-Za-z0-9_.-]+", "_", split)[:60]
+
+
+def prepare_splits(config: ml_collections.ConfigDict) -> None:
+  """Several processes: process 0 opens the config's three splits first.
+
+  Opening a split of a TFDS dataset downloads and prepares it when its data
+  dir lacks it (`open_split`); a parallel_text folder is prepared the same
+  way. The other processes open the splits once process 0 has, and
+  find them prepared. A single process does nothing here: the trainer opens
+  the splits itself.
+
+  Raises:
+    DataError: a split that cannot be opened, as `config.<field>=...`.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return
+
+  def open_splits():
+    for field in ("train_split", "eval_split", "test_split"):
+      try:
+        open_split(config, config[field])
+      except DataError as e:
+        raise DataError(f"config.{field}={config[field]!r}: {e}") from None
+
+  multihost.process_zero_first(f"prepare dataset {config.dataset_name!r}",
+                               open_splits)
