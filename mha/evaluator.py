@@ -137,14 +137,19 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
   `spm.model` is refused.
 
   Raises:
-    EvalError: the workdir or its config.json is missing.
-    UserError: a URL (`workdir.check_local`), or config.json or spm.model
-      missing or unreadable (the message names the file).
+    EvalError: the workdir or its config.json is missing, or a gs://
+      workdir cannot be read (credentials, bucket).
+    UserError: a URL of another scheme than gs://, or config.json or
+      spm.model missing or unreadable (the message names the file).
   """
-  workdir_lib.check_local(workdir)  # a URL is refused, with the reason
-  if not files.exists(workdir):
+  try:
+    present = files.exists(workdir)
+    folder = present and files.isdir(workdir)
+  except OSError as e:  # Cloud Storage: no credentials, access denied
+    raise EvalError(f"--workdir={workdir}: {e}") from None
+  if not present:
     raise EvalError(f"Workdir {workdir} does not exist.")
-  if not files.isdir(workdir):
+  if not folder:
     raise EvalError(f"--workdir={workdir} is a file, not a workdir folder.")
   layout = workdir_lib.Workdir(workdir)
   try:

@@ -63,18 +63,6 @@ CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
 
 
-def check_local(workdir: str) -> None:
-  """Refuses a workdir given as a URL, for the readers not yet tested on
-  gs:// (eval.py calls this). Training reads and writes gs:// workdirs
-  through the file layer.
-  """
-  if files.has_scheme(workdir):
-    raise ConfigError(
-        f"--workdir={workdir}: URLs are not supported by eval.py yet. Copy "
-        "the workdir to a local folder (gcloud storage cp -r) or mount the "
-        "bucket (gcsfuse), and pass its local path.")
-
-
 def _saved_and_given(config: ml_collections.ConfigDict, workdir: str
                      ) -> tuple[dict | None, dict]:
   """(the workdir's config.json or None if it has none, `config`), as dicts."""

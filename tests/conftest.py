@@ -19,6 +19,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 import pytest  # noqa: E402
 
 from configs import multi30k as multi30k_config  # noqa: E402
+# The Cloud Storage emulator's fixtures, one emulator per session (worker).
+from gcs_emulator import emulator  # noqa: E402,F401  pylint: disable=unused-import
+from gcs_emulator import gcs_dir  # noqa: E402,F401  pylint: disable=unused-import
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 

