@@ -359,11 +359,13 @@ def _check_finite(step: int, metrics: dict[str, float]) -> None:
 def check_same_vocabulary(tokenizer) -> None:
   """Every process must hold the same SentencePiece model.
 
-  Each process loads `<workdir>/spm.model` or, on a fresh workdir, trains it
-  itself (deterministically: fixed seed and threads, no sampling). Different
-  library versions or training data on some host would still give different
-  ids for the same text, and the data-parallel gradients would mix them
-  silently; the hashes are compared instead.
+  On a fresh workdir process 0 trains `<workdir>/spm.model` and the other
+  processes load it once written (`mha.data.multihost`); a workdir that is
+  not shared (each host its own disk) gets one trained per host, the same
+  only if every host has the same library versions and training data.
+  Different vocabularies would give different ids for the same text, and
+  the data-parallel gradients would mix them silently; the hashes are
+  compared instead.
 
   Raises:
     ValueError: naming the processes whose vocabulary differs from process
