@@ -79,6 +79,7 @@ from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-pos
 from configs import base as base_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import multi30k  # pylint: disable=g-import-not-at-top,wrong-import-position
 import mha  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import data  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -546,16 +547,25 @@ def main():
                       help="where the 8k SentencePiece model and the "
                       "tokenized split are cached")
   parser.add_argument("--peak_size", type=int, default=2048)
+  parser.add_argument("--huge_pages", action=argparse.BooleanOptionalAction,
+                      default=True,
+                      help="restart with glibc.malloc.hugetlb=1 "
+                      "(mha/host_memory.py); --no-huge_pages keeps 4 KiB "
+                      "pages")
   parser.add_argument("--baseline", default=None,
                       help="a git revision (e.g. HEAD~3): time its mha/ and "
                       "this tree's in turn, round by round, on the same "
                       "batches, and print both and their ratio")
   args = parser.parse_args()
   args.warmup = max(args.warmup, 1)
+  if args.huge_pages:
+    host_memory.reexec_with_huge_pages()
 
   start = time.perf_counter()
   print(common.machine_line())
-  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; GLIBC_TUNABLES="
+        f"{os.environ.get('GLIBC_TUNABLES', '')!r} (huge pages "
+        f"{'on' if host_memory.huge_pages_enabled() else 'off'})")
   peak = Peak(args.peak_size)
   peak.measure("start")
   if args.baseline:
