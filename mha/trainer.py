@@ -80,14 +80,9 @@ def _loss_sums(model: Transformer, config: ml_collections.ConfigDict,
       batch.get("inputs_position"), batch.get("targets_position"),
       batch.get("inputs_segmentation"), batch.get("targets_segmentation"),
       rngs=rngs)
-  targets = batch["targets"]
-  loss, tokens = losses.cross_entropy_with_label_smoothing(
-      logits, targets, config.label_smoothing)
-  nll, _ = losses.negative_log_likelihood(logits, targets)
-  correct, _ = losses.accuracy(logits, targets)
-  sums = {"loss": loss, "nll": nll, "correct": correct, "tokens": tokens,
-          "source_tokens": jnp.sum(batch["inputs"] > 0).astype(jnp.float32)}
-  return loss, sums
+  sums = losses.token_sums(logits, batch["targets"], config.label_smoothing)
+  sums["source_tokens"] = jnp.sum(batch["inputs"] > 0).astype(jnp.float32)
+  return sums["loss"], sums
 
 
 def _dropout_rng(state: State, micro_step) -> jax.Array:
