@@ -223,6 +223,8 @@ def test_prepare_splits_opens_every_split_after_process_zero(monkeypatch):
     sources.prepare_splits(config)
   assert opened == [(0, "train"), (0, "validation"), (0, "test"),
                     (1, "train"), (1, "validation"), (1, "test")]
+  # Process 0 told the others it was done; process 1 waited for that word.
+  assert list(client.values.values()) == ["ok"]
   _as_process(monkeypatch, 0, FakeClient())
   with pytest.raises(data.DataError,
                      match=r"^config.test_split='nope': no split 'nope'$"):
