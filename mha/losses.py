@@ -5,16 +5,15 @@ count, so that averages across devices and accumulation steps can be weighted
 by tokens (psum the sums, then divide).
 
 Every figure here needs only four numbers per position of the `[B, T, V]`
-logits z: logsumexp(z), the gold logit, Σ_v z_v and max_v z_v. `logit_stats`
-computes them in one pass and has its own gradient, so no `[B, T, V]`
-log-probabilities, softmax or one-hot array is kept between the forward and
-backward passes, and the gold logit's gradient is not a scatter.
+logits z: logsumexp(z), the gold logit, Σ_v z_v and max_v z_v
+(`logit_stats`); no `[B, T, V]` log-probabilities are materialised, and the
+loss, NLL and accuracy of a train step share one computation of them
+(`token_sums`).
 """
 import jax
 import jax.numpy as jnp
 
 
-@jax.custom_vjp
 def logit_stats(logits: jax.Array, targets: jax.Array
                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(logsumexp(z), z_gold, Σ_v z_v, max_v z_v), each `[B, T]`, float32.
@@ -23,40 +22,18 @@ def logit_stats(logits: jax.Array, targets: jax.Array
     logits: `[B, T, V]`.
     targets: int `[B, T]`, the gold ids.
 
-  The gradient is that of the first three; the max has none (it serves the
-  accuracy, a metric).
+  The max has no gradient (it serves the accuracy, a metric). Autodiff keeps
+  one `[B, T, V]` array (exp(z - max)) for the backward pass; a hand-written
+  gradient that kept softmax(z) instead measured no faster and kept one more
+  `[B, T, V]` array alive at the peak (XLA's temp memory of the base train
+  step, `bench/train_step.py --baseline`).
   """
-  return _logit_stats(logits, targets)[0]
-
-
-def _logit_stats(logits, targets):
   logits = logits.astype(jnp.float32)
-  row_max = jnp.max(logits, axis=-1)
-  shifted = jnp.exp(logits - jax.lax.stop_gradient(row_max)[..., None])
-  log_normalizer = jnp.log(jnp.sum(shifted, axis=-1)) + row_max
+  row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  log_normalizer = jax.nn.logsumexp(logits, axis=-1)
   gold = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   total = jnp.sum(logits, axis=-1)
-  return (log_normalizer, gold, total, row_max), (logits, targets,
-                                                  log_normalizer)
-
-
-def _one_hot(targets, vocab):
-  """Boolean `[B, T, V]`, True at each gold id (fused by XLA, never stored)."""
-  return jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
-
-
-def _logit_stats_bwd(residuals, cotangents):
-  logits, targets, log_normalizer = residuals
-  d_lse, d_gold, d_total, _ = cotangents  # the max has no gradient
-  # ∂lse/∂z = softmax(z), ∂gold/∂z = one-hot, ∂Σz/∂z = 1: one fused pass.
-  softmax = jnp.exp(logits - log_normalizer[..., None])
-  grad = (d_lse[..., None] * softmax + d_total[..., None]
-          + jnp.where(_one_hot(targets, logits.shape[-1]),
-                      d_gold[..., None], 0.0))
-  return grad, None
-
-
-logit_stats.defvjp(_logit_stats, _logit_stats_bwd)
+  return log_normalizer, gold, total, row_max
 
 
 def smoothed_loss_per_token(stats, vocab: int, label_smoothing: float):
