@@ -487,19 +487,20 @@ def compare_shape(name, config, epoch, packages, peak, args):
     ratio = statistics.median(
         a / b for a, b in zip(times[base_label], times[new_label]))
     medians = {label: statistics.median(v) for label, v in times.items()}
-    peak_best = max(peak.best, 1.0)
-    rows.append([f"{rows_}x{s}+{t}", f"{len(group) / len(epoch):.0%}"]
-                + [f"{medians[label]:.3f}" for label in runs]
-                + [f"{ratio:.2f}x"]
-                + [f"{flops / medians[label] / peak_best:.1%}"
-                   for label in runs]
-                + [common.fmt_bytes(temp[label]) for label in runs])
+    rows.append((f"{rows_}x{s}+{t}", len(group) / len(epoch), medians, ratio,
+                 flops, temp))
     weights.append(len(group) / len(epoch))
     flops_all.append(flops)
     for label in runs:
       seconds[label].append(medians[label])
   peak.measure(f"after {name}")
   labels = list(runs)
+  peak_best = max(peak.best, 1.0)  # the best of every measurement so far
+  rows = [[batch, f"{share:.0%}"] + [f"{medians[label]:.3f}" for label in runs]
+          + [f"{ratio:.2f}x"]
+          + [f"{flops / medians[label] / peak_best:.1%}" for label in runs]
+          + [common.fmt_bytes(temp[label]) for label in runs]
+          for batch, share, medians, ratio, flops, temp in rows]
   print(f"\n== {name}: {labels[0]} vs {labels[1]}, in turn, "
         f"{args.steps} rounds after {args.warmup} warm-up; load average "
         f"{common.load_average():.2f}")
