@@ -3,6 +3,13 @@ r"""Training speed: tokens/s, FLOP/s and MFU of the pmapped train step.
     python bench/train_step.py                       # both shapes, < 5 min
     python bench/train_step.py --shapes=reference --breakdown
     python bench/train_step.py --batching=synthetic  # no Multi30k needed
+    python bench/train_step.py --baseline=HEAD~3     # that commit vs now
+
+The process restarts itself once with glibc's huge-page tunable
+(`mha/host_memory.py`; `--no-huge_pages` keeps 4 KiB pages). `--baseline=REV`
+imports REV's `mha/` under another name and times its train step and this
+tree's in turn, round by round, on the same batches (both under the same
+machine load), with XLA's temporary memory of each compiled step.
 
 Two model shapes, each timed with the trainer's own update function
 (`trainer._Updater`: `trainer.make_train_step` pmapped over the local devices,

@@ -50,4 +50,5 @@ def reexec_with_huge_pages() -> None:
                                      if t))
   sys.stdout.flush()
   sys.stderr.flush()
-  os.execve(sys.executable, [sys.executable] + sys.argv, env)
+  # sys.orig_argv: the command line as given (`-m module`, `-c code`, flags).
+  os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)

@@ -1,0 +1,39 @@
+"""mha.host_memory: the process restarts once with glibc's huge-page tunable."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mha import host_memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = ("import os, sys; sys.path.insert(0, sys.argv[1]); "
+          "print('start', flush=True); "
+          "from mha import host_memory; host_memory.reexec_with_huge_pages(); "
+          "print(os.environ.get('GLIBC_TUNABLES', ''))")
+
+
+def _run(**env_changes):
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("GLIBC_TUNABLES", "MHA_NO_HUGE_PAGES")}
+  env.update(env_changes)
+  out = subprocess.run([sys.executable, "-c", SCRIPT, ROOT], env=env,
+                       capture_output=True, text=True, check=True).stdout
+  return out.splitlines()
+
+
+@pytest.mark.skipif(not host_memory._kernel_allows_huge_pages(),  # pylint: disable=protected-access
+                    reason="no transparent huge pages on this machine")
+def test_restarts_once_with_the_tunable_kept_alongside_others():
+  # Runs twice from the start (the restart), then carries on with the
+  # tunable added to the ones already set.
+  lines = _run(GLIBC_TUNABLES="glibc.malloc.arena_max=4")
+  assert lines == ["start", "start",
+                   "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1"]
+
+
+def test_no_restart_when_set_or_refused():
+  assert _run(GLIBC_TUNABLES="glibc.malloc.hugetlb=0") == [
+      "start", "glibc.malloc.hugetlb=0"]
+  assert _run(MHA_NO_HUGE_PAGES="1") == ["start", ""]
