@@ -82,14 +82,24 @@ def test_cost_estimate_flops_match_six_times_parameters_times_tokens():
 
 
 def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path, eval_py,
-                                                        capsys):
+                                                        capsys, monkeypatch):
   """The WMT14 path a TPU user runs, through TFDS's mock data (no download):
   the real config (its dataset, languages and splits) with the tiny model,
   trained, evaluated in training on newstest2013's split, then evaluated on
   newstest2014's with sacreBLEU and the paper's BLEU."""
   import json
   import tensorflow_datasets as tfds
+  from mha import checkpoints
   from mha import trainer
+
+  # TFDS's mock replaces the whole process's file system while a split is
+  # opened (test_utils.MockFs in builder.as_dataset): a checkpoint written in
+  # the background meanwhile would land in the mock. Saves wait here; the
+  # asynchronous ones are tested in test_trainer.py and test_checkpoints.py.
+  save = checkpoints.save
+  monkeypatch.setattr(checkpoints, "save",
+                      lambda *args, **kwargs: save(*args, **{**kwargs,
+                                                             "wait": True}))
 
   config = wmt14.get_config("tiny")
   config.update(vocab_size=40, max_len=64, max_source_length=64,
