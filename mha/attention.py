@@ -367,30 +367,7 @@ class MultiHeadAttention(nn.Module):
       if self.decode:
         key, value, mask = self._append_to_cache(key, value)
 
-    dropout_rng = None
-    if not self.deterministic and self.dropout_rate > 0.0:
-      dropout_rng = self.make_rng("dropout")
-    scale = 1.0 if self.attention_type == "dot" else 1.0 / np.sqrt(d_k)
-    if self.attention_impl == "xla" and self.attention_type in ("scaled_dot",
-                                                                "dot"):
-      if dropout_rng is not None:
-        raise ValueError("attention_impl='xla' has no attention dropout; set "
-                         "attention_dropout_rate=0 or attention_impl='einsum'.")
-      heads = _xla_attention(query, key, value, mask, scale)
-    else:
-      if self.attention_type == "additive":
-        energy = self.param("energy", nn.initializers.normal(d_k ** -0.5),
-                            (self.num_heads, d_k))
-        logits = _additive_logits(query, key, energy)
-      else:
-        logits = _dot_logits(query, key, scale)
-      if self.attention_type == "location":
-        logits = logits + self._location_term(
-            masked_softmax(logits, mask), sentence_starts)
-      weights = masked_softmax(logits, mask)  # [B, H, Q, K]
-      self.sow("intermediates", "attention_weights", weights)
-      heads = _mix(weights, value, self.dropout_rate, dropout_rng,
-                   self.deterministic)
+    heads = self._heads(query, key, value, mask, sentence_starts)
     # heads [B, Q, H, d_v]; W^O ∈ R^{h·d_v × d_model}, stored as [H, d_v, M].
     w_out = self.param(
         "out_kernel",
@@ -401,6 +378,37 @@ class MultiHeadAttention(nn.Module):
     # Rows by sentence (cached cross-attention) back to one row per query.
     heads = heads.reshape(inputs_q.shape[:2] + heads.shape[2:])
     return jnp.einsum("BQHV,HVM->BQM", heads, w_out.astype(self.dtype))
+
+  def _heads(self, query: jax.Array, key: jax.Array, value: jax.Array,
+             mask: jax.Array | None,
+             sentence_starts: jax.Array | None) -> jax.Array:
+    """head_1..head_h `[B, Q, H, d_v]` from projected queries, keys, values:
+    the compatibility function, masked softmax, attention dropout, and the
+    weighted sum of values."""
+    d_k = query.shape[-1]
+    dropout_rng = None
+    if not self.deterministic and self.dropout_rate > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    scale = 1.0 if self.attention_type == "dot" else 1.0 / np.sqrt(d_k)
+    if self.attention_impl == "xla" and self.attention_type in ("scaled_dot",
+                                                                "dot"):
+      if dropout_rng is not None:
+        raise ValueError("attention_impl='xla' has no attention dropout; set "
+                         "attention_dropout_rate=0 or attention_impl='einsum'.")
+      return _xla_attention(query, key, value, mask, scale)
+    if self.attention_type == "additive":
+      energy = self.param("energy", nn.initializers.normal(d_k ** -0.5),
+                          (self.num_heads, d_k))
+      logits = _additive_logits(query, key, energy)
+    else:
+      logits = _dot_logits(query, key, scale)
+    if self.attention_type == "location":
+      logits = logits + self._location_term(
+          masked_softmax(logits, mask), sentence_starts)
+    weights = masked_softmax(logits, mask)  # [B, H, Q, K]
+    self.sow("intermediates", "attention_weights", weights)
+    return _mix(weights, value, self.dropout_rate, dropout_rng,
+                self.deterministic)
 
   def _filter_widths(self) -> tuple[int, ...]:
     sizes = tuple(int(w) for w in self.location_filter_sizes)
