@@ -53,10 +53,18 @@ pieces. For sentence i (1 = the first) it writes
 import os
 import sys
 
-from absl import app
-from absl import flags
+from mha import host_memory
 
-from mha import library_logs
+if __name__ == "__main__":
+  # XLA:CPU's per-step buffers in transparent huge pages: the process starts
+  # again once, now, with glibc's tunable set (nothing elsewhere than Linux,
+  # or with MHA_NO_HUGE_PAGES=1; mha/host_memory.py).
+  host_memory.reexec_with_huge_pages()
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from mha import library_logs  # noqa: E402
 
 # TensorFlow's start-up lines are hidden unless --verbose_libraries: it is
 # imported here, before the imports below load it.

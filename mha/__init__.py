@@ -1,24 +1,39 @@
-"""mha: the Transformer of "Attention Is All You Need" in JAX/Flax."""
-from mha.attention import additive_attention
-from mha.attention import dot_product_attention
-from mha.attention import masked_softmax
-from mha.attention import MultiHeadAttention
-from mha.attention import scaled_dot_product_attention
-from mha.losses import accuracy
-from mha.losses import cross_entropy_with_label_smoothing
-from mha.losses import negative_log_likelihood
-from mha.optim import create_optimizer
-from mha.optim import noam_schedule
-from mha.positional import AddPositionEncoding
-from mha.positional import sinusoidal_encoding
-from mha.transformer import create_model
-from mha.transformer import Transformer
-from mha.transformer import TransformerConfig
+"""mha: the Transformer of "Attention Is All You Need" in JAX/Flax.
 
-__all__ = [
-    "AddPositionEncoding", "MultiHeadAttention", "Transformer",
-    "TransformerConfig", "accuracy", "additive_attention", "create_model",
-    "create_optimizer", "cross_entropy_with_label_smoothing",
-    "dot_product_attention", "masked_softmax", "negative_log_likelihood",
-    "noam_schedule", "scaled_dot_product_attention", "sinusoidal_encoding",
-]
+The public names below are imported on first use (PEP 562), so that
+`from mha import host_memory` in train.py and eval.py costs nothing before
+their restart with huge pages (`mha.host_memory`) and JAX is loaded once.
+"""
+import importlib
+
+_EXPORTS = {
+    "additive_attention": "mha.attention",
+    "dot_product_attention": "mha.attention",
+    "masked_softmax": "mha.attention",
+    "MultiHeadAttention": "mha.attention",
+    "scaled_dot_product_attention": "mha.attention",
+    "accuracy": "mha.losses",
+    "cross_entropy_with_label_smoothing": "mha.losses",
+    "negative_log_likelihood": "mha.losses",
+    "create_optimizer": "mha.optim",
+    "noam_schedule": "mha.optim",
+    "AddPositionEncoding": "mha.positional",
+    "sinusoidal_encoding": "mha.positional",
+    "create_model": "mha.transformer",
+    "Transformer": "mha.transformer",
+    "TransformerConfig": "mha.transformer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'mha' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  globals()[name] = value  # later lookups skip this function
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_EXPORTS))

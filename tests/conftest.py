@@ -9,6 +9,11 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# train.py and eval.py restart themselves once with huge pages
+# (mha/host_memory.py); the subprocess tests that wrap them (runpy with
+# patches) would lose their patches in the restart. test_host_memory.py
+# removes this to test the restart.
+os.environ.setdefault("MHA_NO_HUGE_PAGES", "1")
 # Many tests compile the same tiny train step, in this process and in the
 # subprocesses they start (which inherit the environment): a persistent
 # compilation cache for this session saves most of those compiles.

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -37,3 +38,33 @@ def test_no_restart_when_set_or_refused():
   assert _run(GLIBC_TUNABLES="glibc.malloc.hugetlb=0") == [
       "start", "glibc.malloc.hugetlb=0"]
   assert _run(MHA_NO_HUGE_PAGES="1") == ["start", ""]
+
+
+# Records $GLIBC_TUNABLES at every interpreter start (site imports it).
+_SITECUSTOMIZE = """import os
+with open(os.environ["MHA_TEST_STARTS"], "a") as f:
+  f.write(os.environ.get("GLIBC_TUNABLES", "") + "\\n")
+"""
+
+
+@pytest.mark.skipif(not host_memory._kernel_allows_huge_pages(),  # pylint: disable=protected-access
+                    reason="no transparent huge pages on this machine")
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_entry_points_restart_with_huge_pages(tmp_path, script):
+  (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+  starts = tmp_path / "starts"
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("GLIBC_TUNABLES", "MHA_NO_HUGE_PAGES")}
+  env.update(PYTHONPATH=str(tmp_path), MHA_TEST_STARTS=str(starts))
+  process = subprocess.Popen([sys.executable, script, "--workdir=unused"],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  try:  # the restart comes first: no need to wait for the imports after it
+    deadline = time.monotonic() + 60
+    while (not starts.exists() or len(starts.read_text().splitlines()) < 2
+           ) and process.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.02)
+  finally:
+    process.kill()
+    process.wait()
+  assert starts.read_text().splitlines() == ["", "glibc.malloc.hugetlb=1"]
