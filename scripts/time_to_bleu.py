@@ -1,0 +1,129 @@
+r"""Time-to-BLEU curves: BLEU of every kept checkpoint against wall time.
+
+    python scripts/time_to_bleu.py --run=old:/tmp/m30k_old --run=new:/tmp/m30k \
+        --split=val --out=docs/multi30k_time_to_bleu.png
+
+For each `--run=LABEL:WORKDIR` (a local training workdir), every checkpoint
+in `checkpoints/` is evaluated on `--split` as `eval.py --split=SPLIT
+--checkpoint_step=STEP` would (the config's beam, α and output limit; the
+outputs go to `<workdir>/eval/<split>_<step>/`, and a step already evaluated
+there is read back, not decoded again), and placed at the wall time at which
+training reached that step: the `time` of the step's training record in
+`metrics.jsonl` minus the time `config.json` was written (the run's set-up,
+a few seconds after the command starts: imports are not counted). Keep the
+checkpoints you want on the curve with `--config.keep_checkpoints=N` when
+training. A run that was resumed has a gap in its clock; its curve is drawn
+as logged.
+
+Writes the plot (`--out`, PNG) and prints one line per point; `--json` also
+writes the points.
+"""
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import checkpoints
+from mha import eval_output
+from mha import evaluator
+from mha import metrics
+from mha import workdir as workdir_lib
+from mha.errors import UserError
+
+
+def step_times(workdir: str) -> dict[int, float]:
+  """Seconds from the run's set-up (config.json written) to the end of each
+  logged training step, from metrics.jsonl's training records."""
+  origin = os.path.getmtime(workdir_lib.Workdir(workdir).config_path)
+  return {r["step"]: r["time"] - origin
+          for r in metrics.read_metrics(workdir) if "loss" in r}
+
+
+def checkpoint_bleu(workdir: str, step: int, split: str) -> dict:
+  """metrics.json of `split` at checkpoint `step` (eval.py's default
+  settings), evaluated now unless its output folder holds it already."""
+  folder = eval_output.default_output_dir(workdir, split, [step])
+  done = os.path.join(folder, "metrics.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      return json.load(f)
+  return evaluator.evaluate(workdir, split=split, checkpoint_step=step)
+
+
+def points(workdir: str, split: str) -> list[dict]:
+  """(step, minutes, BLEU, chrF) of every checkpoint of `workdir`."""
+  times = step_times(workdir)
+  out = []
+  for step in checkpoints.all_steps(workdir):
+    if step not in times:
+      raise UserError(f"{workdir}: checkpoint {step} has no training record "
+                      "in metrics.jsonl (log_every_steps must divide "
+                      "checkpoint_every_steps).")
+    result = checkpoint_bleu(workdir, step, split)
+    out.append({"step": step, "minutes": times[step] / 60,
+                "bleu": result["bleu"], "chrf": result["chrf"]})
+  return out
+
+
+def parse_run(text: str) -> tuple[str, str]:
+  label, sep, path = text.partition(":")
+  if not sep or not label or not path:
+    raise argparse.ArgumentTypeError(
+        f"--run={text!r}: expected LABEL:WORKDIR, e.g. new:/tmp/m30k.")
+  return label, path
+
+
+def plot(curves: dict[str, list[dict]], split: str, out: str,
+         marks: list[float]) -> None:
+  fig, ax = plt.subplots(figsize=(6, 3.6))
+  for label, rows in curves.items():
+    ax.plot([r["minutes"] for r in rows], [r["bleu"] for r in rows], "o-",
+            label=label)
+  for minutes in marks:
+    ax.axvline(minutes, color="grey", linestyle=":", linewidth=1)
+  ax.set_xlabel("wall time of training (minutes)")
+  ax.set_ylabel(f"BLEU on {split}")
+  ax.grid(alpha=0.3)
+  ax.legend(loc="lower right")
+  fig.tight_layout()
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+
+
+def main(argv=None) -> dict[str, list[dict]]:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--run", action="append", type=parse_run, required=True,
+                      help="LABEL:WORKDIR, repeated for several runs")
+  parser.add_argument("--split", default="val")
+  parser.add_argument("--out", required=True, help="PNG file to write")
+  parser.add_argument("--json", default=None, help="also write the points")
+  parser.add_argument("--mark_minutes", default="20,40",
+                      help="vertical lines at these minutes ('' for none)")
+  args = parser.parse_args(argv)
+  curves = {}
+  try:
+    for label, workdir in args.run:
+      curves[label] = points(workdir, args.split)
+  except UserError as e:
+    sys.exit(str(e))
+  for label, rows in curves.items():
+    for r in rows:
+      print(f"{label}\tstep {r['step']}\t{r['minutes']:.2f} min\t"
+            f"BLEU {r['bleu']:.2f}\tchrF {r['chrf']:.2f}")
+  marks = [float(m) for m in args.mark_minutes.split(",") if m.strip()]
+  plot(curves, args.split, args.out, marks)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(curves, f, indent=1)
+  return curves
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,69 @@
+"""scripts/time_to_bleu.py: every kept checkpoint's BLEU at its wall time."""
+import json
+import os
+import shutil
+
+import pytest
+
+from mha import evaluator
+from scripts import time_to_bleu
+
+SPLIT = "validation[:8]"
+
+
+def test_points_place_each_checkpoint_at_its_training_time(tiny_workdir,
+                                                          tmp_path,
+                                                          monkeypatch):
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  # The clock starts when config.json was written: 100 s before step 1's
+  # record, whatever the copy's mtime.
+  with open(workdir / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  logged = {r["step"]: r["time"] for r in records if "loss" in r}
+  os.utime(workdir / "config.json", (0, logged[1] - 100.0))
+  out = tmp_path / "curve.png"
+  curves = time_to_bleu.main([f"--run=tiny:{workdir}", f"--split={SPLIT}",
+                              f"--out={out}",
+                              f"--json={tmp_path / 'points.json'}"])
+  rows = curves["tiny"]
+  assert [r["step"] for r in rows] == [2, 4, 6]
+  for r in rows:
+    assert r["minutes"] == pytest.approx(
+        (logged[r["step"]] - logged[1] + 100.0) / 60, abs=1e-6)
+    # The BLEU is that of the step's own checkpoint, as eval.py writes it.
+    with open(workdir / "eval" / f"validation_8_{r['step']}" /
+              "metrics.json") as f:
+      written = json.load(f)
+    assert written["averaged_steps"] == [r["step"]]
+    assert written["num_sentences"] == 8
+    assert r["bleu"] == written["bleu"] and r["chrf"] == written["chrf"]
+  assert out.stat().st_size > 0
+  with open(tmp_path / "points.json") as f:
+    assert json.load(f) == curves
+
+  # A second call reads the evaluations back instead of decoding again.
+  def no_decoding(*args, **kwargs):
+    raise AssertionError("evaluated again")
+  monkeypatch.setattr(evaluator, "evaluate", no_decoding)
+  again = time_to_bleu.main([f"--run=tiny:{workdir}", f"--split={SPLIT}",
+                             f"--out={out}"])
+  assert again == curves
+
+
+def test_a_checkpoint_without_a_training_record_is_named(tiny_workdir,
+                                                         tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  with open(workdir / "metrics.jsonl") as f:
+    lines = [l for l in f if json.loads(l).get("step") != 4]
+  with open(workdir / "metrics.jsonl", "w") as f:
+    f.writelines(lines)
+  with pytest.raises(SystemExit, match="checkpoint 4 has no training record"):
+    time_to_bleu.main([f"--run=tiny:{workdir}", f"--split={SPLIT}",
+                       f"--out={tmp_path / 'x.png'}"])
+
+
+def test_run_needs_a_label_and_a_workdir():
+  with pytest.raises(Exception, match="LABEL:WORKDIR"):
+    time_to_bleu.parse_run("/tmp/m30k")
