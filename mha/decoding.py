@@ -349,7 +349,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 max_lengths: jax.Array | None = None,
                 stage_lengths: tuple[int, ...] = (),
                 grow_cache: Callable[[PyTree, int], PyTree] | None = None,
-                cache_rows: PyTree | None = None
+                cache_rows: PyTree | None = None,
+                num_best: int | None = None
                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the length penalty of Wu et al. (2016).
 
@@ -368,6 +369,16 @@ def beam_search(tokens_to_logits: TokensToLogits,
   `beam_size == 1` is greedy search (as in Tensor2Tensor and Hugging Face): a
   one-wide beam that also remembered hypotheses ending in a runner-up EOS would
   be neither greedy nor a real beam.
+
+  `num_best=n` (< beam_size) is for a caller that reads only the best n
+  finished hypotheses of each sentence (a translation reads the best one):
+  a sentence is then done once no live hypothesis can beat its n-th best
+  finished one (the same bound). Slots 0..n-1 hold exactly what the full
+  search returns there (no hypothesis found later could enter them: it
+  scores at most the bound, below them, and ties keep the earlier one);
+  slots n.. may hold fewer or worse hypotheses than the full search's. The
+  search stops sooner: the best finished hypothesis is usually found well
+  before the beam_size-th.
 
   Args:
     tokens_to_logits: step function `(tokens [batch * beam_size, 1], cache) ->
@@ -390,6 +401,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
     cache_rows: the `CacheRows` of each cache leaf, a pytree of the cache's
       structure (module docstring); None: 0-d leaves shared, others per
       hypothesis.
+    num_best: how many of the best finished hypotheses per sentence must be
+      exact (above); None: all beam_size.
 
   Returns:
     `(tokens, scores)`: int32 `[batch, beam_size, max_decode_len]` and float32
@@ -402,6 +415,10 @@ def beam_search(tokens_to_logits: TokensToLogits,
                              stage_lengths, grow_cache, cache_rows)
     return tokens[:, None], scores[:, None]
 
+  num_best = beam_size if num_best is None else int(num_best)
+  if not 1 <= num_best <= beam_size:
+    raise ValueError(f'num_best must be in 1..beam_size = {beam_size}, got '
+                     f'{num_best}.')
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
   lp_limit = length_penalty(limits, alpha)  # [batch]
   kinds = _row_kinds(cache, cache_rows)
@@ -427,9 +444,10 @@ def beam_search(tokens_to_logits: TokensToLogits,
     best_live = state.live_logprobs[:, 0]  # [batch]
     lp_next = length_penalty(state.step + 1, alpha)  # []
     best_reachable = best_live / jnp.maximum(lp_next, lp_limit)  # [batch]
+    # The num_best-th best finished score (-inf while that slot is empty).
     worst_finished = jnp.where(
-        jnp.all(state.finished_flags, axis=1),
-        state.finished_scores[:, -1], NEG_INF)  # [batch]
+        jnp.all(state.finished_flags[:, :num_best], axis=1),
+        state.finished_scores[:, num_best - 1], NEG_INF)  # [batch]
     no_live = best_live == NEG_INF
     return no_live | (worst_finished > best_reachable)  # [batch]
 

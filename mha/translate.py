@@ -180,7 +180,10 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
         tokens_to_logits, cache, batch_size, beam_size, alpha,
         max_decode_len, eos_id, max_lengths,
         stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache,
-        cache_rows=cache_rows(cache))
+        cache_rows=cache_rows(cache), num_best=1)
+    # num_best=1: a sentence is done once its best finished hypothesis,
+    # the one returned, can no longer be beaten (the other slots, unread,
+    # need not be complete), which is the full search's best.
     return tokens[:, 0]  # [batch, max_decode_len]
 
   @functools.partial(jax.jit, static_argnames=("max_decode_len",

@@ -204,3 +204,45 @@ def test_length_penalty_golden_values():
       1.4386159, rel=1e-6)
   assert float(decoding.length_penalty(2, 1.0)) == pytest.approx(7 / 6)
   assert float(decoding.length_penalty(30, 0.0)) == 1.0
+
+
+@pytest.mark.parametrize('alpha, beam', [(0.6, 3), (1.0, 4)])
+def test_num_best_one_returns_the_full_searchs_best_in_fewer_steps(alpha,
+                                                                   beam):
+  """num_best=1 (what a translation reads): the best hypothesis and score
+  of every sentence are those of the full search (bit for bit), which
+  matches the NumPy search that never stops early; the search takes fewer
+  steps on some sentences (the step function's calls are counted)."""
+  models = RandomModels(seed=2)
+  limits = np.random.default_rng(3).integers(MAX_LEN // 2, MAX_LEN + 1,
+                                             size=BATCH)
+  calls = []
+
+  def counted(tokens, cache):
+    jax.debug.callback(lambda: calls.append(1))
+    return RandomModels.step(tokens, cache)
+
+  def search(num_best):
+    return jax.jit(lambda cache, limit: decoding.beam_search(
+        counted, cache, 1, beam, alpha, MAX_LEN, EOS, limit,
+        cache_rows=RandomModels.CACHE_ROWS, num_best=num_best))
+
+  full, best = search(None), search(1)
+  fewer = 0
+  for b in range(0, BATCH, 2):
+    cache = models.init_cache(b)
+    limit = jnp.asarray(limits[b:b + 1], jnp.int32)
+    calls.clear()
+    full_tokens, full_scores = jax.block_until_ready(full(cache, limit))
+    full_steps = len(calls)
+    calls.clear()
+    best_tokens, best_scores = jax.block_until_ready(best(cache, limit))
+    fewer += len(calls) < full_steps
+    assert len(calls) <= full_steps
+    np.testing.assert_array_equal(np.asarray(best_tokens)[0, 0],
+                                  np.asarray(full_tokens)[0, 0])
+    assert float(best_scores[0, 0]) == float(full_scores[0, 0])
+    expected = exhaustive_beam(lambda seq: models.log_probs(b, seq), beam,
+                               alpha, int(limits[b]))
+    assert hypothesis(np.asarray(best_tokens)[0, 0]) == expected[0][1], b
+  assert fewer > BATCH // 8
