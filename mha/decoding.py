@@ -168,6 +168,56 @@ def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
   return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
 
 
+def _best_extensions(logits: jax.Array, live_logprobs: jax.Array,
+                     k: int) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k(live_logprobs[..., None] + log_softmax(logits), k)`, the
+  same values and tokens bit for bit, without the `[rows, V]` log-softmax.
+
+  log_softmax(x)_v = (x_v - max x) - lse (jax.nn.log_softmax's formula, lse
+  = log Σ exp(x - max x)) is, with the row's live log-probability added, a
+  non-decreasing function f of x_v alone (each float operation rounds
+  monotonically). So the best k of f are among the best m > k of the raw
+  logits, except where f ties across that boundary: f is computed for
+  those m only and they are ordered by (f descending, token ascending),
+  top_k's order. A row is exact when f of its k-th is above f of its m-th
+  (nothing outside can tie with the k-th), or when its live log-probability
+  is -inf (top_k of a row of -inf: tokens 0..k-1); otherwise, rare (logits
+  that round together, or -inf logits), the whole step takes the full
+  computation (`lax.cond`).
+
+  Args:
+    logits: float32 `[b, beam, V]`.
+    live_logprobs: `[b, beam]`.
+    k: candidates per row, <= V.
+
+  Returns:
+    `([b, beam, k] log-probabilities, [b, beam, k] int32 tokens)`.
+  """
+  vocab_size = logits.shape[-1]
+  m = min(2 * k, vocab_size)
+  live = live_logprobs[:, :, None]
+  x_max = jnp.max(logits, axis=-1, keepdims=True, initial=-np.inf)
+  lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
+  top_x, top_token = lax.top_k(logits, m)  # [b, beam, m]
+  top_f = live + ((top_x - x_max) - lse)
+  neg_f, token = lax.sort((-top_f, top_token.astype(jnp.int32)),
+                          dimension=-1, num_keys=2)
+  values, token = -neg_f[..., :k], token[..., :k]
+  dead = live_logprobs == NEG_INF  # [b, beam]
+  values = jnp.where(dead[..., None], NEG_INF, values)
+  token = jnp.where(dead[..., None], jnp.arange(k, dtype=jnp.int32), token)
+  exact = dead | (top_f[..., k - 1] > top_f[..., m - 1])
+  if m == vocab_size:
+    return values, token
+
+  def full():
+    row_logprobs, row_token = lax.top_k(
+        live + jax.nn.log_softmax(logits, axis=-1), k)
+    return row_logprobs, row_token.astype(jnp.int32)
+
+  return lax.cond(jnp.all(exact), lambda: (values, token), full)
+
+
 def all_stage_lengths(stage_lengths: Sequence[int],
                       max_decode_len: int) -> list[int]:
   """The increasing lengths of the stages, ending with max_decode_len."""
@@ -456,11 +506,11 @@ def beam_search(tokens_to_logits: TokensToLogits,
             ~jnp.all(sentence_done(state)))
 
   def body(state: _BeamState) -> _BeamState:
-    log_probs, cache = _step_logprobs(
-        tokens_to_logits, state.last.reshape(num_rows, 1), state.cache)
-    vocab_size = log_probs.shape[-1]
-    log_probs = log_probs.reshape(batch_size, beam_size, vocab_size)
-    candidates = state.live_logprobs[:, :, None] + log_probs  # [b, beam, V]
+    logits, cache = tokens_to_logits(state.last.reshape(num_rows, 1),
+                                     state.cache)
+    logits = jnp.asarray(logits, jnp.float32)
+    vocab_size = logits.shape[-1]
+    logits = logits.reshape(batch_size, beam_size, vocab_size)
 
     # The best 2 * beam extensions: even if beam of them end, beam stay live.
     # In two rounds (the best of each hypothesis, then the best of those),
@@ -469,7 +519,10 @@ def beam_search(tokens_to_logits: TokensToLogits,
     # then the lower token), at a fraction of the cost.
     num_candidates = min(2 * beam_size, beam_size * vocab_size)
     per_row = min(num_candidates, vocab_size)
-    row_logprobs, row_token = lax.top_k(candidates, per_row)  # [b, beam, k]
+    # The first round: top_k of live_logprobs + log_softmax(logits) per
+    # row, without the [rows, V] log-softmax (_best_extensions).
+    row_logprobs, row_token = _best_extensions(
+        logits, state.live_logprobs, per_row)  # [b, beam, k]
     cand_logprobs, cand_slot = lax.top_k(
         row_logprobs.reshape(batch_size, beam_size * per_row),
         num_candidates)  # [b, c]

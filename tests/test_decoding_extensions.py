@@ -1,0 +1,54 @@
+"""decoding._best_extensions: the first round of the beam's candidates from
+the raw logits, against the computation it replaces (top_k of the live
+log-probability + log_softmax over the whole vocabulary), bit for bit."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mha import decoding
+
+
+def reference(logits, live, k):
+  values, tokens = jax.lax.top_k(
+      live[:, :, None] + jax.nn.log_softmax(logits, axis=-1), k)
+  return np.asarray(values), np.asarray(tokens)
+
+
+def check(logits, live, k):
+  logits = jnp.asarray(logits, jnp.float32)
+  live = jnp.asarray(live, jnp.float32)
+  got = jax.jit(decoding._best_extensions, static_argnums=2)(logits, live, k)
+  want = reference(logits, live, k)
+  np.testing.assert_array_equal(np.asarray(got[0]), want[0])
+  np.testing.assert_array_equal(np.asarray(got[1]), want[1])
+
+
+@pytest.mark.parametrize('seed', range(3))
+def test_random_logits(seed):
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(size=(3, 4, 300)) * rng.uniform(0.1, 10.0)
+  live = -rng.uniform(0.0, 40.0, size=(3, 4))
+  live[1, 2:] = -np.inf  # empty beam slots
+  check(logits, live, 8)
+
+
+def test_ties_and_logits_that_round_together():
+  # Logits 1e-7 apart: after adding a live log-probability of -30 (one ulp
+  # ~2e-6) the candidates round to equal values, and top_k orders them by
+  # token, not by logit; exact ties between tokens too.
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 3, 50))
+  logits[0, 0, 10:30] = 5.0 + 1e-7 * np.arange(20)[::-1]  # ascending tokens
+  logits[0, 1, [3, 40, 7, 22]] = 6.0  # ties
+  logits[1, 2, 11:31] = 4.0 + 1e-7 * np.arange(20)  # the last token highest
+  live = np.array([[-30.0, -0.5, -2.0], [-1.0, -3.0, -31.0]])
+  check(logits, live, 6)
+
+
+def test_minus_infinity_logits_and_small_vocabulary():
+  logits = np.random.default_rng(1).normal(size=(2, 2, 5))
+  logits[..., 0] = -np.inf  # a masked token (pad)
+  logits[1, 1, 1:3] = -np.inf  # fewer than k finite ones
+  check(logits, np.array([[0.0, -np.inf], [-1.0, -2.0]]), 4)
+  check(logits[..., :4], np.array([[0.0, -1.0], [-1.0, -2.0]]), 2)
