@@ -380,6 +380,8 @@ class _BeamState(NamedTuple):
   finished_seqs: jax.Array  # [batch, beam, max_decode_len]
   finished_scores: jax.Array  # [batch, beam] sorted, best first; -inf = empty
   finished_flags: jax.Array  # [batch, beam] bool: slot holds a hypothesis
+  limits: jax.Array  # [batch] int32 the sentence's limit on |Y|
+  lp_limit: jax.Array  # [batch] lp(limits)
   cache: PyTree  # per-row leaves: [batch * beam, ...]
 
 
@@ -400,7 +402,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 stage_lengths: tuple[int, ...] = (),
                 grow_cache: Callable[[PyTree, int], PyTree] | None = None,
                 cache_rows: PyTree | None = None,
-                num_best: int | None = None
+                num_best: int | None = None,
+                shrink_sizes: Sequence[int] = ()
                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the length penalty of Wu et al. (2016).
 
@@ -430,6 +433,18 @@ def beam_search(tokens_to_logits: TokensToLogits,
   search stops sooner: the best finished hypothesis is usually found well
   before the beam_size-th.
 
+  `shrink_sizes=(n1, n2, ...)`: once at most n1 sentences are not done, the
+  search goes on with n1 sentences (those, and done ones to fill up): their
+  state and cache rows are gathered (`CacheRows.HYPOTHESIS` and `SENTENCE`
+  leaves by their rows, `ONE_PER_SENTENCE` leaves by sentence) and the
+  loop, traced again for the smaller batch, runs on them alone; then n2,
+  and so on. The results are put back in their sentences' places. The
+  search is the same, sentence by sentence; the steps of the finished
+  sentences cost nothing more. (Their rows' arithmetic is the same only if
+  the step function's results for a row do not depend on the number of
+  rows, which matrix products on some backends do not promise for small
+  batches: `mha.translate` shrinks no further than `MIN_SEARCH_ROWS`.)
+
   Args:
     tokens_to_logits: step function `(tokens [batch * beam_size, 1], cache) ->
       (logits [batch * beam_size, V], new_cache)`.
@@ -453,6 +468,10 @@ def beam_search(tokens_to_logits: TokensToLogits,
       hypothesis.
     num_best: how many of the best finished hypotheses per sentence must be
       exact (above); None: all beam_size.
+    shrink_sizes: decreasing numbers of sentences (< batch_size) to go on
+      with when only that many are not done yet (above); the step function
+      must then take any number of sentences, every per-sentence input in
+      its cache.
 
   Returns:
     `(tokens, scores)`: int32 `[batch, beam_size, max_decode_len]` and float32
@@ -470,10 +489,13 @@ def beam_search(tokens_to_logits: TokensToLogits,
     raise ValueError(f'num_best must be in 1..beam_size = {beam_size}, got '
                      f'{num_best}.')
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
-  lp_limit = length_penalty(limits, alpha)  # [batch]
   kinds = _row_kinds(cache, cache_rows)
-  num_rows = batch_size * beam_size
   lengths = all_stage_lengths(stage_lengths, max_decode_len)
+  shrink_sizes = tuple(int(n) for n in shrink_sizes)
+  if any(not 0 < n < m for n, m in zip(shrink_sizes,
+                                        (batch_size,) + shrink_sizes)):
+    raise ValueError(f'shrink_sizes must decrease from below batch_size = '
+                     f'{batch_size} and stay positive, got {shrink_sizes}.')
 
   init = _BeamState(
       step=jnp.array(0, jnp.int32),
@@ -487,13 +509,16 @@ def beam_search(tokens_to_logits: TokensToLogits,
                               jnp.int32),
       finished_scores=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
       finished_flags=jnp.zeros((batch_size, beam_size), jnp.bool_),
+      limits=limits,
+      lp_limit=length_penalty(limits, alpha),
       cache=_expand_cache(cache, kinds, batch_size, beam_size),
   )
 
   def sentence_done(state: _BeamState) -> jax.Array:
     best_live = state.live_logprobs[:, 0]  # [batch]
     lp_next = length_penalty(state.step + 1, alpha)  # []
-    best_reachable = best_live / jnp.maximum(lp_next, lp_limit)  # [batch]
+    best_reachable = best_live / jnp.maximum(lp_next,
+                                             state.lp_limit)  # [batch]
     # The num_best-th best finished score (-inf while that slot is empty).
     worst_finished = jnp.where(
         jnp.all(state.finished_flags[:, :num_best], axis=1),
@@ -506,6 +531,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
             ~jnp.all(sentence_done(state)))
 
   def body(state: _BeamState) -> _BeamState:
+    batch_size = state.live_logprobs.shape[0]  # sentences of this loop
+    num_rows = batch_size * beam_size
     logits, cache = tokens_to_logits(state.last.reshape(num_rows, 1),
                                      state.cache)
     logits = jnp.asarray(logits, jnp.float32)
@@ -534,7 +561,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
     cand_seqs = cand_seqs.at[:, :, state.step].set(cand_token)
     length = state.step + 1
     real = cand_logprobs > NEG_INF  # [b, c]
-    ends = real & ((cand_token == eos_id) | (length >= limits)[:, None])
+    ends = real & ((cand_token == eos_id) |
+                   (length >= state.limits)[:, None])
 
     # Live: the best beam candidates that did not end.
     live_logprobs, live_index = lax.top_k(
@@ -553,7 +581,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     all_seqs = jnp.concatenate([state.finished_seqs, cand_seqs], axis=1)
     finished_scores, finished_index = lax.top_k(all_scores, beam_size)
 
-    return _BeamState(
+    return state._replace(
         step=length,
         live_seqs=live_seqs,
         live_logprobs=live_logprobs,
@@ -569,8 +597,66 @@ def beam_search(tokens_to_logits: TokensToLogits,
                           finished_seqs=_pad_axis(state.finished_seqs, 2,
                                                   length))
 
+  def gather_sentences(state: _BeamState, index: jax.Array) -> _BeamState:
+    """The state of sentences `index` ([n]) alone."""
+    rows = (index[:, None] * beam_size +
+            jnp.arange(beam_size)).reshape(-1)  # [n * beam]
+
+    def leaf(kind: CacheRows, x):
+      if kind is CacheRows.SHARED:
+        return x
+      which = index if kind is CacheRows.ONE_PER_SENTENCE else rows
+      return jnp.take(x, which, axis=0, mode='clip')  # in range
+
+    per_sentence = {
+        name: jnp.take(getattr(state, name), index, axis=0, mode='clip')
+        for name in _BeamState._fields if name not in ('step', 'cache')}
+    return state._replace(cache=jax.tree.map(leaf, kinds, state.cache),
+                          **per_sentence)
+
+  def result(state: _BeamState):
+    state = grow(state, lengths[-1])
+    return state.finished_seqs, state.finished_scores
+
+  def run(state: _BeamState, stage: int, level: int):
+    """The search from `state` (length stage `stage`, shrink level `level`)
+    to its end: the results of the state's sentences."""
+    smaller = shrink_sizes[level] if level < len(shrink_sizes) else 0
+
+    def loop_cond(state):
+      active = jnp.sum(~sentence_done(state))
+      return cond(state) & (active > smaller)
+
+    state = lax.while_loop(loop_cond, body, state)
+    branches = [result]  # every sentence done
+    if smaller:  # at most `smaller` sentences left
+      def shrink(state):
+        # The sentences not done first (a stable sort keeps their order).
+        index = jnp.argsort(sentence_done(state), stable=True)[:smaller]
+        seqs, scores = run(gather_sentences(state, index), stage, level + 1)
+        all_seqs, all_scores = result(state)
+        return all_seqs.at[index].set(seqs), all_scores.at[index].set(scores)
+      branches.append(shrink)
+    if stage + 1 < len(lengths):  # out of room: the next length stage
+      def longer(state):
+        state = grow(state, lengths[stage + 1])
+        # No shrinking after this (rarely reached) growth: every path of
+        # stages and shrinks is traced and compiled on its own.
+        return run(state._replace(
+            cache=grow_cache(state.cache, lengths[stage + 1])), stage + 1,
+                   len(shrink_sizes))
+      branches.append(longer)
+    if len(branches) == 1:
+      return result(state)
+    done = jnp.all(sentence_done(state))
+    can_shrink = (jnp.sum(~sentence_done(state)) <= smaller) if smaller else (
+        jnp.array(False))
+    branch = jnp.where(done, 0, jnp.where(can_shrink, 1, len(branches) - 1))
+    return lax.switch(branch, branches, state)
+
+  if len(lengths) > 1 and grow_cache is None:
+    raise ValueError('stage_lengths needs grow_cache, the function that pads '
+                     'the step function\'s cache to a longer output.')
   # Every sentence has a finished hypothesis: at the latest, its live ones are
   # forced to end at its max_length.
-  return _run_stages(init, lengths, cond, body, grow, grow_cache,
-                     lambda state: (state.finished_seqs,
-                                    state.finished_scores))
+  return run(init, 0, 0)

@@ -25,6 +25,12 @@ input order. A split therefore compiles the search a handful of times, and
 repeated calls on the same sentences (BLEU during training) reuse the
 compiled search.
 
+The search stops a sentence as soon as its best hypothesis, the one
+returned, can no longer be beaten (`num_best=1`), and once only half of a
+batch's sentences (or a quarter, ...) are left it goes on with those alone
+(`shrink_sizes`, down to `MIN_SEARCH_ROWS` rows): the outputs are those of
+the full search of the whole batch.
+
 Devices: each batch's sentences are split evenly over this process's
 devices (`jax.local_devices()`, or the `devices` given), each device
 searching its own sentences (`jax.shard_map`); a batch whose rows they do
@@ -57,6 +63,12 @@ from mha.transformer import TransformerConfig
 # padding. Both are multiples of 8.
 LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROW_MULTIPLE = 8
+# The fewest rows (sentences x beam) the search shrinks a batch to as its
+# sentences finish (`shrink_sizes`): XLA:CPU's matrix products gave a row
+# the same bits at 64 rows and more as at 256, but not at 32 or fewer
+# (measured 2026-11-23, AMD EPYC), and outputs must not depend on which
+# sentences share a batch.
+MIN_SEARCH_ROWS = 64
 _AXIS = "sentences"  # the mesh axis the sharded search splits rows over
 # The first stage of the search: outputs up to the padded input length + 10
 # (in a trained model nearly all searches end there; see `mha.decoding`).
@@ -83,6 +95,10 @@ CACHE_ROWS = {
     # In a cache made by `model.init` (not this module's): [] whether the
     # first step has projected source_key / source_value yet.
     "filled": decoding.CacheRows.SHARED,
+    # The search's cache (`_model_fns`) beside the decoder's: the encoder
+    # output [batch, s, d_model] and the source ids [batch, s].
+    "encoded": decoding.CacheRows.ONE_PER_SENTENCE,
+    "inputs": decoding.CacheRows.ONE_PER_SENTENCE,
 }
 
 
@@ -124,11 +140,17 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
     beam_size: hypotheses per sentence.
     max_decode_len: cache length.
 
+  The search's cache is `{"model": the decoder's cache, "encoded": ...,
+  "inputs": ...}`: the encoder output and the source ids ride in it, one
+  row per sentence, so that the step function takes any number of
+  sentences (the search's `shrink_sizes`).
+
   Returns:
-    `(tokens_to_logits, cache, grow_cache)` for `batch * beam_size` rows;
-    `grow_cache(cache, length)` pads every leaf whose shape depends on the
-    output length (the self-attention keys and values) with zeros to the
-    shape of a cache made for `length`.
+    `(tokens_to_logits, cache, grow_cache)` for `batch *
+    beam_size` rows; `grow_cache(cache, length)` pads every leaf whose shape
+    depends on the output length (the self-attention keys and values) with
+    zeros along the axes that depend on it, to the size of a cache made for
+    `length` (any number of rows).
   """
   encoded = model.apply({"params": params}, inputs, method="encode")
   num_rows = inputs.shape[0] * beam_size
@@ -140,19 +162,41 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
                           mutable=["cache"], method="decode")
     return made["cache"]
 
+  first = init_cache(max_decode_len)
+  first_shapes = jax.tree.map(lambda x: x.shape, first)
+
   def grow_cache(cache: Any, length: int) -> Any:
     shapes = jax.eval_shape(functools.partial(init_cache, length))
-    return jax.tree.map(lambda x, s: decoding.pad_to(x, s.shape), cache,
-                        shapes)
+
+    def pad(x, made_first, made):
+      # Only the axes that grow with the output length; the rows stay.
+      shape = [n if a == b else c for n, a, b, c in zip(
+          x.shape, made_first, made.shape, made.shape)]
+      return decoding.pad_to(x, shape)
+
+    return dict(cache, model=jax.tree.map(pad, cache["model"], first_shapes,
+                                          shapes))
 
   def tokens_to_logits(tokens: jax.Array, cache: Any):
-    # tokens [num_rows, 1] -> logits [num_rows, 1, V]
-    logits, mutated = model.apply({"params": params, "cache": cache},
-                                  encoded, inputs, tokens, mutable=["cache"],
-                                  method="decode")
-    return logits[:, 0], mutated["cache"]  # [num_rows, V]
+    # tokens [rows, 1] -> logits [rows, 1, V]
+    logits, mutated = model.apply(
+        {"params": params, "cache": cache["model"]}, cache["encoded"],
+        cache["inputs"], tokens, mutable=["cache"], method="decode")
+    return logits[:, 0], dict(cache, model=mutated["cache"])  # [rows, V]
 
-  return tokens_to_logits, init_cache(max_decode_len), grow_cache
+  return (tokens_to_logits,
+          {"model": first, "encoded": encoded, "inputs": inputs}, grow_cache)
+
+
+def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
+  """The search's `shrink_sizes` for a batch: halvings of the sentences
+  while their rows stay at least `MIN_SEARCH_ROWS`."""
+  sizes = []
+  n = batch_size // 2
+  while n * beam_size >= MIN_SEARCH_ROWS and n < batch_size:
+    sizes.append(n)
+    n //= 2
+  return tuple(sizes)
 
 
 @functools.lru_cache(maxsize=32)
@@ -180,7 +224,8 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
         tokens_to_logits, cache, batch_size, beam_size, alpha,
         max_decode_len, eos_id, max_lengths,
         stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache,
-        cache_rows=cache_rows(cache), num_best=1)
+        cache_rows=cache_rows(cache), num_best=1,
+        shrink_sizes=shrink_sizes(batch_size, beam_size))
     # num_best=1: a sentence is done once its best finished hypothesis,
     # the one returned, can no longer be beaten (the other slots, unread,
     # need not be complete), which is the full search's best.
@@ -489,6 +534,7 @@ def translate_texts(model_config: TransformerConfig, params: Any,
 
 
 __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
+           "MIN_SEARCH_ROWS", "shrink_sizes",
            "ROW_MULTIPLE", "bucket_length", "decode_batches", "detokenize",
            "cache_rows", "encode_sources", "make_batches", "replicate",
            "search_devices", "search_rows", "translate_batch",

@@ -463,8 +463,11 @@ def test_transformer_caches_cross_attention_as_sentence_leaves(
   assert any('self_attention' in n and 'cached_key' in n for n in names)
   kinds = {jax.tree_util.keystr(path): kind for path, kind in
            jax.tree_util.tree_flatten_with_path(translate.cache_rows(cache))[0]}
-  assert {n for n, k in kinds.items()
-          if k is CacheRows.ONE_PER_SENTENCE} == source
+  # The search's per-sentence inputs (encoder output, source ids) beside
+  # the decoder's cache, so that the step function takes any batch.
+  assert {n for n, k in kinds.items() if k is CacheRows.ONE_PER_SENTENCE
+         } == source | {"['encoded']", "['inputs']"}
+  assert cache['encoded'].shape[0] == cache['inputs'].shape[0] == 3
   assert all(kinds[n] is CacheRows.HYPOTHESIS for n in names
              if 'cached_' in n)
   # Encoder-decoder keys and values once per sentence (3), the
