@@ -17,12 +17,15 @@ state donated), after a warm-up call that compiles each batch shape:
 
 * `reference`: the google/flax examples/wmt shape (configs/multi30k.py): 3+3
   layers, d_model 256, 4 heads, d_ff 1024, one shared 8,000-piece vocabulary,
-  ~7.6M parameters, on real Multi30k token-budget batches
-  (`data.train_batches`, `max_tokens` 4,480 per side: ~6,700 non-padding
-  source + target tokens per step) from $MHA_MULTI30K_DIR or
-  ../shared/data/multi30k. The batch plan has one shape per length bucket;
-  the `--num_shapes` most frequent buckets (about 85% of an epoch's batches)
-  are timed and their figures combined with the epoch's bucket frequencies.
+  ~7.6M parameters, on real Multi30k batches (`data.train_batches`) from
+  $MHA_MULTI30K_DIR or ../shared/data/multi30k, `max_tokens` 4,096 per side
+  as configs/multi30k.py trains: by default packed rows of 64 tokens (its
+  `pack_examples`; one batch shape, ~7,500 non-padding source + target
+  tokens per step). `--batching=bucket`: the paper's length buckets instead,
+  one shape per bucket; the `--num_shapes` most frequent buckets (about 85%
+  of an epoch's batches) are timed and their figures combined with the
+  epoch's bucket frequencies (before 2026-11-23 22:00 UTC the default, with
+  `--max_tokens=4480`: ~6,700 non-padding tokens per step, flax's batch).
   Reference point: flax examples/wmt on this machine, 3.9 s/step, ~1,700
   non-padding tokens/s. Target: >= 2,300 non-padding tokens/s.
 * `base`: the paper's base model (6+6 layers, d_model 512, 8 heads, d_ff 2048,
@@ -527,13 +530,13 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--shapes", default="reference,base",
                       help="comma-separated: reference, base")
-  parser.add_argument("--batching", default="bucket",
+  parser.add_argument("--batching", default="pack",
                       choices=("bucket", "pack", "synthetic"),
                       help="reference batches: Multi30k token-budget "
                       "buckets, Multi30k packed rows, or synthetic ids")
-  parser.add_argument("--max_tokens", type=int, default=4480,
-                      help="reference token budget per side (4,480: ~6,700 "
-                      "non-padding source + target tokens per step)")
+  parser.add_argument("--max_tokens", type=int, default=4096,
+                      help="reference token budget per side "
+                      "(configs/multi30k.py's 4,096)")
   parser.add_argument("--num_shapes", type=int, default=2,
                       help="reference: time the N most frequent bucket shapes")
   parser.add_argument("--base_rows", type=int, default=64)
