@@ -16,7 +16,8 @@ training. A run that was resumed has a gap in its clock; its curve is drawn
 as logged.
 
 Writes the plot (`--out`, PNG) and prints one line per point; `--json` also
-writes the points.
+writes the points; `--every=N` keeps the checkpoints whose step is a
+multiple of N.
 """
 import argparse
 import json
@@ -57,11 +58,12 @@ def checkpoint_bleu(workdir: str, step: int, split: str) -> dict:
   return evaluator.evaluate(workdir, split=split, checkpoint_step=step)
 
 
-def points(workdir: str, split: str) -> list[dict]:
-  """(step, minutes, BLEU, chrF) of every checkpoint of `workdir`."""
+def points(workdir: str, split: str, every: int = 1) -> list[dict]:
+  """(step, minutes, BLEU, chrF) of the checkpoints of `workdir` whose step
+  is a multiple of `every`."""
   times = step_times(workdir)
   out = []
-  for step in checkpoints.all_steps(workdir):
+  for step in (s for s in checkpoints.all_steps(workdir) if s % every == 0):
     if step not in times:
       raise UserError(f"{workdir}: checkpoint {step} has no training record "
                       "in metrics.jsonl (log_every_steps must divide "
@@ -102,6 +104,9 @@ def main(argv=None) -> dict[str, list[dict]]:
   parser.add_argument("--run", action="append", type=parse_run, required=True,
                       help="LABEL:WORKDIR, repeated for several runs")
   parser.add_argument("--split", default="val")
+  parser.add_argument("--every", type=int, default=1,
+                      help="only the checkpoints whose step is a multiple "
+                      "of this")
   parser.add_argument("--out", required=True, help="PNG file to write")
   parser.add_argument("--json", default=None, help="also write the points")
   parser.add_argument("--mark_minutes", default="20,40",
@@ -110,7 +115,7 @@ def main(argv=None) -> dict[str, list[dict]]:
   curves = {}
   try:
     for label, workdir in args.run:
-      curves[label] = points(workdir, args.split)
+      curves[label] = points(workdir, args.split, args.every)
   except UserError as e:
     sys.exit(str(e))
   for label, rows in curves.items():

@@ -49,6 +49,10 @@ def test_points_place_each_checkpoint_at_its_training_time(tiny_workdir,
   again = time_to_bleu.main([f"--run=tiny:{workdir}", f"--split={SPLIT}",
                              f"--out={out}"])
   assert again == curves
+  # --every=4 keeps the checkpoints whose step is a multiple of 4.
+  fours = time_to_bleu.main([f"--run=tiny:{workdir}", f"--split={SPLIT}",
+                             f"--out={out}", "--every=4"])
+  assert fours == {"tiny": [r for r in rows if r["step"] == 4]}
 
 
 def test_a_checkpoint_without_a_training_record_is_named(tiny_workdir,
