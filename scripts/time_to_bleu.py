@@ -42,7 +42,12 @@ from mha.errors import UserError
 def step_times(workdir: str) -> dict[int, float]:
   """Seconds from the run's set-up (config.json written) to the end of each
   logged training step, from metrics.jsonl's training records."""
-  origin = os.path.getmtime(workdir_lib.Workdir(workdir).config_path)
+  config_path = workdir_lib.Workdir(workdir).config_path
+  if not os.path.isfile(config_path):
+    raise UserError(f"{config_path} does not exist: {workdir} is not a "
+                    "training workdir (each --run is LABEL:WORKDIR, the "
+                    "label without a colon).")
+  origin = os.path.getmtime(config_path)
   return {r["step"]: r["time"] - origin
           for r in metrics.read_metrics(workdir) if "loss" in r}
 

@@ -68,6 +68,9 @@ def test_a_checkpoint_without_a_training_record_is_named(tiny_workdir,
                        f"--out={tmp_path / 'x.png'}"])
 
 
-def test_run_needs_a_label_and_a_workdir():
+def test_run_needs_a_label_and_a_workdir(tmp_path):
   with pytest.raises(Exception, match="LABEL:WORKDIR"):
     time_to_bleu.parse_run("/tmp/m30k")
+  # A colon inside the label leaves a path that is no workdir: named.
+  with pytest.raises(SystemExit, match="is not a training workdir"):
+    time_to_bleu.main([f"--run=a (:b):{tmp_path}", "--out=x.png"])
