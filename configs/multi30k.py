@@ -7,7 +7,7 @@ Reads `{train,val,test_2016_flickr}.{de,en}.gz` through the project's
 `parallel_text` TFDS builder from $MHA_MULTI30K_DIR, else
 `../shared/data/multi30k` beside the repository (or --config.data_dir=...).
 
-Default: a model sized for a 2-core CPU and a ~20-minute budget, the shape of
+Default: a model sized for a 2-core CPU and a ~20-minute run, the shape of
 the flax examples/wmt reference (3+3 layers, d_model 256, 4 heads, d_ff 1024,
 one shared 8,000-piece vocabulary). Batches are rows of 64 tokens packed
 with several sentence pairs each (attention masked per pair, positions
@@ -24,7 +24,7 @@ this data is about 23% padding, which costs as much as real tokens; packed,
 an epoch takes about 15% less time, and the one batch shape compiles once.
 
 Arguments (configs/base.py's `apply_args`): `long` (the same recipe for
-2,000 steps, 16.7 epochs: the ~40-minute run of the README's Results), `gpu`
+2,000 steps, 16.7 epochs: the second Multi30k run of the README's Results), `gpu`
 (the base model's width for one accelerator: 6+6 layers, d_model 512, 8
 heads, 25k-token batches as §5.1), then `tiny` (tests), then Table 3 rows.
 """
