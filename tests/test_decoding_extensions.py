@@ -52,3 +52,16 @@ def test_minus_infinity_logits_and_small_vocabulary():
   logits[1, 1, 1:3] = -np.inf  # fewer than k finite ones
   check(logits, np.array([[0.0, -np.inf], [-1.0, -2.0]]), 4)
   check(logits[..., :4], np.array([[0.0, -1.0], [-1.0, -2.0]]), 2)
+
+
+def test_a_tie_that_reaches_past_the_raw_candidates():
+  # 40 distinct logits 1e-5 apart, the highest at the last token. With a live
+  # log-probability of -1e4 (one ulp ~1e-3) their scores round together, so
+  # top_k takes the lowest tokens, none of them among the 2k best raw logits:
+  # only the full computation (the fall-back) finds them.
+  logits = np.tile(1.0 + 1e-5 * np.arange(40), (1, 2, 1))
+  live = np.array([[-1e4, -1.0]])
+  want = reference(jnp.asarray(logits, jnp.float32),
+                   jnp.asarray(live, jnp.float32), 2)
+  assert want[1][0, 0].max() < 40 - 4  # the tie reaches past the raw best 4
+  check(logits, live, 2)
