@@ -165,7 +165,7 @@ class ShapeResult:
 def reference_config(args) -> tuple:
   """(config, [batch dicts] of one epoch, description) of the reference."""
   config = multi30k.get_config()
-  config.update(max_tokens=args.max_tokens, seed=0)
+  config.update(max_tokens=args.max_tokens or config.max_tokens, seed=0)
   if args.data_dir:
     config.data_dir = args.data_dir
   have_data = os.path.exists(os.path.join(config.data_dir, "train.de.gz"))
@@ -174,7 +174,8 @@ def reference_config(args) -> tuple:
       print(f"No Multi30k at {config.data_dir}: synthetic packed batches.")
     return config, synthetic_batches(config, 64, 64, 64, seed=0,
                                      fill=0.82), "synthetic 64x64, 82% full"
-  config.pack_examples = args.batching == "pack"
+  if args.batching:
+    config.pack_examples = args.batching == "pack"
   os.makedirs(args.workdir, exist_ok=True)
   start = time.perf_counter()
   tok = data.get_tokenizer(config, args.workdir)
@@ -530,13 +531,14 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--shapes", default="reference,base",
                       help="comma-separated: reference, base")
-  parser.add_argument("--batching", default="pack",
+  parser.add_argument("--batching", default=None,
                       choices=("bucket", "pack", "synthetic"),
                       help="reference batches: Multi30k token-budget "
-                      "buckets, Multi30k packed rows, or synthetic ids")
-  parser.add_argument("--max_tokens", type=int, default=4096,
-                      help="reference token budget per side "
-                      "(configs/multi30k.py's 4,096)")
+                      "buckets, Multi30k packed rows, or synthetic ids "
+                      "(default: configs/multi30k.py's pack_examples)")
+  parser.add_argument("--max_tokens", type=int, default=None,
+                      help="reference token budget per side (default: "
+                      "configs/multi30k.py's max_tokens)")
   parser.add_argument("--num_shapes", type=int, default=2,
                       help="reference: time the N most frequent bucket shapes")
   parser.add_argument("--base_rows", type=int, default=64)

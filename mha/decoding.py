@@ -239,6 +239,13 @@ def _pad_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
   return pad_to(x, shape)
 
 
+def _check_grow_cache(lengths: list[int], grow_cache) -> None:
+  """Several length stages need `grow_cache` to pad the cache between them."""
+  if len(lengths) > 1 and grow_cache is None:
+    raise ValueError('stage_lengths needs grow_cache, the function that pads '
+                     'the step function\'s cache to a longer output.')
+
+
 def _run_stages(state, lengths: list[int], cond, body, grow, grow_cache,
                 result):
   """Runs the search loop for each stage; returns `result(final state)`.
@@ -249,9 +256,7 @@ def _run_stages(state, lengths: list[int], cond, body, grow, grow_cache,
   outputs are padded to the last length, and the cache, by far the largest
   array, is neither padded nor copied.
   """
-  if len(lengths) > 1 and grow_cache is None:
-    raise ValueError('stage_lengths needs grow_cache, the function that pads '
-                     'the step function\'s cache to a longer output.')
+  _check_grow_cache(lengths, grow_cache)
 
   def rest(state, i: int):
     if i == len(lengths):
@@ -654,9 +659,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     branch = jnp.where(done, 0, jnp.where(can_shrink, 1, len(branches) - 1))
     return lax.switch(branch, branches, state)
 
-  if len(lengths) > 1 and grow_cache is None:
-    raise ValueError('stage_lengths needs grow_cache, the function that pads '
-                     'the step function\'s cache to a longer output.')
+  _check_grow_cache(lengths, grow_cache)
   # Every sentence has a finished hypothesis: at the latest, its live ones are
   # forced to end at its max_length.
   return run(init, 0, 0)

@@ -193,7 +193,7 @@ def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
   while their rows stay at least `MIN_SEARCH_ROWS`."""
   sizes = []
   n = batch_size // 2
-  while n * beam_size >= MIN_SEARCH_ROWS and n < batch_size:
+  while n * beam_size >= MIN_SEARCH_ROWS:
     sizes.append(n)
     n //= 2
   return tuple(sizes)
