@@ -117,7 +117,7 @@ def test_gradient_accumulation_equals_one_big_batch():
 def test_dropout_masks_come_from_an_rbg_key_per_step_micro_batch_device():
   """`_dropout_rng`: an RngBitGenerator key, a different one for each step,
   micro-batch and device, the same for the same triple; its Bernoulli masks
-  keep the config's fraction (P_drop 0.1: 0.9 of 2^20 draws, 6 sigma)."""
+  keep the fraction asked (0.9 of 2^20 draws per device, within 6 sigma)."""
   def draw(step, micro_step):
     state = {"rng": jax.random.key_data(jax.random.key(7)),
              "step": jnp.int32(step)}
