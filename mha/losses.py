@@ -122,3 +122,107 @@ def token_sums(logits: jax.Array, targets: jax.Array, label_smoothing: float,
           "nll": jnp.sum(smoothed_loss_per_token(stats, vocab, 0.0) * weights),
           "correct": jnp.sum(_correct(stats) * weights),
           "tokens": jnp.sum(weights)}
+
+
+def projected_token_sums(hidden: jax.Array, kernel: jax.Array,
+                         targets: jax.Array, label_smoothing: float,
+                         bias: jax.Array | None = None,
+                         weights: jax.Array | None = None,
+                         chunk_tokens: int = 1024) -> dict[str, jax.Array]:
+  """`token_sums` of the logits `hidden · kernelᵀ (+ bias)`, computed
+  `chunk_tokens` positions at a time, with the loss's gradient.
+
+  The `[B, T, V]` logits are never whole: each chunk's `[C, V]` logits give
+  its sums and, in the same pass, the gradient of the smoothed loss sum
+  with respect to them (softmax(z) - q, q the smoothed target
+  distribution), which the two matmuls of the backward pass turn into the
+  chunk's `hidden` gradient and its share of `kernel`'s (and `bias`'s). The
+  FLOPs are those of autodiff (no recomputation); the training step's
+  memory holds one chunk's `[C, V]` arrays instead of three `[B, T, V]` ones.
+
+  Args:
+    hidden: `[B, T, M]`, the decoder's output.
+    kernel: `[V, M]`: the logits are `hidden @ kernel.T` in `hidden`'s dtype
+      (the shared embedding's `attend`), then float32.
+    targets: int `[B, T]`, 0 = padding.
+    label_smoothing: ε_ls of the differentiated loss.
+    bias: `[V]` or None, added to the float32 logits.
+    weights: `[B, T]`; default 1 where targets != 0.
+    chunk_tokens: positions per chunk (the last chunk is padded with
+      weight 0).
+
+  Returns:
+    `token_sums`' dict. Only 'loss' is differentiable (the others are
+    metrics: gradients through them are taken as zero).
+  """
+  weights = _weights(targets, weights).astype(jnp.float32)
+  vocab, width = kernel.shape
+  flat = hidden.reshape(-1, width)
+  count = flat.shape[0]
+  chunk = min(chunk_tokens, count)
+  pad = -count % chunk
+  flat = jnp.pad(flat, ((0, pad), (0, 0)))
+  ids = jnp.pad(targets.reshape(-1), (0, pad))
+  mass = jnp.pad(weights.reshape(-1), (0, pad))
+  bias = jnp.zeros((vocab,), jnp.float32) if bias is None else bias
+  return _chunked_sums(label_smoothing, chunk)(
+      flat, kernel, bias.astype(jnp.float32), ids, mass)
+
+
+def _chunked_sums(label_smoothing: float, chunk: int):
+  """The custom-VJP function of `projected_token_sums` for one ε_ls and
+  chunk size: (hidden `[N, M]`, kernel, bias, ids `[N]`, weights `[N]`)."""
+  confidence = 1.0 - label_smoothing
+
+  def forward(hidden, kernel, bias, ids, weights):
+    vocab, width = kernel.shape
+    low = label_smoothing / (vocab - 1)
+    weight_matrix = kernel.astype(hidden.dtype)
+
+    def one_chunk(carry, xs):
+      grad_kernel, grad_bias, sums = carry
+      h, t, w = xs
+      logits = jnp.einsum("CM,VM->CV", h, weight_matrix).astype(
+          jnp.float32) + bias
+      stats = logit_stats(logits, t)
+      # dL/dz for the smoothed loss summed with weights: w·(softmax(z) - q).
+      probs = jnp.exp(logits - stats[0][:, None])
+      gold = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1) == t[:, None]
+      grad_logits = w[:, None] * (probs - jnp.where(gold, confidence, low))
+      grad_h = jnp.einsum("CV,VM->CM", grad_logits.astype(h.dtype),
+                          weight_matrix)
+      grad_kernel += jnp.einsum("CV,CM->VM", grad_logits.astype(h.dtype),
+                                h).astype(jnp.float32)
+      grad_bias += jnp.sum(grad_logits, axis=0)
+      sums = {"loss": sums["loss"] + jnp.sum(
+                  smoothed_loss_per_token(stats, vocab, label_smoothing) * w),
+              "nll": sums["nll"] + jnp.sum(
+                  smoothed_loss_per_token(stats, vocab, 0.0) * w),
+              "correct": sums["correct"] + jnp.sum(_correct(stats) * w),
+              "tokens": sums["tokens"] + jnp.sum(w)}
+      return (grad_kernel, grad_bias, sums), grad_h
+
+    zero = jnp.zeros((), jnp.float32)
+    carry = (jnp.zeros((vocab, width), jnp.float32),
+             jnp.zeros((vocab,), jnp.float32),
+             {"loss": zero, "nll": zero, "correct": zero, "tokens": zero})
+    xs = (hidden.reshape(-1, chunk, width), ids.reshape(-1, chunk),
+          weights.reshape(-1, chunk))
+    (grad_kernel, grad_bias, sums), grad_h = jax.lax.scan(one_chunk, carry, xs)
+    grads = (grad_h.reshape(hidden.shape), grad_kernel.astype(kernel.dtype),
+             grad_bias)
+    return sums, grads
+
+  @jax.custom_vjp
+  def sums_of(hidden, kernel, bias, ids, weights):
+    return forward(hidden, kernel, bias, ids, weights)[0]
+
+  def backward(grads, cotangent):
+    scale = cotangent["loss"]
+    grad_h, grad_kernel, grad_bias = grads
+    return ((scale * grad_h).astype(grad_h.dtype),
+            (scale * grad_kernel).astype(grad_kernel.dtype),
+            scale * grad_bias, None, None)
+
+  sums_of.defvjp(forward, backward)
+  return sums_of

@@ -33,6 +33,7 @@ import optax
 from mha import checkpoints
 from mha import config_check
 from mha import data
+from mha import host_memory
 from mha import losses
 from mha import metrics as metrics_lib
 from mha import optim
@@ -72,17 +73,37 @@ def init_state(config: ml_collections.ConfigDict, model: Transformer,
 
 def _loss_sums(model: Transformer, config: ml_collections.ConfigDict,
                params, batch: dict[str, jax.Array],
-               dropout_rng: jax.Array | None):
-  """Sums over this device's target tokens: (smoothed loss, metrics)."""
+               dropout_rng: jax.Array | None, chunked: bool = False):
+  """Sums over this device's target tokens: (smoothed loss, metrics).
+
+  `chunked`: the pre-softmax projection and the loss a chunk of positions
+  at a time (`losses.projected_token_sums`: the training step's memory
+  holds no `[B, T, V]` logits); else from the whole logits (evaluation).
+  """
   rngs = {"dropout": dropout_rng} if dropout_rng is not None else {}
-  logits = model.apply(
-      {"params": params}, batch["inputs"], batch["targets"],
-      batch.get("inputs_position"), batch.get("targets_position"),
-      batch.get("inputs_segmentation"), batch.get("targets_segmentation"),
-      rngs=rngs)
-  sums = losses.token_sums(logits, batch["targets"], config.label_smoothing)
+  args = (batch["inputs"], batch["targets"],
+          batch.get("inputs_position"), batch.get("targets_position"),
+          batch.get("inputs_segmentation"), batch.get("targets_segmentation"))
+  if chunked:
+    hidden, (kernel, bias) = model.apply({"params": params}, *args, rngs=rngs,
+                                         method=_hidden_and_output_weights)
+    sums = losses.projected_token_sums(hidden, kernel, batch["targets"],
+                                       config.label_smoothing, bias)
+  else:
+    logits = model.apply({"params": params}, *args, rngs=rngs)
+    sums = losses.token_sums(logits, batch["targets"], config.label_smoothing)
   sums["source_tokens"] = jnp.sum(batch["inputs"] > 0).astype(jnp.float32)
   return sums["loss"], sums
+
+
+def _hidden_and_output_weights(module: Transformer, inputs, targets,
+                               inputs_positions, targets_positions,
+                               inputs_segmentation, targets_segmentation):
+  """(decoder output `[B, T, M]`, (kernel, bias) of the pre-softmax map)."""
+  encoded = module.encode(inputs, inputs_positions, inputs_segmentation)
+  hidden = module.decode_hidden(encoded, inputs, targets, targets_positions,
+                                inputs_segmentation, targets_segmentation)
+  return hidden, module.output_weights()
 
 
 def _dropout_rng(state: State, micro_step) -> jax.Array:
@@ -101,8 +122,8 @@ def make_grad_step(model: Transformer, config: ml_collections.ConfigDict):
   """(state, batch, micro_step) -> (gradient of the loss sum, metric sums)."""
 
   def grad_step(state, batch, micro_step):
-    grad_fn = jax.grad(functools.partial(_loss_sums, model, config),
-                       has_aux=True)
+    grad_fn = jax.grad(functools.partial(_loss_sums, model, config,
+                                         chunked=True), has_aux=True)
     return grad_fn(state["params"], batch, _dropout_rng(state, micro_step))
 
   return grad_step

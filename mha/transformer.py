@@ -211,8 +211,8 @@ class DecoderLayer(nn.Module):
 
 
 class Embed(nn.Module):
-  """Token embeddings multiplied by √d_model (§3.4); `attend` is the
-  pre-softmax linear map with the same matrix."""
+  """Token embeddings multiplied by √d_model (§3.4); with shared embeddings
+  the same matrix is the pre-softmax linear map (`Transformer.output_weights`)."""
   vocab_size: int
   d_model: int
   dtype: Any = jnp.float32
@@ -227,10 +227,6 @@ class Embed(nn.Module):
     x = jnp.take(self.embedding, ids, axis=0)  # [B, L, M]
     return (x * np.sqrt(self.d_model)).astype(self.dtype)
 
-  def attend(self, x: jax.Array) -> jax.Array:
-    # [B, L, M] x [V, M] -> [B, L, V]
-    return jnp.einsum("BLM,VM->BLV", x, self.embedding.astype(self.dtype))
-
 
 def _padding_mask(q_ids: jax.Array, k_ids: jax.Array) -> jax.Array:
   """[B, 1, Q, K]: both positions are real tokens."""
@@ -240,6 +236,20 @@ def _padding_mask(q_ids: jax.Array, k_ids: jax.Array) -> jax.Array:
 def _segment_mask(q_seg: jax.Array, k_seg: jax.Array) -> jax.Array:
   """[B, 1, Q, K]: both positions belong to the same packed sentence."""
   return q_seg[:, None, :, None] == k_seg[:, None, None, :]
+
+
+class OutputProjection(nn.Module):
+  """The pre-softmax linear map when embeddings are not shared: `nn.Dense`'s
+  parameters ('kernel' `[M, V]`, 'bias' `[V]`) and initializers, created in
+  `setup` so that `Transformer.output_weights` can read them without a call."""
+  width: int
+  vocab_size: int
+
+  def setup(self):
+    self.kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                             (self.width, self.vocab_size))
+    self.bias = self.param("bias", nn.initializers.zeros_init(),
+                           (self.vocab_size,))
 
 
 class Transformer(nn.Module):
@@ -257,7 +267,7 @@ class Transformer(nn.Module):
       self.target_embed = self.source_embed
     else:
       self.target_embed = Embed(cfg.vocab_size, cfg.d_model, cfg.dtype)
-      self.output_projection = nn.Dense(cfg.vocab_size, dtype=cfg.dtype)
+      self.output_projection = OutputProjection(cfg.d_model, cfg.vocab_size)
     self.source_positions = AddPositionEncoding(
         cfg.max_len, cfg.position_encoding)
     self.target_positions = AddPositionEncoding(
@@ -290,7 +300,31 @@ class Transformer(nn.Module):
              targets_positions: jax.Array | None = None,
              inputs_segmentation: jax.Array | None = None,
              targets_segmentation: jax.Array | None = None) -> jax.Array:
-    """Logits `[B, T, vocab]` of the next token at each target position.
+    """Logits `[B, T, vocab]` of the next token at each target position:
+    `decode_hidden`'s output through the pre-softmax projection."""
+    kernel, bias = self.output_weights()
+    logits = jnp.einsum("BLM,VM->BLV",
+                        self.decode_hidden(encoded, inputs, targets,
+                                           targets_positions,
+                                           inputs_segmentation,
+                                           targets_segmentation),
+                        kernel.astype(self.config.dtype)).astype(jnp.float32)
+    return logits if bias is None else logits + bias
+
+  def output_weights(self) -> tuple[jax.Array, jax.Array | None]:
+    """(kernel `[V, M]`, bias `[V]` or None) of the pre-softmax linear map:
+    the shared embedding matrix (§3.4), else `output_projection`'s."""
+    if self.config.share_embeddings:
+      return self.target_embed.embedding, None
+    return self.output_projection.kernel.T, self.output_projection.bias
+
+  def decode_hidden(self, encoded: jax.Array, inputs: jax.Array,
+                    targets: jax.Array,
+                    targets_positions: jax.Array | None = None,
+                    inputs_segmentation: jax.Array | None = None,
+                    targets_segmentation: jax.Array | None = None
+                    ) -> jax.Array:
+    """The decoder's output `[B, T, M]` before the pre-softmax projection.
 
     In training, `targets` `[B, T]` are the gold outputs; the decoder reads
     them shifted right (start symbol 0) under a causal mask. With
@@ -325,11 +359,7 @@ class Transformer(nn.Module):
       y = layer(y, encoded, self_mask, cross_mask, sentence_starts)
     if cfg.layer_norm == "pre":
       y = self.decoder_norm(y)
-    if cfg.share_embeddings:
-      logits = self.target_embed.attend(y)
-    else:
-      logits = self.output_projection(y)
-    return logits.astype(jnp.float32)
+    return y
 
   def __call__(self, inputs: jax.Array, targets: jax.Array,
                inputs_positions: jax.Array | None = None,

@@ -144,3 +144,53 @@ def test_loss_gradient_equals_autodiff_of_log_softmax():
       float(correct), float(tokens))
   argmax_correct = (jnp.argmax(logits, -1) == targets) & (targets > 0)
   assert float(correct) == float(jnp.sum(argmax_correct))
+
+
+@pytest.mark.parametrize("eps,with_bias", [(0.1, False), (0.0, True)])
+def test_chunked_projection_loss_against_log_softmax_formula(eps, with_bias):
+  # projected_token_sums computes the logits hidden·Kᵀ (+ b) four positions
+  # at a time (21 positions: the last chunk padded) and the loss gradient in
+  # the same pass; its sums and its gradients with respect to hidden, K and
+  # b against autodiff of the KL formula on the whole logits.
+  rng = np.random.default_rng(2)
+  vocab, width = 13, 6
+  hidden = jnp.asarray(rng.normal(size=(3, 7, width)), jnp.float32)
+  kernel = jnp.asarray(rng.normal(scale=0.7, size=(vocab, width)), jnp.float32)
+  bias = (jnp.asarray(rng.normal(size=(vocab,)), jnp.float32) if with_bias
+          else None)
+  targets = jnp.asarray(rng.integers(1, vocab, size=(3, 7)))
+  targets = targets.at[2, 4:].set(0)
+  weights = (targets > 0).astype(jnp.float32)
+  q = jnp.where(jax.nn.one_hot(targets, vocab) > 0, 1 - eps,
+                eps / (vocab - 1))
+
+  def logits_of(h, k, b):
+    z = jnp.einsum("BTM,VM->BTV", h, k)
+    return z if b is None else z + b
+
+  def reference(h, k, b):
+    log_p = jax.nn.log_softmax(logits_of(h, k, b))
+    kl = jnp.sum(q * (jnp.log(jnp.maximum(q, 1e-30)) - log_p), axis=-1)
+    return jnp.sum(kl * weights)
+
+  def ours(h, k, b):
+    return losses.projected_token_sums(h, k, targets, eps, b,
+                                       chunk_tokens=4)["loss"]
+
+  sums = losses.projected_token_sums(hidden, kernel, targets, eps, bias,
+                                     chunk_tokens=4)
+  whole = losses.token_sums(logits_of(hidden, kernel, bias), targets, eps)
+  assert float(sums["loss"]) == pytest.approx(
+      float(reference(hidden, kernel, bias)), rel=1e-5)
+  for name in ("nll", "correct", "tokens"):
+    assert float(sums[name]) == pytest.approx(float(whole[name]), rel=1e-5)
+  assert float(sums["tokens"]) == 18.0
+  argnums = (0, 1, 2) if with_bias else (0, 1)
+  for got, want in zip(
+      jax.grad(ours, argnums)(hidden, kernel, bias),
+      jax.grad(reference, argnums)(hidden, kernel, bias)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # Only the loss carries a gradient; scaling it scales every gradient.
+  twice = jax.grad(lambda h: 2.0 * ours(h, kernel, bias))(hidden)
+  np.testing.assert_allclose(twice, 2.0 * jax.grad(ours)(hidden, kernel, bias),
+                             rtol=1e-6)

@@ -138,10 +138,16 @@ def test_embeddings_shared_and_scaled_by_sqrt_d_model():
                          method=lambda m, ids: m.source_embed(ids))
   np.testing.assert_allclose(embedded, table[np.asarray(SRC)] *
                              np.sqrt(config.d_model), rtol=1e-6)
-  hidden = jnp.ones((1, 1, config.d_model))
-  logits = model.apply({"params": params}, hidden,
-                       method=lambda m, y: m.target_embed.attend(y))
-  np.testing.assert_allclose(logits[0, 0], table.sum(-1), rtol=1e-5)
+  # The pre-softmax map is the same table, unscaled: logits = y · Eᵀ.
+  kernel, bias = model.apply({"params": params},
+                             method=lambda m: m.output_weights())
+  assert bias is None
+  np.testing.assert_array_equal(kernel, table)
+  hidden = model.apply({"params": params}, SRC, TGT,
+                       method=lambda m, s, t: m.decode_hidden(m.encode(s), s, t))
+  np.testing.assert_allclose(model.apply({"params": params}, SRC, TGT),
+                             np.asarray(hidden) @ table.T, rtol=1e-5,
+                             atol=1e-5)
 
 
 def test_dropout_only_in_training():
