@@ -18,8 +18,9 @@ state donated), after a warm-up call that compiles each batch shape:
 * `reference`: the google/flax examples/wmt shape (configs/multi30k.py): 3+3
   layers, d_model 256, 4 heads, d_ff 1024, one shared 8,000-piece vocabulary,
   ~7.6M parameters, on real Multi30k batches (`data.train_batches`) from
-  $MHA_MULTI30K_DIR or ../shared/data/multi30k, `max_tokens` 4,096 per side
-  as configs/multi30k.py trains: by default packed rows of 64 tokens (its
+  $MHA_MULTI30K_DIR or ../shared/data/multi30k, `max_tokens` 4,096 per side,
+  the tokens of one of configs/multi30k.py's updates (its `max_tokens` times
+  its `grad_accum_steps`) as one batch: by default packed rows of 64 tokens (its
   `pack_examples`; one batch shape, ~7,500 non-padding source + target
   tokens per step). `--batching=bucket`: the paper's length buckets instead,
   one shape per bucket; the `--num_shapes` most frequent buckets (about 85%
@@ -165,7 +166,10 @@ class ShapeResult:
 def reference_config(args) -> tuple:
   """(config, [batch dicts] of one epoch, description) of the reference."""
   config = multi30k.get_config()
-  config.update(max_tokens=args.max_tokens or config.max_tokens, seed=0)
+  # One batch per update: the step timed is the fused train step.
+  config.update(max_tokens=args.max_tokens or (config.max_tokens *
+                                               config.grad_accum_steps),
+                grad_accum_steps=1, seed=0)
   if args.data_dir:
     config.data_dir = args.data_dir
   have_data = os.path.exists(os.path.join(config.data_dir, "train.de.gz"))
@@ -538,7 +542,7 @@ def main():
                       "(default: configs/multi30k.py's pack_examples)")
   parser.add_argument("--max_tokens", type=int, default=None,
                       help="reference token budget per side (default: "
-                      "configs/multi30k.py's max_tokens)")
+                      "configs/multi30k.py's max_tokens x grad_accum_steps)")
   parser.add_argument("--num_shapes", type=int, default=2,
                       help="reference: time the N most frequent bucket shapes")
   parser.add_argument("--base_rows", type=int, default=64)

@@ -13,7 +13,12 @@ process to be started again with `GLIBC_TUNABLES` set: `reexec_with_huge_pages`
 does that, once, before anything else runs. Elsewhere than Linux, with an
 older glibc (< 2.35, which ignores the tunable) or with transparent huge
 pages disabled in the kernel it changes nothing.
+
+`release_free_heap` hands the heap's free pages back to the kernel: what
+the compilation of a step or of the evaluation's searches freed stays in
+glibc's heaps otherwise, and adds to the next train step's peak.
 """
+import ctypes
 import os
 import sys
 
@@ -52,3 +57,16 @@ def reexec_with_huge_pages() -> None:
   sys.stderr.flush()
   # sys.orig_argv: the command line as given (`-m module`, `-c code`, flags).
   os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
+
+
+def release_free_heap() -> bool:
+  """glibc's `malloc_trim(0)`: returns the free pages of every malloc heap
+  to the kernel (the resident memory drops; nothing in use moves). Returns
+  whether libc has it (False elsewhere than glibc: nothing done)."""
+  try:
+    trim = ctypes.CDLL(None).malloc_trim
+  except (OSError, AttributeError):
+    return False
+  trim.argtypes = [ctypes.c_size_t]
+  trim(0)
+  return True

@@ -802,15 +802,23 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
 
   Preemption: a SIGTERM on any process sets the stop flag of the next
   update; once fetched, the run saves that step and returns.
+
+  After the first update and after each evaluation (the compilations) the
+  heaps' free pages go back to the kernel (`host_memory.release_free_heap`),
+  so that they do not add to every later step's peak resident memory.
   """
   num_devices = jax.local_device_count()
   pending = None  # (step, device metrics) of the update in flight
+  compiled = False
   with _StopSignal() as sigterm, contextlib.closing(profiler):
     while step < config.num_train_steps:
       micro = [next(batches) for _ in range(config.grad_accum_steps)]
       stop = np.full((num_devices,), int(sigterm.received), np.int32)
       profiler.before_update(step + 1)
       state, device_metrics = update(state, micro, stop)
+      if not compiled:
+        host_memory.release_free_heap()
+        compiled = True
       if pending is not None:
         window.add(*pending)  # overlaps with the update just dispatched
       step += 1
@@ -827,6 +835,7 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
         begin = time.perf_counter()
         metrics = evaluate(state)
         metrics["eval_seconds"] = time.perf_counter() - begin
+        host_memory.release_free_heap()
         window.write(step, metrics)
       if window.stop:
         logging.warning("Preempted: saved step %d; exiting.", step)

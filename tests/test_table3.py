@@ -63,6 +63,7 @@ def test_base_row_is_multi30k_with_the_fixed_budget():
   changed = diff(as_dict(multi30k.get_config()), as_dict(table3.get_config()))
   assert changed == dict(
       pack_examples=False,  # length buckets, as the table was measured
+      max_tokens=4096, grad_accum_steps=1,  # one micro-batch, as measured
       num_train_steps=200, warmup_steps=100, learning_rate_scale=0.35,
       checkpoint_every_steps=200, keep_checkpoints=1, eval_every_steps=200,
       eval_bleu_sentences=0)  # log_every_steps is multi30k's 50 already

@@ -81,13 +81,20 @@ def trained_workdir(tmp_path_factory):
   config = tiny_config(num_train_steps=12, checkpoint_every_steps=4,
                        eval_every_steps=6, log_every_steps=2,
                        eval_bleu_sentences=8, profile_steps=(5, 2))
+  release = trainer.host_memory.release_free_heap
+
+  def recording_release():
+    RELEASED.append(release())
+
   with pytest.MonkeyPatch.context() as patch:
     _hold_write_until_logged(patch, save_step=4, logged_step=6)
+    patch.setattr(trainer.host_memory, "release_free_heap", recording_release)
     result = trainer.train_and_evaluate(config, str(workdir))
   return workdir, result
 
 
 OVERLAPPED = []
+RELEASED = []  # release_free_heap's results during the trained_workdir run
 
 
 def _hold_write_until_logged(patch, save_step: int, logged_step: int):
@@ -178,6 +185,13 @@ def test_hparams_and_profile_are_written_into_the_workdir(trained_workdir):
   traces = list(pathlib.Path(workdir_lib.Workdir(workdir).profile_path)
                 .glob("*/*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+def test_free_heap_is_released_after_each_compilation(trained_workdir):
+  # After the first update and after each of the two evaluations (steps 6
+  # and 12), glibc's malloc_trim: True where libc has it (Linux).
+  del trained_workdir
+  assert RELEASED == [sys.platform.startswith("linux")] * 3
 
 
 def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
