@@ -85,6 +85,7 @@ def trained_workdir(tmp_path_factory):
 
   def recording_release():
     RELEASED.append(release())
+    LIVE_BYTES.append(_live_device_bytes())
 
   with pytest.MonkeyPatch.context() as patch:
     _hold_write_until_logged(patch, save_step=4, logged_step=6)
@@ -93,8 +94,20 @@ def trained_workdir(tmp_path_factory):
   return workdir, result
 
 
+def _live_device_bytes() -> int:
+  """The bytes of the device buffers behind all live jax arrays, each
+  buffer once (a replicated array's shards are arrays of its buffers)."""
+  buffers = {}
+  for x in jax.live_arrays():
+    for shard in x.addressable_shards:
+      buffers[(shard.device.id, shard.data.unsafe_buffer_pointer())] = (
+          shard.data.nbytes)
+  return sum(buffers.values())
+
+
 OVERLAPPED = []
 RELEASED = []  # release_free_heap's results during the trained_workdir run
+LIVE_BYTES = []  # the bytes of all live jax arrays at each of those calls
 
 
 def _hold_write_until_logged(patch, save_step: int, logged_step: int):
@@ -192,6 +205,17 @@ def test_free_heap_is_released_after_each_compilation(trained_workdir):
   # and 12), glibc's malloc_trim: True where libc has it (Linux).
   del trained_workdir
   assert RELEASED == [sys.platform.startswith("linux")] * 3
+
+
+def test_training_keeps_one_copy_of_the_state(trained_workdir):
+  # During the run the live arrays are the replicated state (a copy per
+  # device) and a few scalars: the set-up's step-0 state is not kept too.
+  workdir, _ = trained_workdir
+  state_bytes = sum(np.asarray(x).nbytes for x in
+                    jax.tree_util.tree_leaves(_state(workdir, 12)))
+  replicated = jax.local_device_count() * state_bytes
+  assert LIVE_BYTES and all(replicated <= live < replicated + state_bytes // 2
+                            for live in LIVE_BYTES), (LIVE_BYTES, state_bytes)
 
 
 def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
