@@ -54,7 +54,7 @@ def test_quickstart_command_reaches_the_readmes_bleu(tmp_path):
   # eval.py prints what the README shows, line for line, with this run's
   # timings: the header, the folder written, BLEU and chrF with the same
   # signature, and scores within 2 points of the README's (float rounding
-  # differs between CPUs: the README gives 96.89 and 96.12 on two).
+  # differs between CPUs: the README gives 96.97 and 96.12 on two).
   sample = readme_quickstart_output()
   header = re.escape(sample[0].split(" sentences in ")[0])
   assert re.search(header + r" sentences in [0-9.]+ s \([0-9.]+ "

@@ -146,7 +146,8 @@ def test_grad_step_equals_autodiff_through_the_whole_logits(share_embeddings):
   # and the loss one chunk at a time, with a hand-written gradient) against
   # jax.grad of the same loss from the model's whole [B, T, V] logits, with
   # and without a shared embedding (the separate projection has a bias).
-  config = _config(share_embeddings=share_embeddings, label_smoothing=0.1)
+  config = _config(share_embeddings=share_embeddings, label_smoothing=0.1,
+                   num_layers=1)
   model = mha.create_model(config)
   params = trainer.init_state(config, model, optax.sgd(1.0))["params"]
   if not share_embeddings:  # a bias of zeros would hide a missing gradient
