@@ -34,8 +34,8 @@ from ml_collections import config_flags  # noqa: E402
 
 from mha import library_logs  # noqa: E402
 
-# TensorFlow's start-up lines are hidden unless --verbose_libraries: it is
-# imported here, before the imports below load it.
+# TensorFlow's start-up lines are hidden unless --verbose_libraries, if a
+# dataset imports it (a TFDS dataset by name; mha/library_logs.py).
 library_logs.quiet_native(sys.argv)
 
 from mha import compilation_cache  # noqa: E402

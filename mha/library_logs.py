@@ -7,12 +7,15 @@ checkpoint. The entry points hide these and keep the project's own lines,
 warnings and errors of every library; `--verbose_libraries` shows them:
 
     from mha import library_logs
-    library_logs.quiet_native(sys.argv)   # imports TensorFlow quietly
+    library_logs.quiet_native(sys.argv)   # TensorFlow, once imported: quiet
     library_logs.define_flag()
     ...
     library_logs.configure(FLAGS.verbose_libraries)   # in main()
 
-Calling the library (`trainer.train_and_evaluate`) directly changes nothing.
+TensorFlow is imported only where it is used, through `import_tensorflow`
+(the data of a TFDS dataset by name; a local parallel_text folder or the
+synthetic pair never import it). Calling the library
+(`trainer.train_and_evaluate`) directly changes nothing.
 """
 import importlib.util
 import logging
@@ -64,21 +67,35 @@ def _import_tensorflow() -> None:
   import tensorflow  # pylint: disable=import-outside-toplevel,unused-import  # noqa: F401
 
 
-def quiet_native(argv: Sequence[str]) -> int:
-  """Imports TensorFlow with its native INFO start-up lines hidden, unless
-  `argv` holds --verbose_libraries.
+# Whether `import_tensorflow` hides TensorFlow's start-up lines: asked by the
+# entry points (`quiet_native`), not by library use.
+_hide_native = False
 
-  Its other native output (warnings, errors) is printed once the import is
-  done. TF_CPP_MIN_LOG_LEVEL=1 is also set (unless set already) for
-  TensorFlow's later native INFO lines. Call it before anything imports
-  TensorFlow: once imported, it prints nothing more when it loads.
+
+def quiet_native(argv: Sequence[str]) -> None:
+  """Asks `import_tensorflow` to hide TensorFlow's native INFO start-up lines,
+  unless `argv` holds --verbose_libraries; TF_CPP_MIN_LOG_LEVEL=1 is set too
+  (unless set already) for TensorFlow's later native INFO lines. Imports
+  nothing."""
+  global _hide_native
+  _hide_native = not _asks_verbose(argv)
+  if _hide_native:
+    os.environ.setdefault(NATIVE_LEVEL_ENV, "1")
+
+
+def import_tensorflow() -> int:
+  """Imports TensorFlow: code about to use it (directly or through
+  tensorflow_datasets) calls this first. Its native INFO start-up lines are
+  hidden if `quiet_native` asked; its other native output (warnings, errors)
+  is printed once the import is done. Once imported, TensorFlow prints
+  nothing more when it loads.
 
   Returns:
     The number of lines hidden.
   """
-  if _asks_verbose(argv) or "tensorflow" in sys.modules:
+  if not _hide_native or "tensorflow" in sys.modules:
+    _import_tensorflow()
     return 0
-  os.environ.setdefault(NATIVE_LEVEL_ENV, "1")
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile(mode="w+b") as captured:

@@ -1,6 +1,9 @@
 """Dataset sources: local parallel text (TFDS builder), TFDS by name, errors."""
 import gzip
 import os
+import pathlib
+import subprocess
+import sys
 
 from etils import epath
 import pytest
@@ -9,6 +12,8 @@ import tensorflow_datasets as tfds
 from configs import base
 from mha import data
 from mha.data import parallel_text
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -212,3 +217,27 @@ def test_tfds_by_name_prepared_offline_and_unknown_split(tmp_path):
                      match="no split 'validation'.*splits: (train, dev|dev, "
                      "train)"):
     data.load_text_pairs(config, "validation")
+
+
+def test_parallel_text_is_read_without_tensorflow(tmp_path):
+  # A fresh interpreter (this one has TensorFlow from other tests) prepares
+  # and reads a folder: ArrayRecord files, no TensorFlow imported.
+  folder = tmp_path / "corpus"
+  _write(folder, "train.de", ["eins", "zwei", "drei"])
+  _write(folder, "train.en", ["one", "two", "three"])
+  script = (
+      "import sys; from configs import base; from mha import data; "
+      "config = base.get_config('tiny'); "
+      "config.update(dict(dataset_name='parallel_text', source_lang='en', "
+      f"target_lang='de', data_dir={str(folder)!r})); "
+      "print(data.load_text_pairs(config, 'train[1:]')); "
+      "print('tensorflow' in sys.modules)")
+  env = dict(os.environ, MHA_TFDS_DIR=str(tmp_path / "tfds"))
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120,
+                          check=True)
+  # TFDS prints its own progress lines first.
+  assert result.stdout.splitlines()[-2:] == [
+      "(['two', 'three'], ['zwei', 'drei'])", "False"], result.stderr
+  stored = [p.name for p in (tmp_path / "tfds").rglob("*-train.*")]
+  assert stored and all(".array_record-" in name for name in stored), stored

@@ -1,5 +1,6 @@
 """The libraries' log lines: hidden by default, shown with --verbose_libraries."""
 import logging
+import os
 import subprocess
 import sys
 import pathlib
@@ -52,10 +53,12 @@ def test_orbax_info_lines_are_hidden_by_default_and_shown_verbose(
 
 
 def test_tensorflow_start_up_lines_are_hidden(tmp_path):
-  # One process imports TensorFlow through quiet_native (as train.py does)
-  # and reports how many lines it hid; none reach its stderr.
+  # One process asks for quiet start-up lines (as train.py does), imports
+  # TensorFlow as a dataset by name does and reports how many lines it hid;
+  # none reach its stderr.
   script = ("import sys; from mha import library_logs; "
-            "hidden = library_logs.quiet_native(sys.argv); "
+            "library_logs.quiet_native(sys.argv); "
+            "hidden = library_logs.import_tensorflow(); "
             "import tensorflow; print(hidden)")
   result = subprocess.run([sys.executable, "-c", script], cwd=REPO,
                           capture_output=True, text=True, timeout=120,
@@ -68,15 +71,32 @@ def test_tensorflow_start_up_lines_are_hidden(tmp_path):
   assert "oneDNN" not in result.stderr
 
 
-def test_verbose_flag_in_argv_leaves_tensorflow_alone(monkeypatch):
+def test_verbose_flag_in_argv_leaves_tensorflow_alone(monkeypatch, capfd):
   monkeypatch.delenv(library_logs.NATIVE_LEVEL_ENV, raising=False)
   monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
-  imported = []
-  monkeypatch.setattr(library_logs, "_import_tensorflow",
-                      lambda: imported.append(True))
-  assert library_logs.quiet_native(["train.py", "--verbose_libraries"]) == 0
-  assert imported == []
+  monkeypatch.setattr(library_logs, "_hide_native", False)
+
+  def import_loudly():
+    os.write(2, b"I1124 10:00:00.000000 1 port.cc:153] oneDNN ...\n")
+  monkeypatch.setattr(library_logs, "_import_tensorflow", import_loudly)
+  library_logs.quiet_native(["train.py", "--verbose_libraries"])
   assert library_logs.NATIVE_LEVEL_ENV not in library_logs.os.environ
+  assert library_logs.import_tensorflow() == 0
+  assert "oneDNN" in capfd.readouterr().err
+  # Without the flag, the same line is hidden and counted.
+  library_logs.quiet_native(["train.py"])
+  assert library_logs.import_tensorflow() == 1
+  assert "oneDNN" not in capfd.readouterr().err
+
+
+def test_quiet_native_imports_nothing():
+  script = ("import sys; from mha import library_logs; "
+            "library_logs.quiet_native(sys.argv); "
+            "print('tensorflow' in sys.modules)")
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          check=True)
+  assert result.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("flag, hidden", [((), True),

@@ -6,7 +6,10 @@ The folder holds one sentence per line in `{split}.{lang}` or
 `test_2016_flickr.fr.gz`, ...). The split name is the file prefix.
 
 The folder is prepared once per language pair by a real
-`tfds.core.GeneratorBasedBuilder` and cached under a TFDS data dir: the
+`tfds.core.GeneratorBasedBuilder`, stored as ArrayRecord files (read back
+through TFDS's random-access data source, which needs no TensorFlow: a
+training run on local text never imports it), and cached under a TFDS data
+dir: the
 environment variable `MHA_TFDS_DIR`, else `TFDS_DATA_DIR`, else
 `~/tensorflow_datasets` (never under the data folder, which may be
 read-only). The cache is keyed by the folder's absolute path and the names,
@@ -183,11 +186,15 @@ class ParallelTextConfig(tfds.core.BuilderConfig):
 class ParallelText(tfds.core.GeneratorBasedBuilder):
   """Sentence-aligned text files of a local folder, as a TFDS dataset."""
 
-  VERSION = tfds.core.Version("1.0.1")
+  VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {
       "1.0.0": "Initial release.",
       "1.0.1": "A UTF-8 byte order mark at the start of a file is dropped.",
+      "1.1.0": "Stored as ArrayRecord (was TFRecord), read without "
+               "TensorFlow.",
   }
+  # The format of the prepared files (FILE_FORMAT: `download_and_prepare`).
+  FILE_FORMAT = "array_record"
   BUILDER_CONFIGS = []  # Made per folder by `make_builder`.
   # No checksums or metadata files beside the code. (TFDS 4.9.10 would
   # otherwise need the `importlib_resources` package to locate them.)
@@ -253,7 +260,7 @@ def make_builder(folder: str, languages: tuple[str, str]) -> ParallelText:
     if not builder.is_prepared():
       for split, files in splits:
         check_split(split, dict(files))
-      builder.download_and_prepare()
+      builder.download_and_prepare(file_format=ParallelText.FILE_FORMAT)
     return builder
 
   return multihost.process_zero_first(f"prepare {folder}", prepare)

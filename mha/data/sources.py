@@ -5,10 +5,13 @@
 * `'synthetic'`: the made-up language pair of `mha.data.synthetic` (languages
   `src` and `tgt`; `config.synthetic_seed`, default 0, picks the language);
 * `'parallel_text'`: the folder `config.data_dir` of `{split}.{lang}[.gz]`
-  files, through the TFDS builder of `mha.data.parallel_text`;
+  files, through the TFDS builder of `mha.data.parallel_text`, read through
+  TFDS's random-access data source (no TensorFlow);
 * anything else: a TFDS translation dataset by name, e.g.
   `'wmt14_translate/de-en'`, read from the TFDS data dir `config.data_dir`
-  (None: the TFDS default), downloaded and prepared first if needed.
+  (None: the TFDS default), downloaded and prepared first if needed, and
+  read with `tf.data` (TensorFlow is imported then, through
+  `library_logs.import_tensorflow`).
 
 `config.source_lang` and `config.target_lang` choose the direction. Splits
 of TFDS datasets (and of parallel_text folders) accept TFDS slicing, e.g.
@@ -22,6 +25,7 @@ from typing import Callable, Iterator
 from absl import logging
 import ml_collections
 
+from mha import library_logs
 from mha.data import multihost
 from mha.data import synthetic
 from mha.data.errors import DataError
@@ -103,13 +107,29 @@ def _synthetic_split(config: ml_collections.ConfigDict, split: str
 
 def _tfds_reader(builder, split: str, source_lang: str, target_lang: str
                  ) -> Callable[[int], Iterator[Chunk]]:
-  """Reads a Translation-featured TFDS split in its stored order."""
+  """Reads a Translation-featured TFDS split in its stored order (tf.data)."""
 
   def read(chunk_size: int) -> Iterator[Chunk]:
     ds = builder.as_dataset(split=split, shuffle_files=False)
     for batch in ds.batch(chunk_size).as_numpy_iterator():
       yield ([s.decode("utf-8") for s in batch[source_lang]],
              [s.decode("utf-8") for s in batch[target_lang]])
+
+  return read
+
+
+def _data_source_reader(builder, split: str, source_lang: str,
+                        target_lang: str) -> Callable[[int], Iterator[Chunk]]:
+  """Reads a Translation-featured TFDS split stored as ArrayRecord, in its
+  stored order, through the random-access data source (no TensorFlow)."""
+
+  def read(chunk_size: int) -> Iterator[Chunk]:
+    source = builder.as_data_source(split=split)
+    for start in range(0, len(source), chunk_size):
+      examples = source.__getitems__(
+          range(start, min(start + chunk_size, len(source))))
+      yield ([e[source_lang].decode("utf-8") for e in examples],
+             [e[target_lang].decode("utf-8") for e in examples])
 
   return read
 
@@ -128,10 +148,14 @@ def _parallel_text_split(config: ml_collections.ConfigDict, split: str
   return TextSplit(
       key=f"parallel_text/{builder.builder_config.name}/{direction}/{split}",
       description=f"{config.data_dir} {direction} {split}",
-      read=_tfds_reader(builder, split, *languages))
+      read=_data_source_reader(builder, split, config.source_lang,
+                               config.target_lang))
 
 
 def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
+  # Preparing and reading (tf.data) a dataset by name may import TensorFlow:
+  # imported first, with its start-up lines hidden when asked.
+  library_logs.import_tensorflow()
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = config.dataset_name
   try:
