@@ -20,7 +20,6 @@ import time
 from typing import Any, Callable, Iterator
 
 from absl import logging
-from clu import metric_writers
 import flax
 import jax
 import jax.numpy as jnp
@@ -33,6 +32,7 @@ import optax
 from mha import checkpoints
 from mha import config_check
 from mha import data
+from mha import event_files
 from mha import host_memory
 from mha import losses
 from mha import metrics as metrics_lib
@@ -734,7 +734,7 @@ def write_hparams(config: ml_collections.ConfigDict, workdir: str) -> None:
     return
   hparams = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
              for k, v in _flat(config.to_dict()).items()}
-  writer = metric_writers.SummaryWriter(workdir)
+  writer = event_files.EventFileWriter(workdir)
   try:
     writer.write_hparams(hparams)
   finally:

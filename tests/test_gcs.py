@@ -8,9 +8,8 @@ a free localhost port with an in-memory store. Every library is pointed at it as
   metadata (etils.epath through gcsfs, with EPATH_USE_TF off) by
   $STORAGE_EMULATOR_HOST; Orbax's arrays (tensorstore) by
   $TENSORSTORE_GCS_HTTP_URL;
-- TensorFlow's own GCS file system has no endpoint setting, so TensorBoard
-  event files (clu's writer) cannot reach an emulator: the training test
-  writes its metrics to the log and metrics.jsonl only.
+- TensorBoard event files go through the file layer too
+  (mha/event_files.py).
 """
 import json
 import os
@@ -97,23 +96,7 @@ def test_lock_on_a_bucket_refuses_a_second_writer(gcs_dir):
   assert not files.exists(f"{gcs_dir}/lock")
 
 
-@pytest.fixture
-def no_tensorboard(monkeypatch):
-  """clu's writers log instead of writing event files: TensorFlow's GCS
-  file system cannot be pointed at the emulator (see the module doc)."""
-  writers = metrics_lib.metric_writers
-  create = writers.create_default_writer
-  monkeypatch.setattr(
-      writers, "create_default_writer",
-      lambda logdir, **kwargs: create(logdir, **{**kwargs,
-                                                 "just_logging": True}))
-  monkeypatch.setattr(writers, "SummaryWriter",
-                      lambda logdir, **kwargs: writers.LoggingWriter())
-
-
-def test_metrics_jsonl_appends_and_drops_a_torn_line(gcs_dir,
-                                                     no_tensorboard):
-  del no_tensorboard
+def test_metrics_jsonl_appends_and_drops_a_torn_line(gcs_dir):
   writer = metrics_lib.MetricsWriter(gcs_dir)
   assert writer.path == f"{gcs_dir}/metrics.jsonl"
   for step in (1, 2, 3):
@@ -160,11 +143,11 @@ def test_workdir_set_up_on_a_bucket(gcs_dir):
 
 
 @pytest.fixture
-def orbax_on_emulator(emulator, monkeypatch, no_tensorboard):
+def orbax_on_emulator(emulator, monkeypatch):
   """Orbax reaches the emulator: its metadata through etils.epath's fsspec
   backend (gcsfs) instead of TensorFlow's, its arrays through tensorstore
   ($TENSORSTORE_GCS_HTTP_URL, set by `emulator`)."""
-  del emulator, no_tensorboard
+  del emulator
   gcsfs = pytest.importorskip(
       "gcsfs", reason="gcsfs is not installed (pip install -r "
       "requirements.txt): Orbax cannot reach the emulator")
@@ -216,6 +199,9 @@ def test_train_kill_resume_on_a_bucket(orbax_on_emulator, gcs_dir,
   assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 4
   assert -1.0 not in [r.get("loss") for r in metrics_lib.read_metrics(
       gcs_dir)]
+  # TensorBoard's files: the hparams and the metrics of each of the two runs.
+  assert len([n for n in files.listdir(gcs_dir)
+              if n.startswith("events.out.tfevents.")]) == 4
   # What evaluation reads: the step-4 parameters, from the bucket.
   params, step = checkpoints.restore_params(gcs_dir, 4)
   expected, _ = checkpoints.restore_params(str(tiny_workdir), 4)
