@@ -60,7 +60,9 @@ each shape; the best of all is used, since other processes only slow it
 down). "MFU best step" uses the fastest timed step instead of the median.
 
 `--breakdown` also times the step's parts for the most frequent shape: the
-forward pass with the loss, forward + backward (`make_grad_step`), and the
+forward pass with the loss as the train step computes it (in chunks, whose
+forward pass also computes the loss's gradient with respect to the logits),
+forward + backward (`make_grad_step`), and the
 optimizer update (`make_apply_step`), each pmapped alone. `--profile` traces
 two steps with `jax.profiler` and sums XLA's op times by category (attention
 projections, feed-forward, vocabulary projection, loss, layer norm, dropout,
@@ -268,7 +270,8 @@ def breakdown(model, tx, config, state, batch, args):
   def forward(state, batch):
     loss, _ = trainer._loss_sums(  # pylint: disable=protected-access
         model, config, state["params"], batch,
-        trainer._dropout_rng(state, 0))  # pylint: disable=protected-access
+        trainer._dropout_rng(state, 0),  # pylint: disable=protected-access
+        chunked=True)  # as the train step computes it
     return loss
 
   p_forward = jax.pmap(forward, axis_name=trainer.AXIS)
@@ -288,7 +291,7 @@ def breakdown(model, tx, config, state, batch, args):
 # Categories of the profile: the first rule whose words occur in an op's
 # `op_name` metadata (its jax source: module path and primitive) wins.
 _CATEGORIES = (
-    ("vocabulary projection (logits)", ("attend",)),
+    ("vocabulary projection and loss (chunked)", ("projected_token_sums",)),
     ("loss: log_softmax, smoothing", ("log_softmax", "losses")),
     ("optimizer (Adam, psum)", ("adam", "apply_updates", "psum", "global_norm",
                                 "scale_by", "noam")),

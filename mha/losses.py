@@ -165,8 +165,10 @@ def projected_token_sums(hidden: jax.Array, kernel: jax.Array,
   ids = jnp.pad(targets.reshape(-1), (0, pad))
   mass = jnp.pad(weights.reshape(-1), (0, pad))
   bias = jnp.zeros((vocab,), jnp.float32) if bias is None else bias
-  return _chunked_sums(label_smoothing, chunk)(
-      flat, kernel, bias.astype(jnp.float32), ids, mass)
+  # The name in the compiled ops' metadata (profiles; bench/train_step.py).
+  with jax.named_scope("projected_token_sums"):
+    return _chunked_sums(label_smoothing, chunk)(
+        flat, kernel, bias.astype(jnp.float32), ids, mass)
 
 
 def _chunked_sums(label_smoothing: float, chunk: int):
