@@ -18,6 +18,7 @@ upload (as TensorFlow's writer flushes every two minutes), at `flush` and at
 Importing TensorFlow (as TensorBoard's and clu's writers do when it is
 installed) would cost the training process about 0.45 GB of resident memory.
 """
+import itertools
 import os
 import socket
 import struct
@@ -38,6 +39,9 @@ from mha.data import files
 FILE_VERSION = "brain.Event:2"
 UPLOAD_SECONDS = 120.0
 _CRC_MASK_DELTA = 0xA282EAD8
+# The files of one process, numbered as TensorFlow numbers them: an id() of
+# the writer would repeat once a closed writer is freed.
+_FILE_NUMBERS = itertools.count()
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -76,10 +80,10 @@ class EventFileWriter:
     logdir = os.fspath(logdir)
     files.makedirs(logdir)
     self._gcs = files.is_gcs(logdir)
-    # TensorFlow's name: time, host, process and a suffix that keeps two
+    # TensorFlow's name: time, host, process and a number that keeps two
     # writers of one process apart.
     name = (f"events.out.tfevents.{int(time.time()):010d}."
-            f"{socket.gethostname()}.{os.getpid()}.{id(self):x}.v2")
+            f"{socket.gethostname()}.{os.getpid()}.{next(_FILE_NUMBERS)}.v2")
     self.path = f"{logdir.rstrip('/')}/{name}"
     self._pending = bytearray()  # gs://: the whole file
     self._closed = False

@@ -56,6 +56,22 @@ def test_scalars_and_hparams_as_tensorflow_and_tensorboard_read_them(
   assert accumulator.PluginTagToContent("hparams")
 
 
+def test_writers_one_after_another_write_files_of_their_own(tmp_path,
+                                                            monkeypatch):
+  # In one second, each writer closed and freed before the next starts (as
+  # a run resumed in the same process): one file each, none appended to
+  # (on gs://: none replaced).
+  monkeypatch.setattr(event_files.time, "time", lambda: 1795563533.0)
+  for step in (1, 2, 3):
+    writer = event_files.EventFileWriter(str(tmp_path))
+    writer.write_scalars(step, {"loss": 1.0})
+    writer.close()
+    del writer
+  assert sorted([e.step for e in _events(path)[1:]]
+                for path in tmp_path.glob("events.out.tfevents.*")) == [
+                    [1], [2], [3]]
+
+
 @pytest.mark.parametrize("offset", [3, 9, 14, -2])
 def test_a_damaged_byte_fails_tensorflows_checksums(tmp_path, offset):
   # In the length, its checksum, the event, the event's checksum.
