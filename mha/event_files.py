@@ -118,6 +118,9 @@ class EventFileWriter:
                                     dict(hparams))))
 
   def flush(self) -> None:
+    """Writes out what was written (nothing once closed)."""
+    if self._closed:
+      return
     if self._gcs:
       files.write_bytes_atomic(self.path, bytes(self._pending))
       self._uploaded = time.monotonic()

@@ -33,6 +33,7 @@ def test_scalars_and_hparams_as_tensorflow_and_tensorboard_read_them(
                         "share": True})
   writer.close()
   writer.close()  # again: nothing
+  writer.flush()  # after close: nothing
   (path,) = tmp_path.glob("events.out.tfevents.*")
   assert path == pathlib.Path(writer.path)
   events = _events(path)
