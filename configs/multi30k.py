@@ -7,12 +7,12 @@ Reads `{train,val,test_2016_flickr}.{de,en}.gz` through the project's
 `parallel_text` TFDS builder from $MHA_MULTI30K_DIR, else
 `../shared/data/multi30k` beside the repository (or --config.data_dir=...).
 
-Default: a model sized for a 2-core CPU and a ~20-minute run, the shape of
+Default: a model sized for a 2-core CPU and a run of minutes, the shape of
 the flax examples/wmt reference (3+3 layers, d_model 256, 4 heads, d_ff 1024,
 one shared 8,000-piece vocabulary). Batches are rows of 64 tokens packed
 with several sentence pairs each (attention masked per pair, positions
-restarting at each pair), 64 rows per update: 4,096 tokens per side, of which
-about 91% are not padding, one batch shape (120 steps per epoch). Each
+restarting at each pair), 64 rows per update: 4,096 tokens per side, few
+of them padding, one batch shape (120 steps per epoch). Each
 update sums the gradients of two micro-batches of 32 rows
 (`max_tokens=2048, grad_accum_steps=2`): the same batch as one of 64 rows,
 in half the step's temporary memory and no more time (bench/README.md).
@@ -23,8 +23,8 @@ peak learning rate of 2.2e-3; nothing else departs from §5.
 
 Why packing and not the paper's length buckets (still there:
 `--config.pack_examples=False`, 145 steps per epoch): a bucketed batch of
-this data is about 23% padding, which costs as much as real tokens; packed,
-an epoch takes about 15% less time, and the one batch shape compiles once.
+this data holds more padding, which costs as much as real tokens; packed,
+an epoch takes less time, and the one batch shape compiles once.
 
 Arguments (configs/base.py's `apply_args`): `long` (the same recipe for
 2,000 steps, 16.7 epochs: the second Multi30k run of the README's Results), `gpu`

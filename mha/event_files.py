@@ -15,8 +15,9 @@ and uploads them whole at a write at least `UPLOAD_SECONDS` after the last
 upload (as TensorFlow's writer flushes every two minutes), at `flush` and at
 `close` (a few hundred bytes per logged step).
 
-Importing TensorFlow (as TensorBoard's and clu's writers do when it is
-installed) would cost the training process about 0.45 GB of resident memory.
+TensorBoard's and clu's writers import TensorFlow when it is installed,
+which would add TensorFlow's whole resident memory to the training process
+(bench/README.md).
 """
 import itertools
 import os

@@ -12,7 +12,7 @@ line added (object stores do not append; the upload is conditioned on the
 object being unchanged since it was read), which costs one download and one
 upload per logged step. TensorBoard event files are written by
 `mha/event_files.py` through the same file layer, without TensorFlow (clu's
-writers import it: about 0.45 GB of the process's resident memory).
+writers import it, and with it TensorFlow's resident memory).
 """
 import io
 import json
@@ -103,7 +103,7 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 class Progress:
-  """A console line with steps/s and the ETA, every `every` steps."""
+  """A console line with the steps/s since the last report and the ETA."""
 
   def __init__(self, first_step: int, num_steps: int):
     self._num_steps = num_steps
