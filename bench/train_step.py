@@ -34,24 +34,8 @@ state donated), after a warm-up call that compiles each batch shape:
   rows x 32 tokens per side (2,048 tokens each side, no padding). Target: >=
   50% model-FLOP utilisation (MFU).
 
-Model FLOPs per step are counted analytically from the padded shapes (every
-matrix product, 2 FLOPs per multiply-add; the backward pass costs twice the
-forward, hence the factor 3). For B rows, source length S, target length T,
-N_s = B·S and N_t = B·T padded tokens, d = d_model, f = d_ff, h heads of
-key size d_k and value size d_v, L_e / L_d layers and vocabulary V:
-
-    forward = 2·N_s·L_e·(2·d·h·d_k + 2·d·h·d_v + 2·d·f)   encoder Q K V O, FFN
-            + 2·N_t·L_d·(4·d·h·d_k + 2·d·h·d_v + 2·d·f)   decoder self Q K V
-                                                          O, cross Q O, FFN
-            + 2·N_s·L_d·(d·h·d_k + d·h·d_v)               cross K, V
-            + 2·N_t·d·V                                   output logits
-            + 2·B·h·(d_k + d_v)·(L_e·S² + L_d·(T² + T·S)) QKᵀ and AV
-    FLOPs/step = 3 · forward
-
-i.e. 6·(non-embedding parameters)·tokens plus the vocabulary projection and
-the attention products, each ×3. The embedding lookup is a gather (0 FLOPs);
-softmax, layer norm, the loss and Adam are not counted (as in MFU
-conventions). The figure is cross-checked against XLA's own count
+Model FLOPs per step are counted analytically from the padded shapes
+(`mha/flops.py: training_flops`). The figure is cross-checked against XLA's own count
 (`lower(...).cost_analysis()['flops']` of the pmapped step, which also counts
 element-wise work). Achieved FLOP/s = model FLOPs / median step time; MFU =
 achieved / the measured float32 peak of this process (a jitted 2048 x 2048
@@ -93,6 +77,7 @@ from configs import base as base_configs  # pylint: disable=g-import-not-at-top,
 from configs import multi30k  # pylint: disable=g-import-not-at-top,wrong-import-position
 import mha  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import data  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -103,25 +88,6 @@ REFERENCE_TOKENS_PER_SEC = 1700   # flax examples/wmt, this machine
 REFERENCE_SECONDS_PER_STEP = 3.9  # flax examples/wmt, this machine
 TARGET_TOKENS_PER_SEC = 2300      # reference shape, non-padding
 TARGET_MFU = 0.5                  # base shape
-
-
-def model_flops(cfg: TransformerConfig, rows: int, source_len: int,
-                target_len: int) -> float:
-  """Matmul FLOPs of one training step (forward + backward), module docstring.
-  """
-  d, f, h, v = cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.vocab_size
-  d_k = cfg.d_k or d // h
-  d_v = cfg.d_v or d // h
-  n_s, n_t = rows * source_len, rows * target_len
-  le, ld = cfg.num_encoder_layers, cfg.num_decoder_layers
-  forward = (2 * n_s * le * (2 * d * h * d_k + 2 * d * h * d_v + 2 * d * f)
-             + 2 * n_t * ld * (4 * d * h * d_k + 2 * d * h * d_v + 2 * d * f)
-             + 2 * n_s * ld * (d * h * d_k + d * h * d_v)
-             + 2 * n_t * d * v
-             + 2 * rows * h * (d_k + d_v) * (
-                 le * source_len ** 2
-                 + ld * (target_len ** 2 + target_len * source_len)))
-  return 3.0 * forward
 
 
 def _met(ok: bool) -> str:
@@ -254,7 +220,7 @@ def measure_shape(update, state, batches, model_cfg, frequency, args):
       shape=(rows, s, t), frequency=frequency,
       seconds=statistics.median(times), times=times, first_call=first,
       nonpad=float(np.mean(tokens)), padded=rows * (s + t),
-      flops=model_flops(model_cfg, rows, s, t),
+      flops=flops.training_flops(model_cfg, rows, s, t),
       xla_flops=float(xla.get("flops", float("nan"))) * num_devices)
   return state, result
 
@@ -500,7 +466,7 @@ def compare_shape(name, config, epoch, packages, peak, args):
         if i >= args.warmup:
           times[label].append(time.perf_counter() - start)
         runs[label] = (update, state, model_cfg)
-    flops = model_flops(runs[list(runs)[-1]][2], rows_, s, t)
+    flops = flops.training_flops(runs[list(runs)[-1]][2], rows_, s, t)
     base_label, new_label = list(runs)
     ratio = statistics.median(
         a / b for a, b in zip(times[base_label], times[new_label]))

@@ -6,8 +6,9 @@ No accelerator is at hand in this project, so every figure is an ESTIMATE:
 
     hours = num_train_steps · FLOPs per step / (peak FLOP/s · MFU) / 3600
 
-* FLOPs per step: `bench/train_step.py:model_flops` (every matrix product of
-  the forward and backward pass, measured against XLA's own count there) for
+* FLOPs per step: `mha/flops.py: training_flops` (every matrix product of
+  the forward and backward pass; bench/train_step.py checks it against
+  XLA's own count) for
   the paper's batch of 25,000 source + 25,000 target tokens, as rows of
   `TYPICAL_LENGTH` tokens (SentencePiece sentences of newstest average about
   30 pieces; the attention products grow with the length, the rest does not).
@@ -26,7 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.train_step import model_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.flops import training_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import wmt14  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -50,8 +51,8 @@ def step_flops(model: str) -> tuple[float, int]:
   config = wmt14.get_config(model)
   tokens = config.max_tokens * config.grad_accum_steps  # per side, per update
   rows = tokens // TYPICAL_LENGTH
-  flops = model_flops(TransformerConfig.from_config(config), rows,
-                      TYPICAL_LENGTH, TYPICAL_LENGTH)
+  flops = training_flops(TransformerConfig.from_config(config), rows,
+                         TYPICAL_LENGTH, TYPICAL_LENGTH)
   return flops, config.num_train_steps
 
 
