@@ -157,11 +157,12 @@ def broken_links(page: pathlib.Path) -> list[str]:
 def test_heading_anchors_are_githubs():
   text = ("# Reproducing the paper: WMT14 English→German\n## `eval.py` checks"
           "\n## What it costs (estimates: no accelerator has run it)\n"
-          "## Notes\n## Notes\n```\n# not a heading\n```\n")
+          "## Notes\n## Notes\n### Résumé of d_k, ε_ls\n"
+          "```\n# not a heading\n```\n")
   assert heading_anchors(text) == {
       "reproducing-the-paper-wmt14-englishgerman", "evalpy-checks",
       "what-it-costs-estimates-no-accelerator-has-run-it", "notes",
-      "notes-1"}
+      "notes-1", "résumé-of-d_k-ε_ls"}
 
 
 def test_broken_links_are_found(tmp_path):
