@@ -77,4 +77,5 @@ def define_flag() -> None:
       "compilation_cache_dir", None,
       "XLA's persistent compilation cache: later runs load what earlier "
       "ones compiled (default $MHA_COMPILATION_CACHE_DIR, else "
-      "$JAX_COMPILATION_CACHE_DIR, else ~/.cache/mha/jax; '' = off).")
+      "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/mha/jax or "
+      "~/.cache/mha/jax; '' = off).")

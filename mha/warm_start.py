@@ -1,9 +1,10 @@
 """Warm start: a new run's parameters from another workdir's checkpoint.
 
 `--config.init_from=WORKDIR` (its latest checkpoint) or `WORKDIR:STEP` loads
-the parameters of that checkpoint into a new run, as t5x's and big_vision's
-`init_from` do: not its optimizer state, step or RNG (the new run starts at
-step 0 with fresh Adam moments and its own schedule). Every parameter of
+the parameters of that checkpoint into a new run, as big_vision's
+`config.model_init` does: not its optimizer state, step or RNG (the new run
+starts at step 0 with fresh Adam moments and its own schedule; t5x's
+`INITIAL_CHECKPOINT_PATH` keeps the checkpoint's step). Every parameter of
 the new model must exist in the checkpoint with the same shape; the first
 that does not is named. A run that resumes from its own checkpoint ignores
 `init_from`.

@@ -1,16 +1,22 @@
-"""The README's two commands: the test command is what CI runs, and the
-quickstart command runs end to end (train, then evaluate) to the BLEU the
-README shows."""
+"""The README and its docs pages stay true: the test command is what CI
+runs, the quickstart command runs end to end (train, then evaluate) to the
+BLEU the README shows, "Using a trained model" runs on a trained workdir,
+every relative link points at a file (and heading) that exists, and the
+README stays a guide of at most 400 lines."""
+import contextlib
 import json
+import os
 import pathlib
 import re
 import shlex
 import subprocess
 import sys
+import unicodedata
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+MAX_README_LINES = 400
 
 
 def readme_command(marker: str) -> str:
@@ -103,3 +109,151 @@ def test_readme_quickstart_claims_match_the_config():
                   rf"{quickstart.get_config().alpha}: ", sample[0])
   assert re.search(rf"Wrote workdirs/quickstart/eval/test_{steps}$",
                    sample[1])
+
+
+# ------------------------------------------------------------------- links
+
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^()\s]+)\)")
+
+
+def prose(text: str) -> str:
+  """Markdown without fenced blocks and code spans, where no link is one."""
+  return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def heading_anchors(text: str) -> set[str]:
+  """The anchors GitHub gives a page's headings: lower case, code marks and
+  punctuation dropped, spaces as hyphens, `-1`, `-2` ... for repeats."""
+  anchors, seen = set(), {}
+  for title in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", text),
+                          re.MULTILINE):
+    slug = "".join(c for c in title.strip().lower().replace("`", "")
+                   if c in " -_" or unicodedata.category(c)[0] in "LN")
+    slug = slug.replace(" ", "-")
+    count = seen.get(slug, 0)
+    seen[slug] = count + 1
+    anchors.add(slug if count == 0 else f"{slug}-{count}")
+  return anchors
+
+
+def broken_links(page: pathlib.Path) -> list[str]:
+  """The relative links of a Markdown page whose file or heading is absent."""
+  broken = []
+  for target in LINK.findall(prose(page.read_text())):
+    if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...
+      continue
+    path, _, anchor = target.partition("#")
+    file = (page.parent / path).resolve() if path else page
+    if not file.exists():
+      broken.append(f"{target} (no such file)")
+    elif anchor and file.suffix == ".md" and anchor not in heading_anchors(
+        file.read_text()):
+      broken.append(f"{target} (no such heading)")
+  return broken
+
+
+def test_heading_anchors_are_githubs():
+  text = ("# Reproducing the paper: WMT14 English→German\n## `eval.py` checks"
+          "\n## What it costs (estimates: no accelerator has run it)\n"
+          "## Notes\n## Notes\n### Résumé of d_k, ε_ls\n"
+          "```\n# not a heading\n```\n")
+  assert heading_anchors(text) == {
+      "reproducing-the-paper-wmt14-englishgerman", "evalpy-checks",
+      "what-it-costs-estimates-no-accelerator-has-run-it", "notes",
+      "notes-1", "résumé-of-d_k-ε_ls"}
+
+
+def test_broken_links_are_found(tmp_path):
+  (tmp_path / "docs").mkdir()
+  (tmp_path / "docs" / "a.md").write_text("# Title\n## Some part\n")
+  page = tmp_path / "README.md"
+  page.write_text(
+      "[ok](docs/a.md) [ok](docs/a.md#some-part) [ok](#here) "
+      "![ok](docs/a.md) [web](https://example.com/x.md)\n# Here\n"
+      "`[in code](missing.md)`\n```\n[in a fence](missing.md)\n```\n"
+      "[gone](docs/b.md) [bad anchor](docs/a.md#other) [bad](#nowhere)\n")
+  assert broken_links(page) == ["docs/b.md (no such file)",
+                                "docs/a.md#other (no such heading)",
+                                "#nowhere (no such heading)"]
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+  pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+  assert len(pages) > 1
+  broken = {page.relative_to(REPO).as_posix(): broken_links(page)
+            for page in pages}
+  assert not {page: links for page, links in broken.items() if links}
+
+
+def test_readme_is_a_guide_of_at_most_400_lines():
+  lines = (REPO / "README.md").read_text().splitlines()
+  assert len(lines) <= MAX_README_LINES, len(lines)
+  headings = [line for line in lines if line.startswith("## ")]
+  for section in ("## Set-up commands", "## Using a trained model",
+                  "## Training", "## Evaluation", "## Configs", "## Results",
+                  "## Layout"):
+    assert section in headings, section
+
+
+# ------------------------------------------------------- using a trained model
+
+QUICKSTART_WORKDIR = "workdirs/quickstart"
+
+
+def readme_section(title: str) -> str:
+  text = (REPO / "README.md").read_text()
+  match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text,
+                    re.MULTILINE | re.DOTALL)
+  assert match, f"README.md has no section {title!r}"
+  return match.group(1)
+
+
+@contextlib.contextmanager
+def standard_input(path: pathlib.Path):
+  """File descriptor 0 reads `path` (eval.py reads /dev/stdin)."""
+  saved = os.dup(0)
+  with open(path, "rb") as f:
+    os.dup2(f.fileno(), 0)
+  try:
+    yield
+  finally:
+    os.dup2(saved, 0)
+    os.close(saved)
+
+
+def test_using_a_trained_model_runs_and_agrees_with_the_command_line(
+    tiny_workdir, eval_py, capfd, tmp_path):
+  # The section's commands on a trained workdir (the tests' tiny one in
+  # place of the quickstart's): the shell line through eval.py's main, then
+  # the Python blocks, which must translate the same sentences the same way.
+  section = readme_section("Using a trained model")
+  (shell_line,) = [line for block in re.findall(r"```bash\n(.+?)```",
+                                                section, re.DOTALL)
+                   for line in block.splitlines() if "eval.py" in line]
+  echo, command = shell_line.split("|")
+  sentences = [shlex.split(echo)[1]]
+  args = shlex.split(command)
+  assert args[1] == "eval.py"
+  args = [a.replace(QUICKSTART_WORKDIR, str(tiny_workdir)) for a in args[2:]]
+  assert f"--workdir={tiny_workdir}" in args and "--source_file=-" in args
+  (tmp_path / "stdin.txt").write_text("\n".join(sentences) + "\n")
+  capfd.readouterr()
+  with standard_input(tmp_path / "stdin.txt"):
+    assert eval_py(*args) == 0
+  from_command_line = capfd.readouterr().out.splitlines()
+  assert len(from_command_line) == len(sentences)
+
+  blocks = re.findall(r"```python\n(.+?)```", section, re.DOTALL)
+  assert blocks and all(QUICKSTART_WORKDIR in b or "import" in b
+                        for b in blocks)
+  namespace = {}
+  for block in blocks:
+    for sentence in sentences:
+      assert sentence in block  # the same sentences as the shell line
+    exec(compile(block.replace(QUICKSTART_WORKDIR, str(tiny_workdir)),  # pylint: disable=exec-used
+                 "README.md", "exec"), namespace)
+  printed = capfd.readouterr().out
+  assert printed.strip()
+  assert repr(from_command_line) in printed  # print(..., translations)
