@@ -26,6 +26,7 @@ Importing this module imports neither JAX nor TensorFlow: the restart
 comes first.
 """
 import functools
+import importlib.util
 import os
 import re
 import sys
@@ -115,6 +116,8 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   that a missing one is refused before anything starts.
   """
   argv = list(argv)
+  if _config_arg(argv):
+    import_config_package(_config_arg(argv).split("=", 1)[1])
   try:
     remaining = FLAGS(argv)
     if _config_arg(argv):
@@ -140,6 +143,32 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     if "--traceback" in argv or not _config_arg(argv):
       raise
     fail(config_file_error(_config_arg(argv).split("=", 1)[1]))
+
+
+def import_config_package(spec: str) -> None:
+  """Makes `configs` the package of the config file `spec` (path[:argument])
+  when the file lies in a folder named configs with an `__init__.py`, as the
+  project's do, and no `configs` is imported yet.
+
+  The project's config files import their siblings (`from configs import
+  base`); installed with pip, no `configs` package is on the path (mha
+  installs none of that name), and from any working directory the one of
+  the file given is the right one.
+  """
+  folder = os.path.dirname(os.path.abspath(spec.split(":", 1)[0]))
+  init = os.path.join(folder, "__init__.py")
+  if (os.path.basename(folder) != "configs" or not os.path.isfile(init)
+      or "configs" in sys.modules):
+    return
+  package_spec = importlib.util.spec_from_file_location(
+      "configs", init, submodule_search_locations=[folder])
+  package = importlib.util.module_from_spec(package_spec)
+  sys.modules["configs"] = package
+  try:
+    package_spec.loader.exec_module(package)
+  except BaseException:
+    del sys.modules["configs"]
+    raise
 
 
 def _config_arg(argv: Sequence[str]) -> str:
