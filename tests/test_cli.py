@@ -135,3 +135,24 @@ def test_commands_import_no_jax_before_the_restart(command):
       "print(sorted(m for m in ('jax', 'tensorflow', 'flax') "
       "if m in sys.modules), file=sys.stderr)"))
   assert (code, err) == (0, ["[]"])
+
+
+def test_config_files_load_from_any_folder_as_installed(tmp_path):
+  # As after `pip install .`: mha importable, no `configs` package on the
+  # path, the working directory elsewhere. The config file's own folder is
+  # its `configs` package (it imports `from configs import base`): the
+  # override is checked against the loaded config.
+  site = tmp_path / "site"
+  site.mkdir()
+  (site / "mha").symlink_to(REPO / "mha")
+  env = dict(os.environ, MHA_HUGE_PAGES="0", PYTHONPATH=str(site))
+  result = subprocess.run(
+      [sys.executable, "-m", "mha.cli.train",
+       f"--config={REPO}/configs/quickstart.py:tiny",
+       "--config.num_train_step=4", f"--workdir={tmp_path / 'run'}"],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+      check=False)
+  assert (result.returncode, result.stderr.splitlines()) == (1, [
+      f"mha-train: --config.num_train_step: {REPO}/configs/quickstart.py:tiny"
+      " has no field 'num_train_step'; did you mean 'num_train_steps'?"])
+  assert not (tmp_path / "run").exists()
