@@ -1,10 +1,20 @@
 """mha: the Transformer of "Attention Is All You Need" in JAX/Flax.
 
-The public names below are imported on first use (PEP 562), so that
-`from mha import host_memory` in train.py and eval.py costs nothing before
-their restart with huge pages (`mha.host_memory`) and JAX is loaded once.
+The public names below are imported on first use (PEP 562), so that the
+commands' start-up (`mha.cli.startup`) costs nothing before their restart
+with huge pages (`mha.host_memory`) and JAX is loaded once.
+
+Importing mha sets `EPATH_USE_TF=false` unless it is set already: etils.epath
+(through which Orbax and JAX's compilation cache reach gs:// paths) would
+otherwise switch to TensorFlow's file system for every gs:// path whenever
+TensorFlow is installed. With it, gs:// goes through fsspec's gcsfs, with or
+without TensorFlow installed: the path tests/test_gcs.py runs against a
+Cloud Storage emulator. epath reads the variable at its first gs:// path.
 """
 import importlib
+import os
+
+os.environ.setdefault("EPATH_USE_TF", "false")
 
 _EXPORTS = {
     "additive_attention": "mha.attention",

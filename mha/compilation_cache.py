@@ -1,4 +1,4 @@
-"""XLA's persistent compilation cache, for train.py and eval.py.
+"""XLA's persistent compilation cache, for every command (mha/cli/).
 
 Compiling the train step or a beam search takes seconds to tens of seconds
 per input shape, and a research loop recompiles the same shapes over and
@@ -21,7 +21,6 @@ import os
 
 from absl import flags
 from absl import logging
-import jax
 
 from mha.data import files
 
@@ -53,6 +52,7 @@ def enable(path: str | None = None) -> str | None:
   Returns:
     The directory in use, or None when off.
   """
+  import jax  # pylint: disable=g-import-not-at-top  (defining the flag needs none)
   if path is None:
     path = default_dir()
   if not path:

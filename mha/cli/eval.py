@@ -1,0 +1,161 @@
+r"""mha-eval: evaluates a workdir's checkpoints: beam search, then sacreBLEU
+and chrF.
+
+    mha-eval --workdir=/tmp/run                       # latest, test split
+    mha-eval --workdir=/tmp/run --average_last=5 --split=validation
+    mha-eval --workdir=/tmp/run --source_file=src.txt \
+        --reference_file=ref.txt
+    echo "a sentence" | mha-eval --workdir=/tmp/run --source_file=-
+    mha-eval --workdir=/tmp/run --plot_attention=3 --plot_layer=-1
+
+The same command as `python eval.py` in the repository and `python -m
+mha.cli.eval`.
+
+Uses the config and vocabulary stored in the workdir; beam size, alpha and
+the output limit default to the config's (the paper: 4, 0.6, input + 50).
+Writes translations.txt and metrics.json into --output_dir (default
+<workdir>/eval/<split>_<step>/, <split>_avg<N>_<step>/ for averages,
+file_<step>/ for --source_file; followed by _beam<B>, _alpha<A>, _extra<E>
+for each search setting that differs from the config's, e.g.
+eval/test_800_beam8_alpha1.0/) and prints BLEU with its sacrebleu signature.
+Results are never replaced by those of other settings: a folder whose
+metrics.json records another split, step, beam, alpha, max_decode_extra or
+source file is refused, and the files are written through a temporary folder,
+so a failed evaluation leaves earlier results as they were. With
+--source_file=- it writes one translation per input line to standard output,
+in order, and everything else to standard error.
+
+Every flag is checked before anything is read (alpha finite and >= 0,
+beam_size, batch_size, average_last >= 1, checkpoint_step, max_decode_extra,
+plot_attention >= 0, plot_layer within the model). Bad input (a flag, no
+checkpoint, unknown or damaged step, unreadable config.json or spm.model,
+mismatched files, ...) prints one line, `eval.py: <message>` (or
+`mha-eval: ...`), and exits with status 1 (--traceback shows the stack); any
+other error is a bug and keeps its stack.
+
+It runs in one process and uses this host's devices: started where JAX
+detects a cluster of several processes (every host of a TPU pod slice, a
+SLURM job of several tasks), it stops with one line before reading anything;
+run it once, on one host that reads the workdir.
+
+--paper_bleu also scores the BLEU the paper reports (Table 2): Moses
+tokenization with compound splitting, as tensor2tensor's get_ende_bleu.sh
+(mha/paper_bleu.py), written as bleu_paper beside sacreBLEU's bleu. It reads
+higher than sacreBLEU; quote sacreBLEU, with its signature, to compare with
+other work.
+
+--plot_attention=N (default 0, off) also draws the attention maps of the
+first N sentences of the split or source file (the paper's Figures 3-5):
+each source is translated with the same parameters and search, the
+translation is fed back teacher-forced, and the weights of layer
+--plot_layer (a Python index: 0 = first, -1 = last, the default) are drawn
+with matplotlib, one panel per head, axes labelled with the SentencePiece
+pieces. For sentence i (1 = the first) it writes
+<output_dir>/attention/sentence_<i>_encoder_self.png (encoder self-attention),
+..._decoder_self.png (decoder self-attention) and ..._encoder_decoder.png
+(encoder-decoder attention). With --source_file=- it needs --output_dir.
+"""
+import os
+import sys
+from typing import Any
+
+from absl import app
+from absl import flags
+
+from mha.cli import startup
+
+flags.DEFINE_string("workdir", None, "A training workdir.")
+flags.DEFINE_string("split", None, "Dataset split (default: test_split).")
+flags.DEFINE_integer("checkpoint_step", None, "Step (default: the latest).")
+flags.DEFINE_integer("average_last", None,
+                     "Average the last N checkpoints' parameters.")
+flags.DEFINE_integer("beam_size", None, "Beam size (default: config).")
+flags.DEFINE_float("alpha", None, "Length penalty (default: config).")
+flags.DEFINE_integer("max_decode_extra", None,
+                     "Output length limit = input length + this.")
+flags.DEFINE_integer("batch_size", 64, "Sentences per decoding batch.")
+flags.DEFINE_string("source_file", None,
+                    "Plain text to translate, one sentence a line; '-' = "
+                    "standard input to standard output.")
+flags.DEFINE_string("reference_file", None, "References of --source_file.")
+flags.DEFINE_string("output_dir", None,
+                    "Where to write translations.txt and metrics.json "
+                    "(default <workdir>/eval/<split>_<step>/; with "
+                    "--source_file=- nothing is written unless given).")
+flags.DEFINE_integer("plot_attention", 0,
+                     "Draw the attention maps of the first N sentences into "
+                     "<output_dir>/attention/ (0 = off).")
+flags.DEFINE_integer("plot_layer", -1,
+                     "Encoder and decoder layer of the attention maps "
+                     "(0 = first, -1 = last).")
+flags.DEFINE_bool("paper_bleu", False,
+                  "Also score the paper's BLEU: tokenized (Moses) with "
+                  "compound splitting, as tensor2tensor's get_ende_bleu.sh, "
+                  "written as bleu_paper beside sacreBLEU's bleu.")
+startup.define_flags()
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+@startup.guarded
+def main(argv: list[str]) -> int:
+  """Evaluates --workdir and prints the summary; returns the exit status."""
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # pylint: disable=g-import-not-at-top  (JAX: after the restart)
+  from mha import distributed
+  from mha import evaluator
+  piped = FLAGS.source_file == "-"
+  distributed.check_single_process(startup.command_name())
+  result = evaluator.evaluate(
+      FLAGS.workdir, split=FLAGS.split,
+      checkpoint_step=FLAGS.checkpoint_step,
+      average_last=FLAGS.average_last, beam_size=FLAGS.beam_size,
+      alpha=FLAGS.alpha, max_decode_extra=FLAGS.max_decode_extra,
+      batch_size=FLAGS.batch_size, source_file=FLAGS.source_file,
+      reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
+      write=not piped or FLAGS.output_dir is not None,
+      plot_attention=FLAGS.plot_attention, plot_layer=FLAGS.plot_layer,
+      paper_bleu=FLAGS.paper_bleu)
+  # With --source_file=- standard output holds the translations only.
+  if piped:
+    sys.stdout.buffer.write(
+        "".join(t + "\n" for t in result["translations"]).encode("utf-8"))
+    sys.stdout.flush()
+  print_summary(result, sys.stderr if piped else sys.stdout)
+  return 0
+
+
+def print_summary(result: dict[str, Any], report) -> None:
+  """The lines eval prints after an evaluation: what was evaluated and how
+  fast, where it wrote, the attention maps drawn, and the scores."""
+  steps = result["averaged_steps"]
+  what = (f"average of steps {steps}" if len(steps) > 1
+          else f"step {result['checkpoint_step']}")
+  print(f"{result['split']}, {what}, beam {result['beam_size']}, "
+        f"alpha {result['alpha']}: {result['num_sentences']} sentences in "
+        f"{result['decode_seconds']:.1f} s "
+        f"({result['sentences_per_second']:.1f} sentences/s)", file=report)
+  if "output_dir" in result:
+    print(f"Wrote {result['output_dir']}", file=report)
+  if result.get("attention_maps"):
+    maps = result["attention_maps"]
+    print(f"Wrote {len(maps)} attention maps ({len(maps) // 3} sentence(s), "
+          f"layer {FLAGS.plot_layer}) to {os.path.dirname(maps[0])}",
+          file=report)
+  if "bleu" in result:
+    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
+          f"({result['sacrebleu_signature']})", file=report)
+  if "bleu_paper" in result:
+    print(f"Paper's BLEU {result['bleu_paper']:.2f}  "
+          f"({result['bleu_paper_signature']}; for comparison with the "
+          "paper only, quote sacreBLEU)", file=report)
+
+
+def run() -> None:
+  """The mha-eval command."""
+  startup.run(main)
+
+
+if __name__ == "__main__":
+  run()

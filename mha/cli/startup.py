@@ -1,0 +1,232 @@
+"""What every command does first, the same way: `run(main)`.
+
+1. Huge pages: the process restarts once with glibc's huge-page tunable
+   where it helps (`mha.host_memory.start`: CPU hosts; `MHA_HUGE_PAGES=0/1`
+   decides otherwise), before JAX is imported.
+2. The libraries' INFO lines hidden unless `--verbose_libraries`
+   (`mha.library_logs`).
+3. absl parses the flags; a bad flag, config file or config override is one
+   line (`parse_flags`).
+4. In `main`: one log line saying whether huge pages are on, XLA's
+   persistent compilation cache turned on (`--compilation_cache_dir`), then
+   the command's own work. A `UserError` (bad input: a config field, a
+   workdir, a data file, a checkpoint, a flag) is printed as one line,
+   `<command>: <message>`, on standard error, and the process exits with
+   the error's `exit_code` (1 unless it says otherwise); `--traceback`
+   raises it with its stack instead. Any other exception is a bug and keeps
+   its stack.
+
+A command module defines its flags at import, with `define_flags()` for the
+shared ones, and ends with
+
+    def run() -> None:
+      startup.run(main)
+
+Importing this module imports neither JAX nor TensorFlow: the restart
+comes first.
+"""
+import functools
+import importlib.util
+import os
+import re
+import sys
+from typing import Callable, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from mha import compilation_cache
+from mha import host_memory
+from mha import library_logs
+from mha.errors import ConfigError
+from mha.errors import UserError
+
+FLAGS = flags.FLAGS
+# The console scripts' names, for messages: the command as the user typed it.
+_SCRIPTS = ("mha-train", "mha-eval", "mha-translate", "mha-export")
+
+
+def define_flags() -> None:
+  """Defines --traceback, --compilation_cache_dir and --verbose_libraries."""
+  flags.DEFINE_bool("traceback", False,
+                    "On bad input (a config, workdir, data file, flag), raise "
+                    "with the stack instead of printing only the message.")
+  compilation_cache.define_flag()
+  library_logs.define_flag()
+
+
+def command_name(argv0: str | None = None) -> str:
+  """The name messages start with: `train.py`, `mha-train`, ...
+
+  `python -m mha.cli.train` is named `mha-train`, as its console script.
+  """
+  argv0 = sys.argv[0] if argv0 is None else argv0
+  name = os.path.basename(argv0)
+  parent = os.path.basename(os.path.dirname(argv0))
+  if parent == "cli" and name.endswith(".py"):
+    candidate = f"mha-{name[:-3]}"
+    if candidate in _SCRIPTS:
+      return candidate
+  return name or "mha"
+
+
+def fail(message: str, exit_code: int = 1) -> None:
+  """Prints `<command>: <message>` (one line) and exits with `exit_code`."""
+  print(f"{command_name()}: {' '.join(str(message).split())}",
+        file=sys.stderr)
+  sys.exit(exit_code)
+
+
+def guarded(main: Callable[[list[str]], int | None]
+            ) -> Callable[[list[str]], int | None]:
+  """`main` with the start-up of step 4 (module docstring) around it.
+
+  Returns `main`'s return value; a `UserError` ends the process through
+  `fail` (SystemExit), unless --traceback.
+  """
+
+  @functools.wraps(main)
+  def wrapper(argv: list[str]) -> int | None:
+    library_logs.configure(FLAGS.verbose_libraries)
+    logging.info("%s", host_memory.status())
+    try:
+      compilation_cache.enable(FLAGS.compilation_cache_dir)
+      return main(argv)
+    except UserError as e:
+      if FLAGS.traceback:
+        raise
+      fail(str(e), getattr(e, "exit_code", 1))
+
+  wrapper.guarded = True
+  return wrapper
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing, with a bad flag, config file or config override as
+  one line (`fail`); --traceback shows absl's own report instead.
+
+  ml_collections reports a config file that raises while it is loaded (e.g.
+  an unknown config argument, `configs/base.py:Z9`) with the file's whole
+  traceback inside the flag error: only its last line, the exception, is
+  printed. An override of a field the config does not have
+  (`--config.num_train_step=4`) is ml_collections' AttributeError, with its
+  "Did you mean" suggestion; an override that follows a config file that
+  could not be loaded is its OSError. The config file is loaded here, so
+  that a missing one is refused before anything starts.
+  """
+  argv = list(argv)
+  if _config_arg(argv):
+    import_config_package(_config_arg(argv).split("=", 1)[1])
+  try:
+    remaining = FLAGS(argv)
+    if _config_arg(argv):
+      loaded_config()
+    return remaining
+  except ConfigError as e:
+    if "--traceback" in argv:
+      raise
+    fail(str(e))
+  except flags.Error as e:
+    if "--traceback" in argv:
+      raise
+    message = str(e)
+    if "Error whilst parsing config file" in message:
+      last = message.strip().splitlines()[-1].strip()  # "ValueError: ..."
+      message = f"{_config_arg(argv)}: " + re.sub(r"^[\w.]+: ", "", last)
+    fail(message)
+  except (AttributeError, KeyError) as e:
+    if "--traceback" in argv or not _config_arg(argv):
+      raise
+    fail(_unknown_field_message(e, argv))
+  except OSError:
+    if "--traceback" in argv or not _config_arg(argv):
+      raise
+    fail(config_file_error(_config_arg(argv).split("=", 1)[1]))
+
+
+def import_config_package(spec: str) -> None:
+  """Makes `configs` the package of the config file `spec` (path[:argument])
+  when the file lies in a folder named configs with an `__init__.py`, as the
+  project's do, and no `configs` is imported yet.
+
+  The project's config files import their siblings (`from configs import
+  base`); installed with pip, no `configs` package is on the path (mha
+  installs none of that name), and from any working directory the one of
+  the file given is the right one.
+  """
+  folder = os.path.dirname(os.path.abspath(spec.split(":", 1)[0]))
+  init = os.path.join(folder, "__init__.py")
+  if (os.path.basename(folder) != "configs" or not os.path.isfile(init)
+      or "configs" in sys.modules):
+    return
+  package_spec = importlib.util.spec_from_file_location(
+      "configs", init, submodule_search_locations=[folder])
+  package = importlib.util.module_from_spec(package_spec)
+  sys.modules["configs"] = package
+  try:
+    package_spec.loader.exec_module(package)
+  except BaseException:
+    del sys.modules["configs"]
+    raise
+
+
+def _config_arg(argv: Sequence[str]) -> str:
+  """The `--config=...` argument of `argv`, or ''."""
+  return next((a for a in argv if a.startswith("--config=")), "")
+
+
+def _unknown_field_message(error: Exception, argv: Sequence[str]) -> str:
+  """The line for an override of a field the config does not have."""
+  text = error.args[0] if error.args else ""
+  while isinstance(text, Exception):  # AttributeError(KeyError(message))
+    text = text.args[0] if text.args else ""
+  text = str(text)
+  key = re.match(r"""^['"]?(.*?)['"]?(\n|$)""", text).group(1)
+  overrides = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  flag = next((o for o in overrides if key in o[len("--config."):].split(".")),
+              "--config." + key)
+  suggestion = re.search(r'Did you mean "([^"]+)"', text)
+  hint = (f"; did you mean {suggestion.group(1)!r}?" if suggestion else
+          " (the config file lists its fields).")
+  spec = _config_arg(argv).split("=", 1)[1]
+  return f"{flag}: {spec} has no field {key!r}{hint}"
+
+
+def config_file_error(spec: str) -> str:
+  """The line for a config file `spec` (path[:argument]) that could not be
+  read: ml_collections defers that error to the config's first use."""
+  path = spec.split(":", 1)[0]
+  reason = "does not exist" if not os.path.exists(path) else "cannot be read"
+  return (f"--config: the config file {path} {reason} (relative paths start "
+          f"in {os.getcwd()}; the project's configs are in configs/).")
+
+
+def loaded_config(flag_name: str = "config"):
+  """The config of a `config_flags` flag; a config file that could not be
+  read as a `ConfigError` (ml_collections defers a missing or unreadable
+  file to the first access of the config, as an OSError)."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config = getattr(FLAGS, flag_name)
+  try:
+    config.get("workdir")
+  except OSError:
+    raise ConfigError(config_file_error(
+        config_flags.get_config_filename(FLAGS[flag_name]))) from None
+  return config
+
+
+def run(main: Callable[[list[str]], int | None],
+        flags_parser: Callable[[list[str]], list[str]] = parse_flags
+        ) -> None:
+  """Starts a command: huge pages, quiet library logs, then absl's
+  `app.run` of `guarded(main)` (steps 1 to 4 of the module docstring;
+  `main` may be guarded already, as a command module's `main` is when its
+  tests call it directly)."""
+  host_memory.start()
+  # TensorFlow's start-up lines are hidden unless --verbose_libraries, if a
+  # dataset imports it (a TFDS dataset by name; mha/library_logs.py).
+  library_logs.quiet_native(sys.argv)
+  if not getattr(main, "guarded", False):
+    main = guarded(main)
+  app.run(main, flags_parser=flags_parser)
