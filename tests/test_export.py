@@ -1,0 +1,240 @@
+"""Export to CTranslate2 (mha/export.py, mha/cli/export.py), checked against
+the real `ctranslate2` package: its teacher-forced log-probabilities equal
+mha's to 1e-4 per token, its greedy outputs are mha's, its int8 model
+translates, and the variants it cannot represent are refused.
+
+The greedy comparison needs a model whose outputs are not trivial: the
+conftest `tiny_workdir` (6 training steps) answers EOS first, so its
+parameters are trained further, here, to copy the synthetic pair's source
+sentences (a jitted Adam loop of a few hundred tiny steps): its greedy
+outputs then end with EOS at various lengths or run to their length limit,
+and both stopping rules are compared.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import REPO_ROOT
+from conftest import tiny_config
+from mha import checkpoints
+from mha import evaluator
+from mha import export
+from mha import translate
+from mha import workdir as workdir_lib
+from mha.data import sources
+from mha.transformer import Transformer
+from mha.transformer import TransformerConfig
+
+ctranslate2 = pytest.importorskip(
+    "ctranslate2", reason="ctranslate2 is not installed (the optional export "
+    "dependency: pip install ctranslate2)")
+
+EOS = 1
+COPY_STEP = 100  # the checkpoint step of the copy-trained parameters
+NUM_TEST = 24  # test sentences compared
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def write_workdir(path, config, params, spm_model, step: int = 1):
+  """A workdir as training leaves it: config.json, spm.model, a checkpoint
+  `step` whose state holds `params`."""
+  os.makedirs(path, exist_ok=True)
+  workdir_lib.write_config(config, str(path))
+  shutil.copy(spm_model, os.path.join(path, "spm.model"))
+  manager = checkpoints.make_manager(str(path), keep=5)
+  checkpoints.save(manager, step, {"params": params}, {"step": step})
+  manager.close()
+  return path
+
+
+def random_params(model_config: TransformerConfig, seed: int):
+  """Parameters with every leaf random (layer norms not 1 and 0, biases not
+  0), so that a mapping that swaps two leaves of one shape shows."""
+  model = Transformer(model_config)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                          np.ones((1, 4), np.int32),
+                          np.ones((1, 4), np.int32))["params"]
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, shape):
+    name = getattr(path[-1], "key", "")
+    x = rng.normal(size=shape.shape)
+    if name == "scale":
+      x = 1.0 + 0.2 * x
+    elif name == "bias":
+      x = 0.2 * x
+    elif name == "embedding":
+      x = x * shape.shape[-1] ** -0.5
+    else:
+      x = x / np.sqrt(shape.shape[0])
+    return x.astype(np.float32)
+
+  return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+
+def first_test_pairs(config, n: int = NUM_TEST):
+  """The first `n` (source, reference) pairs of the test split."""
+  split = sources.open_split(config, config.test_split)
+  pairs = []
+  for chunk_sources, chunk_targets in split.read(n):
+    pairs += list(zip(chunk_sources, chunk_targets))
+    if len(pairs) >= n:
+      break
+  return pairs[:n]
+
+
+def _padded(rows: list[list[int]], length: int) -> np.ndarray:
+  out = np.zeros((len(rows), length), np.int32)
+  for i, row in enumerate(rows):
+    out[i, :len(row)] = row
+  return out
+
+
+def mha_log_probs(model_config, params, source_ids, target_ids):
+  """Teacher-forced log P(y_t | y_<t, x) of each target token (lists of
+  ids with EOS), from the model's full forward pass (not its decoder
+  cache), in one padded batch."""
+  model = Transformer(model_config.replace(deterministic=True))
+  targets = _padded(target_ids, 32)
+  logits = jax.jit(model.apply)({"params": params},
+                                _padded(source_ids, 32), targets)
+  log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+  return [row[:len(t)] for row, t in zip(picked, target_ids)]
+
+
+def assert_scores_equal(output_dir, model_config, params, tokenizer, pairs,
+                        atol=1e-4):
+  """CTranslate2's score_batch equals mha's teacher-forced log-probabilities
+  (each target token and the final EOS) to `atol`."""
+  translator = ctranslate2.Translator(str(output_dir), intra_threads=1)
+  source_ids = [tokenizer.encode(s) for s, _ in pairs]
+  target_ids = [tokenizer.encode(t) for _, t in pairs]
+  pieces = lambda ids: [tokenizer.id_to_piece(i) for i in ids]
+  results = translator.score_batch([pieces(s) for s in source_ids],
+                                   [pieces(t) for t in target_ids])
+  ours = mha_log_probs(model_config, params, [s + [EOS] for s in source_ids],
+                       [t + [EOS] for t in target_ids])
+  for result, expected in zip(results, ours):
+    np.testing.assert_allclose(result.log_probs, expected, rtol=0, atol=atol)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def copy_workdir(tiny_workdir, tmp_path_factory):
+  """tiny_workdir's model trained on to copy the source sentences of the
+  synthetic training split, saved as checkpoint COPY_STEP of a new
+  workdir."""
+  config, tokenizer = evaluator.load_workdir(str(tiny_workdir))
+  params, _, _ = evaluator.load_params(str(tiny_workdir))
+  model = Transformer(TransformerConfig.from_config(config,
+                                                    deterministic=True))
+  split = sources.open_split(config, config.train_split)
+  texts = list(next(split.read(512))[0])
+  ids = [i + [EOS] for i in tokenizer.encode_batch(texts) if len(i) < 16]
+  data = np.zeros((len(ids), 16), np.int32)
+  for row, sentence in enumerate(ids):
+    data[row, :len(sentence)] = sentence
+  optimizer = optax.adam(3e-3)
+
+  def loss_fn(p, x):
+    log_probs = jax.nn.log_softmax(model.apply({"params": p}, x, x))
+    nll = -jnp.take_along_axis(log_probs, x[..., None], axis=-1)[..., 0]
+    return jnp.sum(nll * (x > 0)) / jnp.sum(x > 0)
+
+  @jax.jit
+  def train_step(p, state, x):
+    grads = jax.grad(loss_fn)(p, x)
+    updates, state = optimizer.update(grads, state, p)
+    return optax.apply_updates(p, updates), state
+
+  state = optimizer.init(params)
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    params, state = train_step(params, state,
+                               data[rng.integers(0, len(data), 64)])
+  path = tmp_path_factory.mktemp("export") / "copy_run"
+  return write_workdir(path, config, jax.device_get(params),
+                       tiny_workdir / "spm.model", step=COPY_STEP)
+
+
+@pytest.fixture(scope="module")
+def copy_model(copy_workdir):
+  """(config, model config, params, tokenizer) of copy_workdir."""
+  config, tokenizer = evaluator.load_workdir(str(copy_workdir))
+  params, step, _ = evaluator.load_params(str(copy_workdir))
+  assert step == COPY_STEP
+  return (config, TransformerConfig.from_config(config, deterministic=True),
+          params, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def copy_export(copy_workdir, tmp_path_factory):
+  output_dir = tmp_path_factory.mktemp("ct2") / "float32"
+  export.export(str(copy_workdir), str(output_dir))
+  return output_dir
+
+
+# ---------------------------------------------------- equality with mha
+
+
+def test_teacher_forced_scores_equal_mha(copy_model, copy_export):
+  config, model_config, params, tokenizer = copy_model
+  assert_scores_equal(copy_export, model_config, params, tokenizer,
+                      first_test_pairs(config))
+
+
+def _mha_hypothesis(output: np.ndarray, limit: int) -> list[int]:
+  """The generated ids: up to and including EOS, else the first `limit`."""
+  output = [int(i) for i in output]
+  return output[:output.index(EOS) + 1] if EOS in output else output[:limit]
+
+
+def ct2_greedy(translator, tokenizer, encoded, extra: int) -> list[list[str]]:
+  """CTranslate2's greedy outputs (end token included) with mha's limit:
+  CTranslate2's max_decoding_length is per call, so one call per limit
+  (source pieces + EOS + `extra`), and min_decoding_length=0 (its
+  default, 1, forbids an immediate EOS)."""
+  by_limit = {}
+  for i, ids in enumerate(encoded):  # ids with EOS, as mha encodes them
+    by_limit.setdefault(len(ids) + extra, []).append(i)
+  outputs = [None] * len(encoded)
+  for limit, rows in by_limit.items():
+    results = translator.translate_batch(
+        [[tokenizer.id_to_piece(t) for t in encoded[i][:-1]] for i in rows],
+        beam_size=1, max_decoding_length=limit, min_decoding_length=0,
+        return_end_token=True)
+    for i, result in zip(rows, results):
+      outputs[i] = result.hypotheses[0]
+  return outputs
+
+
+def test_greedy_outputs_identical_to_mha(copy_model, copy_export):
+  config, model_config, params, tokenizer = copy_model
+  extra = config.max_decode_extra
+  pairs = translate.translate_ids(
+      model_config, params, tokenizer, [s for s, _ in first_test_pairs(config)],
+      beam_size=1, alpha=0.0, max_decode_extra=extra)
+  ours = [[tokenizer.id_to_piece(i)
+           for i in _mha_hypothesis(out, len(src) + extra)]
+          for src, out in pairs]
+  translator = ctranslate2.Translator(str(copy_export), intra_threads=1)
+  theirs = ct2_greedy(translator, tokenizer, [src for src, _ in pairs], extra)
+  assert theirs == ours
+  # Not trivial: outputs of several lengths, some ended by EOS, some by the
+  # length limit.
+  ended = [o for o in ours if o[-1] == "</s>" and len(o) > 2]
+  assert 2 <= len(ended) < len(ours)
+  assert len({len(o) for o in ours}) >= 4
