@@ -238,3 +238,155 @@ def test_greedy_outputs_identical_to_mha(copy_model, copy_export):
   ended = [o for o in ours if o[-1] == "</s>" and len(o) > 2]
   assert 2 <= len(ended) < len(ours)
   assert len({len(o) for o in ours}) >= 4
+
+
+def test_int8_export_loads_and_translates(copy_workdir, copy_model,
+                                          copy_export, tmp_path):
+  config, model_config, params, tokenizer = copy_model
+  manifest = export.export(str(copy_workdir), str(tmp_path / "int8"),
+                           quantization="int8")
+  assert manifest["quantization"] == "int8"
+  # 8-bit weights: the model file is well under half the float32 one.
+  size = lambda d: os.path.getsize(os.path.join(d, "model.bin"))
+  assert size(tmp_path / "int8") < 0.4 * size(copy_export)
+  pairs = first_test_pairs(config, 8)
+  translator = ctranslate2.Translator(str(tmp_path / "int8"),
+                                      compute_type="int8")
+  results = translator.translate_batch(
+      [[tokenizer.id_to_piece(i) for i in tokenizer.encode(s)]
+       for s, _ in pairs], beam_size=4, max_decoding_length=32)
+  assert all(r.hypotheses[0] for r in results)
+  # Rounded weights, the same model: scores near float32's.
+  assert_scores_equal(tmp_path / "int8", model_config, params, tokenizer,
+                      pairs, atol=0.2)
+
+
+# -------------------------------------------------- variants, random models
+
+VARIANTS = {
+    "pre_ln_separate_learned": dict(layer_norm="pre", share_embeddings=False,
+                                    position_encoding="learned"),
+    "two_heads_d_k_24_layers_1_2": dict(num_heads=2, d_k=24, d_v=24,
+                                        num_encoder_layers=1,
+                                        num_decoder_layers=2),
+    "dot_eight_heads": dict(attention_type="dot", num_heads=8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_scores_equal_mha(name, tiny_workdir, tmp_path):
+  config = tiny_config(**VARIANTS[name])
+  model_config = TransformerConfig.from_config(config, deterministic=True)
+  params = random_params(model_config, seed=len(name))
+  workdir = write_workdir(tmp_path / "run", config, params,
+                          tiny_workdir / "spm.model")
+  export.export(str(workdir), str(tmp_path / "ct2"))
+  _, tokenizer = evaluator.load_workdir(str(workdir))
+  assert_scores_equal(tmp_path / "ct2", model_config, params, tokenizer,
+                      first_test_pairs(config, 8))
+
+
+def test_average_of_last_checkpoints(tiny_workdir, tmp_path):
+  manifest = export.export(str(tiny_workdir), str(tmp_path / "ct2"),
+                           step=4, average_last=2)
+  assert manifest["averaged_steps"] == [2, 4]
+  assert manifest["checkpoint_step"] == 4
+  config, tokenizer = evaluator.load_workdir(str(tiny_workdir))
+  averaged, _, _ = evaluator.load_params(str(tiny_workdir), 4, 2)
+  latest, _, _ = evaluator.load_params(str(tiny_workdir))
+  model_config = TransformerConfig.from_config(config, deterministic=True)
+  pairs = first_test_pairs(config, 8)
+  assert_scores_equal(tmp_path / "ct2", model_config, averaged, tokenizer,
+                      pairs)
+  with pytest.raises(AssertionError):  # not the latest checkpoint's scores
+    assert_scores_equal(tmp_path / "ct2", model_config, latest, tokenizer,
+                        pairs)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(attention_type="additive"), "config.attention_type='additive'"),
+    (dict(attention_type="location"), "config.attention_type='location'"),
+    (dict(d_k=8, d_v=16), "config.d_k=8 and config.d_v=16 differ"),
+])
+def test_unrepresentable_variants_refused(changes, message, tiny_workdir,
+                                          tmp_path):
+  workdir = tmp_path / "run"  # config and vocabulary: refused before params
+  workdir.mkdir()
+  workdir_lib.write_config(tiny_config(**changes), str(workdir))
+  shutil.copy(tiny_workdir / "spm.model", workdir / "spm.model")
+  with pytest.raises(export.ExportError, match=message.replace("(", r"\(")):
+    export.export(str(workdir), str(tmp_path / "ct2"))
+  assert not (tmp_path / "ct2").exists()
+  assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_output_folder_rules(tiny_workdir, tmp_path):
+  foreign = tmp_path / "foreign"
+  foreign.mkdir()
+  (foreign / "notes.txt").write_text("mine")
+  with pytest.raises(export.ExportError, match="not an export"):
+    export.export(str(tiny_workdir), str(foreign))
+  assert os.listdir(foreign) == ["notes.txt"]
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(export.ExportError, match="is a file"):
+    export.export(str(tiny_workdir), str(tmp_path / "file"))
+  with pytest.raises(export.ExportError, match="local folder"):
+    export.export(str(tiny_workdir), "gs://bucket/ct2")
+  # An empty folder is used; an earlier export of ours is replaced whole.
+  (tmp_path / "out").mkdir()
+  export.export(str(tiny_workdir), str(tmp_path / "out"), step=2)
+  export.export(str(tiny_workdir), str(tmp_path / "out"))
+  manifest = json.loads((tmp_path / "out" / export.MANIFEST_FILE).read_text())
+  assert manifest["checkpoint_step"] == 6
+  assert sorted(os.listdir(tmp_path)) == ["file", "foreign", "out"]
+  assert sorted(os.listdir(tmp_path / "out")) == [
+      "config.json", export.MANIFEST_FILE, "model.bin", "shared_vocabulary.json",
+      "spm.model"]
+  assert (tmp_path / "out" / "spm.model").read_bytes() == (
+      tiny_workdir / "spm.model").read_bytes()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(export_format="onnx"), "--format must be one of"),
+    (dict(quantization="int4"), "--quantization must be one of"),
+    (dict(step=-1), "--step must be an integer >= 0"),
+    (dict(average_last=0), "--average_last must be an integer >= 1"),
+])
+def test_bad_flags_refused(kwargs, message, tiny_workdir, tmp_path):
+  with pytest.raises(export.ExportError, match=message):
+    export.export(str(tiny_workdir), str(tmp_path / "ct2"), **kwargs)
+  assert not (tmp_path / "ct2").exists()
+
+
+# ----------------------------------------------------------------- command
+
+
+def test_command(tiny_workdir, tmp_path):
+  command = [sys.executable, "-m", "mha.cli.export",
+             f"--workdir={tiny_workdir}", "--format=ctranslate2"]
+  env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+  done = subprocess.run(
+      command + [f"--output_dir={tmp_path / 'ct2'}", "--quantization=int8",
+                 "--step=4"], env=env, capture_output=True, text=True,
+      timeout=300, check=False)
+  assert done.returncode == 0, done.stderr
+  manifest = json.loads((tmp_path / "ct2" / export.MANIFEST_FILE).read_text())
+  assert (manifest["quantization"], manifest["averaged_steps"]) == ("int8",
+                                                                    [4])
+  assert ctranslate2.Translator(str(tmp_path / "ct2")).translate_batch(
+      [["▁a"]], max_decoding_length=4)
+  # A refusal: one line naming the flag, exit status 1, nothing written.
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "notes.txt").write_text("keep")
+  done = subprocess.run(command + [f"--output_dir={tmp_path / 'mine'}"],
+                        env=env, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert done.returncode == 1
+  errors = [line for line in done.stderr.splitlines()
+            if line.startswith("mha-export:")]
+  assert len(errors) == 1 and "--output_dir=" in errors[0], done.stderr
+  assert "Traceback" not in done.stderr
+  assert os.listdir(tmp_path / "mine") == ["notes.txt"]
