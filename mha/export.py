@@ -30,8 +30,9 @@ How the model maps onto `ctranslate2.specs.TransformerSpec`:
   pre-LN (`pre_norm=True` with the final encoder and decoder norms); layer
   norm ε = flax's 1e-6;
 * the h heads' projections (no bias, §3.2.2) fused as CTranslate2 reads
-  them (`[h·d_k, d_model]`, heads major), `head_dim` = d_k, and the logit
-  scale 1/√d_k (scaled dot) or 1 (`dot`, `queries_scale`);
+  them (`[h·d_k, d_model]`, heads major; it takes d_k from their size, so
+  h·d_k ≠ d_model is fine), and the logit scale 1/√d_k (scaled dot) or 1
+  (`dot`, `queries_scale`);
 * the pre-softmax map: the shared embedding matrix (§3.4), or the separate
   projection with its bias.
 
@@ -161,16 +162,15 @@ def build_spec(model_config: TransformerConfig, params: dict,
   """
   from ctranslate2 import specs  # pylint: disable=import-outside-toplevel
   check_exportable(model_config)
-  d_k, _ = _head_sizes(model_config)
   pre_norm = model_config.layer_norm == "pre"
-  head_dim = dict(head_dim=d_k) if (
-      d_k * model_config.num_heads != model_config.d_model) else {}
+  # No head_dim: CTranslate2 takes the head size from the projections' rows
+  # (h·d_k may differ from d_model; a head_dim given here is not read).
   encoder = specs.TransformerEncoderSpec(
       model_config.num_encoder_layers, model_config.num_heads,
-      pre_norm=pre_norm, **head_dim)
+      pre_norm=pre_norm)
   decoder = specs.TransformerDecoderSpec(
       model_config.num_decoder_layers, model_config.num_heads,
-      pre_norm=pre_norm, **head_dim)
+      pre_norm=pre_norm)
   _fill_encoder(encoder, model_config, params)
   _fill_decoder(decoder, model_config, params)
   spec = specs.TransformerSpec(encoder, decoder)
