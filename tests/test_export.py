@@ -10,6 +10,7 @@ sentences (a jitted Adam loop of a few hundred tiny steps): its greedy
 outputs then end with EOS at various lengths or run to their length limit,
 and both stopping rules are compared.
 """
+import functools
 import json
 import os
 import shutil
@@ -96,6 +97,12 @@ def first_test_pairs(config, n: int = NUM_TEST):
   return pairs[:n]
 
 
+@functools.lru_cache
+def _forward(model_config: TransformerConfig):
+  """The jitted teacher-forced forward pass, one per model config."""
+  return jax.jit(Transformer(model_config).apply)
+
+
 def _padded(rows: list[list[int]], length: int) -> np.ndarray:
   out = np.zeros((len(rows), length), np.int32)
   for i, row in enumerate(rows):
@@ -107,10 +114,9 @@ def mha_log_probs(model_config, params, source_ids, target_ids):
   """Teacher-forced log P(y_t | y_<t, x) of each target token (lists of
   ids with EOS), from the model's full forward pass (not its decoder
   cache), in one padded batch."""
-  model = Transformer(model_config.replace(deterministic=True))
   targets = _padded(target_ids, 32)
-  logits = jax.jit(model.apply)({"params": params},
-                                _padded(source_ids, 32), targets)
+  logits = _forward(model_config.replace(deterministic=True))(
+      {"params": params}, _padded(source_ids, 32), targets)
   log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
   picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
   return [row[:len(t)] for row, t in zip(picked, target_ids)]
