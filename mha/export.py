@@ -280,6 +280,41 @@ def _move_into_place(staging: str, output_dir: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _import_ctranslate2():
+  """The optional `ctranslate2` module, or one line saying how to get it."""
+  try:
+    import ctranslate2  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ExportError(
+        "--format=ctranslate2 needs the optional ctranslate2 package, which "
+        "is not installed: pip install ctranslate2 (the project's export "
+        "requirements).") from None
+  return ctranslate2
+
+
+def _write_folder(spec, vocabulary: bytes, manifest: dict[str, Any],
+                  output_dir: str) -> None:
+  """The model, spm.model and the manifest, written into a staging folder
+  beside `output_dir` and renamed into place (removed if anything fails)."""
+  parent = os.path.dirname(os.path.abspath(output_dir))
+  os.makedirs(parent, exist_ok=True)
+  staging = os.path.join(parent, f".{os.path.basename(output_dir)}"
+                         f".staging-{uuid.uuid4().hex[:8]}")
+  os.makedirs(staging)
+  try:
+    spec.save(staging)
+    with open(os.path.join(staging, VOCABULARY_FILE), "wb") as f:
+      f.write(vocabulary)
+    with open(os.path.join(staging, MANIFEST_FILE), "w",
+              encoding="utf-8") as f:
+      json.dump(manifest, f, indent=2)
+      f.write("\n")
+    _move_into_place(staging, output_dir)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+
+
 # ----------------------------------------------------------------- export
 
 
@@ -334,6 +369,7 @@ def export(workdir: str, output_dir: str, *,
   """
   check_flags(export_format=export_format, quantization=quantization,
               step=step, average_last=average_last)
+  ctranslate2 = _import_ctranslate2()
   _check_output_dir(output_dir)
   config, tokenizer = evaluator.load_workdir(workdir)
   model_config = TransformerConfig.from_config(config)
@@ -344,7 +380,6 @@ def export(workdir: str, output_dir: str, *,
   spec = build_spec(model_config, params, pieces)
   spec.validate()
   spec.optimize(quantization=quantization or "float32")
-  import ctranslate2  # pylint: disable=import-outside-toplevel
   manifest = {
       "format": export_format, "ctranslate2_version": ctranslate2.__version__,
       "workdir": os.fspath(workdir), "checkpoint_step": checkpoint_step,
@@ -352,23 +387,7 @@ def export(workdir: str, output_dir: str, *,
       "beam_size": config.beam_size, "alpha": config.alpha,
       "max_decode_extra": config.max_decode_extra,
       "max_len": model_config.max_len}
-  parent = os.path.dirname(os.path.abspath(output_dir))
-  os.makedirs(parent, exist_ok=True)
-  staging = os.path.join(parent, f".{os.path.basename(output_dir)}"
-                         f".staging-{uuid.uuid4().hex[:8]}")
-  os.makedirs(staging)
-  try:
-    spec.save(staging)
-    with open(os.path.join(staging, VOCABULARY_FILE), "wb") as f:
-      f.write(files.read_bytes(tokenizer.path))
-    with open(os.path.join(staging, MANIFEST_FILE), "w",
-              encoding="utf-8") as f:
-      json.dump(manifest, f, indent=2)
-      f.write("\n")
-    _move_into_place(staging, output_dir)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
+  _write_folder(spec, files.read_bytes(tokenizer.path), manifest, output_dir)
   logging.info("Exported step(s) %s of %s to %s (CTranslate2, %s).", steps,
                workdir, output_dir, manifest["quantization"])
   return manifest

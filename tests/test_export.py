@@ -405,3 +405,10 @@ def test_command(tiny_workdir, tmp_path):
   assert len(errors) == 1 and "--output_dir=" in errors[0], done.stderr
   assert "Traceback" not in done.stderr
   assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+
+
+def test_missing_package_is_one_line(tiny_workdir, tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails
+  with pytest.raises(export.ExportError, match="pip install ctranslate2"):
+    export.export(str(tiny_workdir), str(tmp_path / "ct2"))
+  assert not (tmp_path / "ct2").exists()
