@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import sentencepiece as spm
 
 from conftest import REPO_ROOT
 from conftest import tiny_config
@@ -211,20 +212,20 @@ def _mha_hypothesis(output: np.ndarray, limit: int) -> list[int]:
   return output[:output.index(EOS) + 1] if EOS in output else output[:limit]
 
 
-def ct2_greedy(translator, tokenizer, encoded, extra: int) -> list[list[str]]:
-  """CTranslate2's greedy outputs (end token included) with mha's limit:
-  CTranslate2's max_decoding_length is per call, so one call per limit
-  (source pieces + EOS + `extra`), and min_decoding_length=0 (its
-  default, 1, forbids an immediate EOS)."""
+def ct2_greedy(translator, sources: list[list[str]], extra: int
+               ) -> list[list[str]]:
+  """CTranslate2's greedy outputs (end token included) of source pieces
+  with mha's limit: CTranslate2's max_decoding_length is per call, so one
+  call per limit (source pieces + EOS + `extra`), and min_decoding_length=0
+  (its default, 1, forbids an immediate EOS)."""
   by_limit = {}
-  for i, ids in enumerate(encoded):  # ids with EOS, as mha encodes them
-    by_limit.setdefault(len(ids) + extra, []).append(i)
-  outputs = [None] * len(encoded)
+  for i, pieces in enumerate(sources):
+    by_limit.setdefault(len(pieces) + 1 + extra, []).append(i)
+  outputs = [None] * len(sources)
   for limit, rows in by_limit.items():
     results = translator.translate_batch(
-        [[tokenizer.id_to_piece(t) for t in encoded[i][:-1]] for i in rows],
-        beam_size=1, max_decoding_length=limit, min_decoding_length=0,
-        return_end_token=True)
+        [sources[i] for i in rows], beam_size=1, max_decoding_length=limit,
+        min_decoding_length=0, return_end_token=True)
     for i, result in zip(rows, results):
       outputs[i] = result.hypotheses[0]
   return outputs
@@ -233,15 +234,21 @@ def ct2_greedy(translator, tokenizer, encoded, extra: int) -> list[list[str]]:
 def test_greedy_outputs_identical_to_mha(copy_model, copy_export):
   config, model_config, params, tokenizer = copy_model
   extra = config.max_decode_extra
-  pairs = translate.translate_ids(
-      model_config, params, tokenizer, [s for s, _ in first_test_pairs(config)],
-      beam_size=1, alpha=0.0, max_decode_extra=extra)
+  sources = [s for s, _ in first_test_pairs(config)]
+  pairs = translate.translate_ids(model_config, params, tokenizer, sources,
+                                  beam_size=1, alpha=0.0,
+                                  max_decode_extra=extra)
   ours = [[tokenizer.id_to_piece(i)
            for i in _mha_hypothesis(out, len(src) + extra)]
           for src, out in pairs]
+  # Only the export folder, as a user has it: its spm.model and the model.
+  sp = spm.SentencePieceProcessor(model_file=str(copy_export / "spm.model"))
   translator = ctranslate2.Translator(str(copy_export), intra_threads=1)
-  theirs = ct2_greedy(translator, tokenizer, [src for src, _ in pairs], extra)
+  theirs = ct2_greedy(translator, [sp.encode(s, out_type=str)
+                                   for s in sources], extra)
   assert theirs == ours
+  assert [sp.decode([p for p in o if p != "</s>"]) for o in theirs] == [
+      translate.detokenize(tokenizer, out) for _, out in pairs]
   # Not trivial: outputs of several lengths, some ended by EOS, some by the
   # length limit.
   ended = [o for o in ours if o[-1] == "</s>" and len(o) > 2]
