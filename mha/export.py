@@ -7,8 +7,15 @@ fairseq and Marian users.
     import ctranslate2, sentencepiece
     sp = sentencepiece.SentencePieceProcessor(model_file="/tmp/run_ct2/spm.model")
     translator = ctranslate2.Translator("/tmp/run_ct2")
-    out = translator.translate_batch([sp.encode("Ein Hund läuft.", out_type=str)])
+    out = translator.translate_batch(
+        [sp.encode("Ein Hund läuft.", out_type=str)], beam_size=4,
+        min_decoding_length=0, max_input_length=MAX_LEN)  # mha_export.json
     print(sp.decode(out[0].hypotheses[0]))
+
+CTranslate2's search is not mha's (its length penalty is |Y|^α, not
+GNMT's, its beam stops once `beam_size` hypotheses have ended, its length
+limit is per call): greedy outputs are the same given the same limit and
+min_decoding_length=0; beam outputs may differ.
 
 The output folder holds CTranslate2's `model.bin` and `config.json`, the
 vocabulary (`shared_vocabulary.json`: the SentencePiece pieces in id order,
@@ -49,9 +56,9 @@ from typing import Any
 from absl import logging
 import numpy as np
 
-from mha.data import tokenizer as tokenizer_lib
 from mha import evaluator
 from mha.data import files
+from mha.data import tokenizer as tokenizer_lib
 from mha.errors import UserError
 from mha.positional import sinusoidal_encoding
 from mha.transformer import TransformerConfig
