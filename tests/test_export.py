@@ -26,11 +26,14 @@ import sentencepiece as spm
 
 from conftest import REPO_ROOT
 from conftest import tiny_config
+# Orbax through gcsfs to the emulator (the fixture of the gs:// training test).
+from test_gcs import orbax_on_emulator  # noqa: F401  pylint: disable=unused-import
 from mha import checkpoints
 from mha import evaluator
 from mha import export
 from mha import translate
 from mha import workdir as workdir_lib
+from mha.data import files
 from mha.data import sources
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -50,9 +53,10 @@ NUM_TEST = 24  # test sentences compared
 def write_workdir(path, config, params, spm_model, step: int = 1):
   """A workdir as training leaves it: config.json, spm.model, a checkpoint
   `step` whose state holds `params`."""
-  os.makedirs(path, exist_ok=True)
+  files.makedirs(str(path))  # local or gs://
   workdir_lib.write_config(config, str(path))
-  shutil.copy(spm_model, os.path.join(path, "spm.model"))
+  with open(spm_model, "rb") as f:
+    files.write_bytes_atomic(os.path.join(str(path), "spm.model"), f.read())
   manager = checkpoints.make_manager(str(path), keep=5)
   checkpoints.save(manager, step, {"params": params}, {"step": step})
   manager.close()
@@ -304,6 +308,24 @@ def test_variant_scores_equal_mha(name, tiny_workdir, tmp_path):
                           tiny_workdir / "spm.model")
   export.export(str(workdir), str(tmp_path / "ct2"))
   _, tokenizer = evaluator.load_workdir(str(workdir))
+  assert_scores_equal(tmp_path / "ct2", model_config, params, tokenizer,
+                      first_test_pairs(config, 8))
+
+
+def test_export_from_a_bucket(orbax_on_emulator, gcs_dir, tiny_workdir,
+                              tmp_path):
+  # A TPU VM's workdir on gs:// (the Cloud Storage emulator): read through
+  # the file layer and Orbax, written to a local folder.
+  del orbax_on_emulator
+  config = tiny_config()
+  model_config = TransformerConfig.from_config(config, deterministic=True)
+  params = random_params(model_config, seed=7)
+  write_workdir(gcs_dir, config, params, tiny_workdir / "spm.model")
+  manifest = export.export(gcs_dir, str(tmp_path / "ct2"))
+  assert manifest["workdir"] == gcs_dir
+  assert (tmp_path / "ct2" / "spm.model").read_bytes() == (
+      tiny_workdir / "spm.model").read_bytes()
+  _, tokenizer = evaluator.load_workdir(gcs_dir)
   assert_scores_equal(tmp_path / "ct2", model_config, params, tokenizer,
                       first_test_pairs(config, 8))
 
