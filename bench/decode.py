@@ -30,6 +30,18 @@ both running on the current model code (attention, Transformer) with the
 same parameters, and times the two searches on the same sentences, taking
 turns batch by batch. `--baseline=none` times the current search alone.
 
+CTranslate2 beside it: `--ctranslate2` (with `--workdir`; needs the optional
+`ctranslate2` package) exports the same checkpoint with `mha.export`
+(float32 and int8, into a temporary folder) and times CTranslate2's greedy
+and beam search on the same sentences, in the same batches (mha's
+length-sorted batches of `--batch_size`), the same beam size and α (as
+CTranslate2's own length penalty, |Y|^α, not GNMT's), with
+`--ct2_threads` threads (default: all cores, as XLA uses), one batch per
+call. Its length limit is per call: the batch's longest source + the
+config's `max_decode_extra` (mha's is per sentence), and
+min_decoding_length=0 as in mha. Prints its sentences/s, the mha/CTranslate2
+speed ratios, BLEU, and how many outputs equal mha's.
+
 Each distinct batch shape is compiled (and run once) before timing, then
 `--repeats` full passes are timed (the fastest is reported). Sentences are
 decoded as `eval.py` does (`translate_ids`'s steps: length-sorted batches of
@@ -44,6 +56,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 import types
 
@@ -59,6 +72,7 @@ from configs import multi30k
 import mha
 from mha import data
 from mha import evaluator
+from mha import export
 from mha import scoring
 from mha import translate
 from mha.errors import UserError
@@ -266,6 +280,94 @@ def _workdir_setup(args):
           config.max_decode_extra, config.max_decode_extra, data.EOS_ID)
 
 
+class CTranslate2Path:
+  """A CTranslate2 export of the workdir's checkpoint, run on mha's batches.
+
+  `batches` are a `Path`'s (mha's length-sorted batches), so both engines
+  see the same sentences together; outputs are mha-style id arrays (EOS
+  included) in input order.
+  """
+
+  def __init__(self, name, model_dir, tokenizer, encoded, batches, threads):
+    import ctranslate2  # pylint: disable=import-outside-toplevel
+    self.name, self.encoded, self.batches = name, encoded, batches
+    self.translator = ctranslate2.Translator(
+        str(model_dir), device="cpu", inter_threads=1, intra_threads=threads)
+    self.piece_ids = {tokenizer.id_to_piece(i): i
+                      for i in range(tokenizer.vocab_size)}
+    self.sources = [[tokenizer.id_to_piece(t) for t in ids[:-1]]
+                    for ids in encoded]  # CTranslate2 adds the EOS
+
+  def run(self, batch, *, beam_size, alpha, extra) -> list[np.ndarray]:
+    rows = [self.sources[i] for i in batch.indices]
+    results = self.translator.translate_batch(
+        rows, beam_size=beam_size, length_penalty=alpha,
+        max_decoding_length=max(len(r) for r in rows) + 1 + extra,
+        min_decoding_length=0, max_input_length=0, return_end_token=True)
+    return [np.asarray([self.piece_ids[p] for p in r.hypotheses[0]],
+                       np.int64) for r in results]
+
+  def timed(self, num_sentences, *, repeats, **kwargs) -> dict:
+    """One untimed pass, then `repeats` timed ones (the fastest counts)."""
+    for batch in self.batches:
+      self.run(batch, **kwargs)
+    times, outputs = [], [None] * len(self.encoded)
+    for _ in range(repeats):
+      start = time.perf_counter()
+      for batch in self.batches:
+        for i, out in zip(batch.indices, self.run(batch, **kwargs)):
+          outputs[i] = out
+      times.append(time.perf_counter() - start)
+    seconds = min(times)
+    tokens = _count_tokens(outputs, data.EOS_ID)
+    return {"seconds": seconds, "outputs": outputs, "tokens": tokens,
+            "sentences_per_sec": num_sentences / seconds,
+            "tokens_per_sec": tokens / seconds}
+
+
+def _ct2_paths(args, folder, tokenizer, encoded, batches):
+  """Exports the workdir's latest checkpoint (float32, int8) into `folder`."""
+  paths = []
+  for quantization in ("float32", "int8"):
+    model_dir = os.path.join(folder, quantization)
+    export.export(args.workdir, model_dir, quantization=quantization)
+    paths.append(CTranslate2Path(f"ct2 {quantization}", model_dir, tokenizer,
+                                 encoded, batches, args.ct2_threads))
+  return paths
+
+
+def _compare(ours: list[np.ndarray], theirs: list[np.ndarray]
+             ) -> tuple[int, int]:
+  """(outputs equal, outputs that differ only after mha's output ended at
+  its length limit without EOS: CTranslate2's limit is per batch)."""
+  same = capped = 0
+  for a, b in zip(ours, theirs):
+    if np.array_equal(a, b):
+      same += 1
+    elif (data.EOS_ID not in a and len(b) > len(a)
+          and np.array_equal(b[:len(a)], a)):
+      capped += 1
+  return same, capped
+
+
+def _ct2_report(search, ct2_paths, mha_result, references, tokenizer,
+                num_sentences, *, repeats, beam_size, alpha, extra):
+  """Times each CTranslate2 path and prints it beside mha's result."""
+  for path in ct2_paths:
+    r = path.timed(num_sentences, repeats=repeats, beam_size=beam_size,
+                   alpha=alpha, extra=extra)
+    same, capped = _compare(mha_result["outputs"], r["outputs"])
+    hypotheses = [tokenizer.decode(out) for out in r["outputs"]]
+    print(f"{search:>7} {path.name:>14}: {r['sentences_per_sec']:7.1f} "
+          f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
+          f"({r['tokens']} tokens, {r['seconds']:.2f} s per pass)  BLEU "
+          f"{scoring.score(hypotheses, references)['bleu']:.2f}; "
+          f"{same}/{num_sentences} outputs equal mha's, {capped} more "
+          f"differ only past mha's cap; mha/{path.name} "
+          f"speed ratio {r['seconds'] / mha_result['seconds']:.2f}x",
+          flush=True)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default=None,
@@ -279,10 +381,17 @@ def main():
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--no_greedy", action="store_true",
                       help="time beam search alone (greedy is not timed)")
+  parser.add_argument("--ctranslate2", action="store_true",
+                      help="with --workdir: time CTranslate2 (float32, int8) "
+                      "on the same checkpoint, sentences and batches")
+  parser.add_argument("--ct2_threads", type=int, default=os.cpu_count(),
+                      help="CTranslate2's intra_threads (default: all cores)")
   parser.add_argument("--baseline", default=BASELINE,
                       help="a git revision whose search is timed beside the "
                       "current one; 'none': the current search alone")
   args = parser.parse_args()
+  if args.ctranslate2 and not args.workdir:
+    parser.error("--ctranslate2 needs --workdir (a trained model to export)")
 
   total_start = time.perf_counter()
   setup = _workdir_setup if args.workdir else _random_setup
@@ -299,6 +408,13 @@ def main():
   print(f"{len(paths[-1].batches)} batches of up to {args.batch_size} "
         f"sentences; {jax.device_count()} {jax.default_backend()} device(s), "
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
+  ct2_folder = tempfile.TemporaryDirectory(prefix="decode_ct2_")
+  ct2_paths = []
+  if args.ctranslate2:
+    ct2_paths = _ct2_paths(args, ct2_folder.name, tokenizer, encoded,
+                           paths[-1].batches)
+    print(f"CTranslate2: the same checkpoint exported (float32, int8), "
+          f"{args.ct2_threads} intra threads, the same batches.")
   speeds = {}
   searches = [("greedy", 1)] * (not args.no_greedy) + [
       (f"beam {args.beam_size}", args.beam_size)]
@@ -327,6 +443,11 @@ def main():
             f"{old['seconds'] / new['seconds']:.2f}x; outputs of all "
             f"{len(encoded)} sentences "
             f"{'identical' if same else 'DIFFER'}.", flush=True)
+    if ct2_paths:
+      _ct2_report(search, ct2_paths, results["new"], references, tokenizer,
+                  len(encoded), repeats=args.repeats, beam_size=beam,
+                  alpha=alpha, extra=extra)
+  ct2_folder.cleanup()
   beam_name = f"beam {args.beam_size}"
   speed = speeds[beam_name, "new"]
   if not args.no_greedy:

@@ -53,3 +53,34 @@ def test_paper_bleu_is_case_sensitive_unsmoothed_and_checks_lengths():
                                "de")["bleu_paper"] < 100.0
   with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
     paper_bleu.paper_bleu(["a", "b"], ["a"], "de")
+
+
+def test_only_the_translations_get_their_punctuation_replaced():
+  # get_ende_bleu.sh replaces Unicode punctuation in the translations only;
+  # its reference (newstest2014.tok.de) was tokenized without it.
+  sentence = "Er sagte „Ja“ und ging."
+  assert paper_bleu.tokenize([sentence], "de", replace_punctuation=False) == [
+      "Er sagte „ Ja “ und ging ."]
+  # hyp: Er sagte „ Ja &quot; und ging .   ref: Er sagte „ Ja “ und ging .
+  # Counted by hand: 1-grams 7/8, 2-grams 5/7, 3-grams 3/6, 4-grams 1/5,
+  # equal lengths (no brevity penalty).
+  expected = 100 * (7 / 8 * 5 / 7 * 3 / 6 * 1 / 5) ** 0.25
+  result = paper_bleu.paper_bleu([sentence], [sentence], "de")
+  assert result["bleu_paper"] == pytest.approx(expected, abs=1e-9)
+  assert "ref:moses-tok(lang:de)" in result["bleu_paper_signature"]
+  # The same reference given tokenized, as the script reads it: the same.
+  tokenized = paper_bleu.paper_bleu([sentence], ["Er sagte „ Ja “ und ging ."],
+                                    "de", references_tokenized=True)
+  assert tokenized["bleu_paper"] == pytest.approx(expected, abs=1e-9)
+  assert "ref:tokenized" in tokenized["bleu_paper_signature"]
+
+
+def test_a_tokenized_reference_is_only_compound_split():
+  # Tokenizing it again would escape its "&amp;" once more ("&amp;amp;").
+  hypothesis = "Die Rich-Text-Datei kostet 3 € & mehr."
+  reference = "Die Rich-Text-Datei kostet 3 € &amp; mehr ."
+  result = paper_bleu.paper_bleu([hypothesis], [reference], "de",
+                                 references_tokenized=True)
+  assert result["bleu_paper"] == pytest.approx(100.0)
+  retokenized = paper_bleu.paper_bleu([hypothesis], [reference], "de")
+  assert retokenized["bleu_paper"] < 100.0

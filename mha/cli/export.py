@@ -1,0 +1,63 @@
+r"""mha-export: a trained workdir as a CTranslate2 model folder.
+
+    mha-export --workdir=/tmp/run --format=ctranslate2 \
+        --output_dir=/tmp/run_ct2 [--quantization=int8] \
+        [--step=S | --average_last=N]
+
+(or `python -m mha.cli.export ...`). The folder holds the model, its
+vocabulary and the workdir's spm.model: `ctranslate2.Translator(folder)`
+and SentencePiece are all a user needs (`mha.export`'s docstring shows the
+lines). It needs the optional `ctranslate2` package.
+"""
+from absl import app
+from absl import flags
+
+from mha.cli import startup
+
+# mha.export.FORMATS and QUANTIZATIONS (that module imports JAX: not before
+# the restart of mha.cli.startup).
+_FORMATS = ("ctranslate2",)
+_QUANTIZATIONS = ("float32", "int8")
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "The training workdir "
+                               "(local or gs://); only read.")
+_FORMAT = flags.DEFINE_enum("format", "ctranslate2", _FORMATS,
+                            "The export format.")
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "A new or empty local folder, or an earlier export "
+    "(replaced).")
+_QUANTIZATION = flags.DEFINE_enum(
+    "quantization", "float32", _QUANTIZATIONS,
+    "Weights: float32, or int8 (CTranslate2's 8-bit quantisation).")
+_STEP = flags.DEFINE_integer("step", None, "The checkpoint step; default: "
+                             "the latest.")
+_AVERAGE_LAST = flags.DEFINE_integer(
+    "average_last", None, "Export the mean of the last N checkpoints (up to "
+    "--step).")
+startup.define_flags()
+flags.mark_flags_as_required(["workdir", "output_dir"])
+
+
+@startup.guarded
+def main(argv: list[str]) -> int:
+  """Exports --workdir's checkpoint into --output_dir."""
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  from mha import export  # pylint: disable=g-import-not-at-top  (JAX)
+  manifest = export.export(
+      _WORKDIR.value, _OUTPUT_DIR.value, export_format=_FORMAT.value,
+      quantization=_QUANTIZATION.value, step=_STEP.value,
+      average_last=_AVERAGE_LAST.value)
+  print(f"Exported step(s) {manifest['averaged_steps']} of {_WORKDIR.value} "
+        f"to {_OUTPUT_DIR.value} ({manifest['format']}, "
+        f"{manifest['quantization']}).")
+  return 0
+
+
+def run() -> None:
+  """The `mha-export` command."""
+  startup.run(main)
+
+
+if __name__ == "__main__":
+  run()

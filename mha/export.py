@@ -1,0 +1,400 @@
+"""Export a trained workdir to CTranslate2, the inference engine of OpenNMT,
+fairseq and Marian users.
+
+    from mha import export
+    export.export("/tmp/run", "/tmp/run_ct2", quantization="int8")
+
+    import ctranslate2, sentencepiece
+    sp = sentencepiece.SentencePieceProcessor(model_file="/tmp/run_ct2/spm.model")
+    translator = ctranslate2.Translator("/tmp/run_ct2")
+    out = translator.translate_batch(
+        [sp.encode("Ein Hund läuft.", out_type=str)], beam_size=4,
+        min_decoding_length=0, max_input_length=MAX_LEN)  # mha_export.json
+    print(sp.decode(out[0].hypotheses[0]))
+
+CTranslate2's search is not mha's (its length penalty is |Y|^α, not
+GNMT's, its beam stops once `beam_size` hypotheses have ended, its length
+limit is per call): greedy outputs are the same given the same limit and
+min_decoding_length=0; beam outputs may differ.
+
+The output folder holds CTranslate2's `model.bin` and `config.json`, the
+vocabulary (`shared_vocabulary.json`: the SentencePiece pieces in id order,
+so CTranslate2's ids are the project's), the workdir's `spm.model`, and
+`mha_export.json` (which checkpoint it is, and the workdir's search
+settings). The parameters are one checkpoint (the latest, or `step`) or the
+element-wise mean of the last N (`average_last`), read by the evaluator's
+own `load_params`.
+
+How the model maps onto `ctranslate2.specs.TransformerSpec`:
+
+* token embeddings times √d_model (`scale_embeddings`), the position table
+  written out whole (`position_encodings.encodings`, `[max_len, d_model]`:
+  the project's interleaved sinusoids or its learned table), so CTranslate2
+  never makes its own (its sinusoids are laid out differently);
+* the decoder starts from token 0 (`decoder_start_token` = piece 0), and
+  the source ends with EOS (`add_source_eos`), as in `mha.translate`;
+* post-LN (`pre_norm=False`, LayerNorm(x + Sublayer(x)), no final norm) or
+  pre-LN (`pre_norm=True` with the final encoder and decoder norms); layer
+  norm ε = flax's 1e-6;
+* the h heads' projections (no bias, §3.2.2) fused as CTranslate2 reads
+  them (`[h·d_k, d_model]`, heads major; it takes d_k from their size, so
+  h·d_k ≠ d_model is fine), and the logit scale 1/√d_k (scaled dot) or 1
+  (`dot`, `queries_scale`);
+* the pre-softmax map: the shared embedding matrix (§3.4), or the separate
+  projection with its bias.
+
+Additive and location-aware attention, and keys and values of different
+sizes (d_k ≠ d_v), have no CTranslate2 layer: they are refused with one line
+(`ExportError`) before anything is read or written.
+"""
+import json
+import os
+import shutil
+import uuid
+from typing import Any
+
+from absl import logging
+import numpy as np
+
+from mha import evaluator
+from mha.data import files
+from mha.data import tokenizer as tokenizer_lib
+from mha.errors import UserError
+from mha.positional import sinusoidal_encoding
+from mha.transformer import TransformerConfig
+
+FORMATS = ("ctranslate2",)
+# CTranslate2 quantisations offered (its own, made at conversion).
+QUANTIZATIONS = ("float32", "int8")
+MANIFEST_FILE = "mha_export.json"  # marks a folder written by this module
+VOCABULARY_FILE = "spm.model"
+# flax.linen.LayerNorm's default epsilon, which every norm of the model uses.
+LAYER_NORM_EPSILON = 1e-6
+
+
+class ExportError(UserError, ValueError):
+  """A model, flag or output folder the export cannot use."""
+
+
+def check_exportable(model_config: TransformerConfig) -> None:
+  """Refuses the variants CTranslate2 has no layer for.
+
+  Raises:
+    ExportError: naming the config field at fault.
+  """
+  if model_config.attention_type not in ("scaled_dot", "dot"):
+    raise ExportError(
+        f"config.attention_type={model_config.attention_type!r} cannot be "
+        "exported to CTranslate2: it has only dot-product attention "
+        "('scaled_dot' or 'dot').")
+  d_k, d_v = _head_sizes(model_config)
+  if d_k != d_v:
+    raise ExportError(
+        f"config.d_k={d_k} and config.d_v={d_v} differ: CTranslate2's "
+        "attention has one head size for keys and values.")
+
+
+def _head_sizes(model_config: TransformerConfig) -> tuple[int, int]:
+  default = model_config.d_model // model_config.num_heads
+  return model_config.d_k or default, model_config.d_v or default
+
+
+# ------------------------------------------------------------ the model spec
+
+
+def _f32(x: Any) -> np.ndarray:
+  return np.ascontiguousarray(np.asarray(x, np.float32))
+
+
+def _linear(spec, kernel: Any, bias: Any = None) -> None:
+  """A CTranslate2 linear layer from a flax kernel `[in, out]` (transposed:
+  CTranslate2 stores `[out, in]`)."""
+  spec.weight = _f32(np.asarray(kernel).T)
+  if bias is not None:
+    spec.bias = _f32(bias)
+
+
+def _heads_kernel(kernel: Any) -> np.ndarray:
+  """A fused projection `[d_model, h, d]` as `[d_model, h·d]` (heads major,
+  CTranslate2's split of its output into heads)."""
+  kernel = np.asarray(kernel)
+  return kernel.reshape(kernel.shape[0], -1)
+
+
+def _attention(spec, p: dict, self_attention: bool, scale: float) -> None:
+  """linear_0 = [Q; K; V] (self) or Q, linear_1 = [K; V] (cross), last =
+  W^O `[h, d_v, d_model]` as `[h·d_v, d_model]`."""
+  q, k, v = (_heads_kernel(p[f"{n}_kernel"]) for n in ("query", "key",
+                                                       "value"))
+  if self_attention:
+    _linear(spec.linear[0], np.concatenate([q, k, v], axis=1))
+  else:
+    _linear(spec.linear[0], q)
+    _linear(spec.linear[1], np.concatenate([k, v], axis=1))
+  w_out = np.asarray(p["out_kernel"])
+  _linear(spec.linear[-1], w_out.reshape(-1, w_out.shape[-1]))
+  spec.queries_scale = np.float32(scale)
+
+
+def _layer_norm(spec, p: dict) -> None:
+  spec.gamma = _f32(p["scale"])
+  spec.beta = _f32(p["bias"])
+
+
+def _ffn(spec, p: dict, norm: dict) -> None:
+  _linear(spec.linear_0, p["w1"]["kernel"], p["w1"]["bias"])
+  _linear(spec.linear_1, p["w2"]["kernel"], p["w2"]["bias"])
+  _layer_norm(spec.layer_norm, norm)
+
+
+def _positions(model_config: TransformerConfig, params: dict,
+               name: str) -> np.ndarray:
+  """The `[max_len, d_model]` table the model adds to its embeddings."""
+  if model_config.position_encoding == "learned":
+    return _f32(params[name]["embedding"])
+  return sinusoidal_encoding(model_config.max_len, model_config.d_model)
+
+
+def build_spec(model_config: TransformerConfig, params: dict,
+               pieces: list[str]):
+  """The `ctranslate2.specs.TransformerSpec` of a model and its parameters.
+
+  Args:
+    model_config: the model's config (`check_exportable` passes).
+    params: its parameters (the `params` collection), as arrays.
+    pieces: the vocabulary's pieces in id order.
+
+  Returns:
+    The spec, with vocabularies and config set, not yet validated.
+  """
+  from ctranslate2 import specs  # pylint: disable=import-outside-toplevel
+  check_exportable(model_config)
+  pre_norm = model_config.layer_norm == "pre"
+  # No head_dim: CTranslate2 takes the head size from the projections' rows
+  # (h·d_k may differ from d_model; a head_dim given here is not read).
+  encoder = specs.TransformerEncoderSpec(
+      model_config.num_encoder_layers, model_config.num_heads,
+      pre_norm=pre_norm)
+  decoder = specs.TransformerDecoderSpec(
+      model_config.num_decoder_layers, model_config.num_heads,
+      pre_norm=pre_norm)
+  _fill_encoder(encoder, model_config, params)
+  _fill_decoder(decoder, model_config, params)
+  spec = specs.TransformerSpec(encoder, decoder)
+  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.unk_token = pieces[tokenizer_lib.UNK_ID]
+  spec.config.eos_token = pieces[tokenizer_lib.EOS_ID]
+  # No BOS in the project's vocabulary; the decoder starts from token 0.
+  spec.config.bos_token = pieces[tokenizer_lib.PAD_ID]
+  spec.config.decoder_start_token = pieces[tokenizer_lib.PAD_ID]
+  spec.config.add_source_eos = True
+  spec.register_source_vocabulary(pieces)
+  spec.register_target_vocabulary(pieces)
+  return spec
+
+
+def _fill_encoder(spec, model_config: TransformerConfig, params: dict
+                  ) -> None:
+  scale = _queries_scale(model_config)
+  spec.embeddings[0].weight = _f32(params["source_embed"]["embedding"])
+  spec.position_encodings.encodings = _positions(model_config, params,
+                                                 "source_positions")
+  for i, layer_spec in enumerate(spec.layer):
+    p = params[f"encoder_layers_{i}"]
+    _attention(layer_spec.self_attention, p["self_attention"], True, scale)
+    _layer_norm(layer_spec.self_attention.layer_norm,
+                p["attention_block"]["layer_norm"])
+    _ffn(layer_spec.ffn, p["ffn"], p["ffn_block"]["layer_norm"])
+  if model_config.layer_norm == "pre":
+    _layer_norm(spec.layer_norm, params["encoder_norm"])
+
+
+def _fill_decoder(spec, model_config: TransformerConfig, params: dict
+                  ) -> None:
+  scale = _queries_scale(model_config)
+  embed = "source_embed" if model_config.share_embeddings else "target_embed"
+  spec.embeddings.weight = _f32(params[embed]["embedding"])
+  spec.position_encodings.encodings = _positions(model_config, params,
+                                                 "target_positions")
+  for i, layer_spec in enumerate(spec.layer):
+    p = params[f"decoder_layers_{i}"]
+    _attention(layer_spec.self_attention, p["self_attention"], True, scale)
+    _layer_norm(layer_spec.self_attention.layer_norm,
+                p["self_attention_block"]["layer_norm"])
+    _attention(layer_spec.attention, p["cross_attention"], False, scale)
+    _layer_norm(layer_spec.attention.layer_norm,
+                p["cross_attention_block"]["layer_norm"])
+    _ffn(layer_spec.ffn, p["ffn"], p["ffn_block"]["layer_norm"])
+  if model_config.layer_norm == "pre":
+    _layer_norm(spec.layer_norm, params["decoder_norm"])
+  if model_config.share_embeddings:  # §3.4: the embedding matrix, [V, M]
+    spec.projection.weight = _f32(params["source_embed"]["embedding"])
+  else:
+    projection = params["output_projection"]
+    _linear(spec.projection, projection["kernel"], projection["bias"])
+
+
+def _queries_scale(model_config: TransformerConfig) -> float:
+  """The logits' factor: 1/√d_k (eq. 1), or 1 for unscaled `dot`."""
+  if model_config.attention_type == "dot":
+    return 1.0
+  return _head_sizes(model_config)[0] ** -0.5
+
+
+# ------------------------------------------------------------ output folder
+
+
+def _check_output_dir(output_dir: str) -> None:
+  """Refuses a URL, a file, and a non-empty folder that is not an export.
+
+  Raises:
+    ExportError: naming `--output_dir` and what is there.
+  """
+  if files.has_scheme(output_dir):
+    raise ExportError(
+        f"--output_dir={output_dir}: CTranslate2 writes its model to a local "
+        "folder; export locally and copy the folder.")
+  if not os.path.lexists(output_dir):
+    return
+  if not os.path.isdir(output_dir):
+    raise ExportError(f"--output_dir={output_dir} is a file, not a folder.")
+  if os.listdir(output_dir) and not os.path.isfile(
+      os.path.join(output_dir, MANIFEST_FILE)):
+    raise ExportError(
+        f"--output_dir={output_dir} is a non-empty folder that is not an "
+        f"export of this project (no {MANIFEST_FILE}): choose an empty or "
+        "new folder.")
+
+
+def _move_into_place(staging: str, output_dir: str) -> None:
+  """Renames the finished `staging` folder to `output_dir`; a previous
+  export there is set aside first and deleted only once the new one is in
+  place."""
+  old = None
+  if os.path.lexists(output_dir):
+    if os.listdir(output_dir):
+      old = f"{output_dir}.old-{uuid.uuid4().hex[:8]}"
+      os.rename(output_dir, old)
+    else:
+      os.rmdir(output_dir)
+  try:
+    os.rename(staging, output_dir)
+  except OSError:
+    if old is not None:
+      os.rename(old, output_dir)
+    raise
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _import_ctranslate2():
+  """The optional `ctranslate2` module, or one line saying how to get it."""
+  try:
+    import ctranslate2  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ExportError(
+        "--format=ctranslate2 needs the optional ctranslate2 package, which "
+        "is not installed: pip install ctranslate2 (the project's export "
+        "requirements).") from None
+  return ctranslate2
+
+
+def _write_folder(spec, vocabulary: bytes, manifest: dict[str, Any],
+                  output_dir: str) -> None:
+  """The model, spm.model and the manifest, written into a staging folder
+  beside `output_dir` and renamed into place (removed if anything fails)."""
+  parent = os.path.dirname(os.path.abspath(output_dir))
+  os.makedirs(parent, exist_ok=True)
+  staging = os.path.join(parent, f".{os.path.basename(output_dir)}"
+                         f".staging-{uuid.uuid4().hex[:8]}")
+  os.makedirs(staging)
+  try:
+    spec.save(staging)
+    with open(os.path.join(staging, VOCABULARY_FILE), "wb") as f:
+      f.write(vocabulary)
+    with open(os.path.join(staging, MANIFEST_FILE), "w",
+              encoding="utf-8") as f:
+      json.dump(manifest, f, indent=2)
+      f.write("\n")
+    _move_into_place(staging, output_dir)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+
+
+# ----------------------------------------------------------------- export
+
+
+def check_flags(*, export_format: str = "ctranslate2",
+                quantization: str | None = None, step: int | None = None,
+                average_last: int | None = None) -> None:
+  """Checks the flags that need no workdir.
+
+  Raises:
+    ExportError: naming the first flag out of range.
+  """
+  if export_format not in FORMATS:
+    raise ExportError(f"--format must be one of {FORMATS}, got "
+                      f"{export_format!r}.")
+  if quantization is not None and quantization not in QUANTIZATIONS:
+    raise ExportError(f"--quantization must be one of {QUANTIZATIONS}, got "
+                      f"{quantization!r}.")
+  for name, value in (("step", step), ("average_last", average_last)):
+    low = 0 if name == "step" else 1
+    if value is not None and (not isinstance(value, int)
+                              or isinstance(value, bool) or value < low):
+      raise ExportError(f"--{name} must be an integer >= {low}, got "
+                        f"{value!r}.")
+
+
+def export(workdir: str, output_dir: str, *,
+           export_format: str = "ctranslate2",
+           quantization: str | None = None, step: int | None = None,
+           average_last: int | None = None) -> dict[str, Any]:
+  """Writes a workdir's checkpoint as a CTranslate2 model folder.
+
+  The folder is written beside `output_dir` and renamed into place when
+  complete: a failed export leaves `output_dir` as it was.
+
+  Args:
+    workdir: the training workdir (local or gs://); only read.
+    output_dir: a new or empty local folder, or one holding an earlier
+      export of this module (replaced).
+    export_format: `ctranslate2`, the one format.
+    quantization: `int8` (CTranslate2's 8-bit weights, per output row) or
+      None / `float32`.
+    step: the checkpoint; None = the latest.
+    average_last: export the mean of the last N checkpoints up to `step`.
+
+  Returns:
+    The manifest written as `mha_export.json`.
+
+  Raises:
+    ExportError: a bad flag, a model variant CTranslate2 cannot represent,
+      or an output folder that is not ours.
+    UserError: the workdir or its checkpoints cannot be read (as eval.py).
+  """
+  check_flags(export_format=export_format, quantization=quantization,
+              step=step, average_last=average_last)
+  ctranslate2 = _import_ctranslate2()
+  _check_output_dir(output_dir)
+  config, tokenizer = evaluator.load_workdir(workdir)
+  model_config = TransformerConfig.from_config(config)
+  check_exportable(model_config)
+  params, checkpoint_step, steps = evaluator.load_params(
+      workdir, step, average_last)
+  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+  spec = build_spec(model_config, params, pieces)
+  spec.validate()
+  spec.optimize(quantization=quantization or "float32")
+  manifest = {
+      "format": export_format, "ctranslate2_version": ctranslate2.__version__,
+      "workdir": os.fspath(workdir), "checkpoint_step": checkpoint_step,
+      "averaged_steps": steps, "quantization": quantization or "float32",
+      "beam_size": config.beam_size, "alpha": config.alpha,
+      "max_decode_extra": config.max_decode_extra,
+      "max_len": model_config.max_len}
+  _write_folder(spec, files.read_bytes(tokenizer.path), manifest, output_dir)
+  logging.info("Exported step(s) %s of %s to %s (CTranslate2, %s).", steps,
+               workdir, output_dir, manifest["quantization"])
+  return manifest
