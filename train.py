@@ -12,9 +12,12 @@ several processes, process 0 prepares the dataset, trains the vocabulary and
 writes the tokenized cache while the others wait, then they read them.
 
 A bad config file, config field, workdir (or one that another run holds) or
-data file, and a non-finite loss, print one line naming the problem and exit
-with status 1 (--traceback shows the stack); a refused run writes nothing,
-and earlier checkpoints stay as they were.
+data file, a non-finite loss, and a full disk or read-only folder print one
+line naming the problem and exit with status 1 (--traceback shows the
+stack); a refused run writes nothing, and earlier checkpoints stay as they
+were. SIGTERM (preemption) saves a checkpoint at the next step boundary and
+exits with status 0; Ctrl-C does the same and exits with status 130 (a
+second Ctrl-C stops at once, without saving).
 """
 import os
 import re
@@ -65,9 +68,9 @@ library_logs.define_flag()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, exit_code: int = 1) -> None:
   print(f"train.py: {message}", file=sys.stderr)
-  sys.exit(1)
+  sys.exit(exit_code)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -129,7 +132,11 @@ def main(argv):
     # exception is a bug and keeps its stack.
     if FLAGS.traceback:
       raise
-    _fail(str(e))
+    _fail(str(e), getattr(e, "exit_code", 1))
+  except KeyboardInterrupt:  # Ctrl-C before training started
+    if FLAGS.traceback:
+      raise
+    _fail("Interrupted (Ctrl-C) before training started.", 130)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from mha.data import tokenized
 from mha.data import tokenizer
 from mha.errors import ConfigError
 from mha.errors import WorkdirError
+from mha.errors import os_reason
 
 # Fields that change the shapes of the parameters or the vocabulary: a workdir
 # trained with other values cannot be resumed with these.
@@ -219,7 +220,9 @@ class WorkdirLock:
     try:
       self.held = self._acquire()
     except OSError as e:
-      raise WorkdirError(f"Cannot take the lock {self.path}: {e}") from None
+      raise WorkdirError(
+          f"Cannot take the lock {self.path}: {os_reason(e)}. Free space or "
+          "make the folder writable, or use another --workdir.") from None
 
   def _acquire(self) -> bool:
     for _ in range(5):

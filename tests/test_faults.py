@@ -1,0 +1,274 @@
+"""Faults from outside the program: made to happen for real where a test can.
+
+A full disk is a small tmpfs filled with a file (root only); a read-only
+folder is `chmod 555` for a user and a read-only bind mount for root (whom
+chmod does not stop); Ctrl-C is a real SIGINT to a child train.py; odd
+characters are in real temporary paths. Where the machine does not allow
+one (no root, no mount), the test skips saying why. Each case checks the
+one line, and that the workdir, its earlier checkpoints and the user's files
+are as they were, and that nothing is left running or waiting.
+"""
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+from conftest import TINY_OVERRIDES
+from conftest import TINY_WORKDIR_LOOP
+from conftest import tiny_config
+from mha import checkpoints
+from mha import errors
+from mha import metrics as metrics_lib
+from mha import trainer
+from mha.data import files
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# The parts of a failed save that Orbax never ran: their coroutines are
+# collected unawaited (train.py hides this warning, pytest resets filters).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:coroutine .* was never awaited:RuntimeWarning")
+
+
+def _hashes(path: pathlib.Path) -> dict[str, str | None]:
+  """sha256 of every file under `path` (folders: None)."""
+  return {str(p.relative_to(path)):
+          hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+          for p in sorted(path.rglob("*"))}
+
+
+def _run(cmd: list[str], *args, **kwargs) -> subprocess.CompletedProcess:
+  return subprocess.run(cmd, *args, capture_output=True, text=True,
+                        check=False, **kwargs)
+
+
+@contextlib.contextmanager
+def read_only(path: pathlib.Path):
+  """`path` made read-only for real while the block runs: `chmod 555` for a
+  user; for root (whom chmod does not stop) a read-only bind mount."""
+  if os.geteuid() != 0:
+    mode = path.stat().st_mode
+    path.chmod(0o555)
+    try:
+      yield
+    finally:
+      path.chmod(mode)
+    return
+  mounted = _run(["mount", "--bind", "-o", "ro", str(path), str(path)])
+  if mounted.returncode:
+    pytest.skip("running as root, where chmod does not stop writes, and no "
+                f"read-only bind mount here: {mounted.stderr.strip()}")
+  try:
+    try:
+      (path / ".probe").touch()
+    except OSError:
+      pass
+    else:
+      (path / ".probe").unlink()
+      pytest.skip("the bind mount is not read-only on this kernel")
+    yield
+  finally:
+    _run(["umount", str(path)])
+
+
+@contextlib.contextmanager
+def small_disk(path: pathlib.Path, megabytes: int):
+  """A tmpfs of `megabytes` mounted at `path` (root only) while the block
+  runs: a disk that can be filled."""
+  if os.geteuid() != 0:
+    pytest.skip("a small tmpfs (a disk to fill) needs root")
+  path.mkdir()
+  mounted = _run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m",
+                  "tmpfs", str(path)])
+  if mounted.returncode:
+    pytest.skip(f"no tmpfs mount here: {mounted.stderr.strip()}")
+  try:
+    yield path
+  finally:
+    _run(["umount", "-l", str(path)])
+
+
+def _fill(disk: pathlib.Path, leave: int) -> pathlib.Path:
+  """A file that takes all but `leave` bytes of `disk`'s free space."""
+  filler = disk / "filler"
+  stat = os.statvfs(disk)
+  with open(filler, "wb") as f:
+    os.posix_fallocate(f.fileno(), 0, stat.f_bavail * stat.f_frsize - leave)
+  return filler
+
+
+def _orbax_threads_waiting() -> list[str]:
+  """Orbax's save threads still alive (they would keep the process from
+  exiting)."""
+  from orbax.checkpoint._src.futures import future  # pylint: disable=g-import-not-at-top
+  return [t.name for t in threading.enumerate()
+          if isinstance(t, future._SignalingThread) and t.is_alive()]  # pylint: disable=protected-access
+
+
+def _assert_metrics_and_events_whole(workdir: pathlib.Path) -> None:
+  """Every metrics.jsonl line a JSON record ending in a newline, every event
+  file readable to its end with its checksums (TensorFlow's reader)."""
+  text = (workdir / "metrics.jsonl").read_text()
+  assert text.endswith("\n")
+  assert all(json.loads(line) for line in text.splitlines())
+  for path in workdir.glob("events.out.tfevents.*"):
+    assert list(tf.compat.v1.train.summary_iterator(str(path)))
+
+
+# The tiny_workdir's run (checkpoints 2, 4, 6) continued to step 8.
+RESUMED = dict(TINY_WORKDIR_LOOP, num_train_steps=8)
+
+
+@pytest.fixture
+def copy(tiny_workdir, tmp_path) -> pathlib.Path:
+  path = tmp_path / "run"
+  shutil.copytree(tiny_workdir, path, ignore=shutil.ignore_patterns("eval"))
+  return path
+
+
+# -------------------------------------------------- saving checkpoints
+
+
+def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
+    tiny_workdir, tmp_path):
+  with small_disk(tmp_path / "disk", 16) as disk:
+    run = disk / "run"
+    shutil.copytree(tiny_workdir, run, ignore=shutil.ignore_patterns("eval"))
+    before = _hashes(run / "checkpoints")
+    # Room for the metrics lines and a new event file, not a checkpoint.
+    filler = _fill(disk, leave=200_000)
+    with pytest.raises(checkpoints.CheckpointSaveError) as refused:
+      trainer.train_and_evaluate(tiny_config(**RESUMED), str(run))
+    assert str(refused.value) == (
+        f"Checkpoint 8 could not be written into {run}/checkpoints: the disk "
+        "is full. Training stopped; the last good checkpoint is step 6: free "
+        "space on its disk and run train.py again to resume from it.")
+    assert refused.value.exit_code == 1
+    assert not _orbax_threads_waiting()
+    assert not (run / "lock").exists()
+    # Earlier checkpoints as they were, the failed step's files removed.
+    assert _hashes(run / "checkpoints") == before
+    _assert_metrics_and_events_whole(run)
+    filler.unlink()
+    result = trainer.train_and_evaluate(tiny_config(**RESUMED), str(run))
+  assert result["step"] == 8
+
+
+def test_read_only_checkpoints_folder_stops_with_one_line(copy):
+  before = _hashes(copy / "checkpoints")
+  with read_only(copy / "checkpoints"):
+    with pytest.raises(checkpoints.CheckpointSaveError) as refused:
+      trainer.train_and_evaluate(tiny_config(**RESUMED), str(copy))
+    assert not _orbax_threads_waiting()
+  reason = ("the file system is read-only" if os.geteuid() == 0
+            else "permission denied")
+  assert str(refused.value) == (
+      f"Checkpoint 8 could not be written into {copy}/checkpoints: {reason}."
+      " Training stopped; the last good checkpoint is step 6: make "
+      f"{copy}/checkpoints writable and run train.py again to resume from "
+      "it.")
+  assert not (copy / "lock").exists()
+  assert _hashes(copy / "checkpoints") == before
+  _assert_metrics_and_events_whole(copy)
+
+
+def test_full_disk_while_logging_names_the_file(copy, monkeypatch):
+  # The file layer refuses metrics.jsonl's next line as a full disk does
+  # (injected: a real disk cannot be filled between two appends).
+  append = files.append_bytes
+
+  def full(path, data):
+    if str(path).endswith("metrics.jsonl"):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return append(path, data)
+
+  monkeypatch.setattr(files, "append_bytes", full)
+  with pytest.raises(errors.DiskError) as refused:
+    trainer.train_and_evaluate(tiny_config(**RESUMED), str(copy))
+  assert str(refused.value) == (
+      f"{copy}/metrics.jsonl could not be written: the disk is full. "
+      "Training stopped; the last good checkpoint is step 6: free space on "
+      "its disk and run train.py again to resume from it.")
+  assert not (copy / "lock").exists()
+  assert checkpoints.all_steps(str(copy)) == [2, 4, 6]
+
+
+def test_os_reason_reads_tensorstore_errors():
+  # Orbax writes arrays through TensorStore, whose errors are ValueErrors
+  # carrying the errno in their text.
+  error = ValueError("RESOURCE_EXHAUSTED: Error writing \"a/0\": Failed to "
+                     "write 67095 bytes to file 15: No space left on device "
+                     "[os_error_code='28']")
+  assert errors.os_errno(error) == errno.ENOSPC
+  assert errors.os_reason(error) == "the disk is full"
+  assert errors.os_reason(OSError(errno.EROFS, "x")) == (
+      "the file system is read-only")
+  assert errors.os_errno(ValueError("INVALID_ARGUMENT: a bug")) is None
+
+
+# ------------------------------------------------------------------ Ctrl-C
+
+
+def _train_cmd(workdir: pathlib.Path, **changes) -> list[str]:
+  overrides = dict(TINY_OVERRIDES, **changes)
+  return [sys.executable, "train.py", f"--workdir={workdir}",
+          "--config=configs/quickstart.py:tiny"] + [
+              f"--config.{k}={v}" for k, v in overrides.items()]
+
+
+def _env() -> dict[str, str]:
+  return dict(os.environ, JAX_PLATFORMS="cpu",
+              XLA_FLAGS="--xla_force_host_platform_device_count=2")
+
+
+def _wait_for(predicate, process: subprocess.Popen,
+              limit: float = 600.0) -> bool:
+  """Polls `predicate` until it holds or `process` ends; `limit` seconds
+  only bound a hung child, far beyond a loaded machine's time."""
+  end = time.monotonic() + limit
+  while not predicate():
+    if process.poll() is not None or time.monotonic() > end:
+      return predicate()
+    time.sleep(0.05)
+  return True
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_where_it_stopped_and_exits_130(tiny_workdir, tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  shutil.copy(tiny_workdir / "spm.model", workdir / "spm.model")
+  shutil.copytree(tiny_workdir / "tokenized", workdir / "tokenized")
+  process = subprocess.Popen(
+      _train_cmd(workdir, num_train_steps=100000, checkpoint_every_steps=4,
+                 eval_every_steps=100000, log_every_steps=1),
+      cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    assert _wait_for(lambda: checkpoints.all_steps(str(workdir)), process)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+  finally:
+    process.kill()
+  saved = checkpoints.latest_step(str(workdir))
+  last_logged = max(r["step"] for r in metrics_lib.read_metrics(str(workdir)))
+  assert process.returncode == 130, stderr[-2000:]
+  assert stderr.splitlines()[-1] == (
+      f"train.py: Interrupted (Ctrl-C): saved checkpoint {saved} in "
+      f"{workdir}/checkpoints; run train.py again to resume from it.")
+  assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+  # Saved where it stopped, with the data position of that step: a resume
+  # goes on exactly from there (as after SIGTERM).
+  assert 4 <= saved == last_logged < 100000
+  assert checkpoints.read_meta(str(workdir), saved)["data_position"] == saved
+  assert not (workdir / "lock").exists()
