@@ -33,6 +33,7 @@ from mha.data import files
 from mha.data import tokenized
 from mha.data import tokenizer
 from mha.errors import ConfigError
+from mha.errors import UserError
 from mha.errors import WorkdirError
 from mha.errors import os_reason
 
@@ -198,9 +199,10 @@ class WorkdirLock:
   another host (whose processes cannot be seen from here), refuses the run.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, path: str | None = None):
+    """A lock of `workdir`, the file `path` (default `<workdir>/lock`)."""
     self.workdir = workdir
-    self.path = os.path.join(workdir, LOCK_FILE)
+    self.path = path or os.path.join(workdir, LOCK_FILE)
     self.info = {
         "host": socket.gethostname(), "pid": os.getpid(),
         "started": datetime.datetime.now().astimezone().isoformat(
@@ -233,17 +235,9 @@ class WorkdirLock:
         continue  # released meanwhile: try again
       holder, raw = read
       if holder.get("host") != self.info["host"]:
-        raise WorkdirError(
-            f"{self.workdir} is locked by process {holder.get('pid')} on host "
-            f"{holder.get('host')} (started {holder.get('started')}); one "
-            f"training run per workdir. If that run is gone, delete "
-            f"{self.path}.")
+        raise self.busy(holder, same_host=False)
       if _is_running(holder):
-        raise WorkdirError(
-            f"{self.workdir} is in use by process {holder.get('pid')} on "
-            f"{holder.get('host')} (started {holder.get('started')}; lock "
-            f"{self.path}): one training run per workdir. Wait for it or "
-            "stop it, or use another --workdir.")
+        raise self.busy(holder, same_host=True)
       if files.replace_if_unchanged(self.path, raw, self._text):
         logging.warning(
             "Taking over the stale lock %s of process %s on %s (started %s), "
@@ -253,6 +247,20 @@ class WorkdirLock:
       # another run took it over, or released it, meanwhile: look again
     raise WorkdirError(f"Could not take {self.path}: other runs keep taking "
                        "and releasing it. Start one run per workdir.")
+
+  def busy(self, holder: dict, same_host: bool) -> UserError:
+    """The error for a lock that `holder` holds (on this host or not)."""
+    if not same_host:
+      return WorkdirError(
+          f"{self.workdir} is locked by process {holder.get('pid')} on host "
+          f"{holder.get('host')} (started {holder.get('started')}); one "
+          f"training run per workdir. If that run is gone, delete "
+          f"{self.path}.")
+    return WorkdirError(
+        f"{self.workdir} is in use by process {holder.get('pid')} on "
+        f"{holder.get('host')} (started {holder.get('started')}; lock "
+        f"{self.path}): one training run per workdir. Wait for it or "
+        "stop it, or use another --workdir.")
 
   def _read(self) -> tuple[dict, bytes] | None:
     """The lock's content and its bytes; None if it does not exist."""

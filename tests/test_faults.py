@@ -29,8 +29,11 @@ from conftest import TINY_WORKDIR_LOOP
 from conftest import tiny_config
 from mha import checkpoints
 from mha import errors
+from mha import evaluator
 from mha import metrics as metrics_lib
 from mha import trainer
+from mha import translate
+from mha import workdir as workdir_lib
 from mha.data import files
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -272,3 +275,127 @@ def test_ctrl_c_saves_where_it_stopped_and_exits_130(tiny_workdir, tmp_path):
   assert 4 <= saved == last_logged < 100000
   assert checkpoints.read_meta(str(workdir), saved)["data_position"] == saved
   assert not (workdir / "lock").exists()
+
+
+# ------------------------------------------------------------- evaluation
+
+SPLIT = "test[:4]"
+
+
+def _fake_search(model_config, params, tokenizer, sources, **kwargs):
+  """Stands in for the beam search (tested in test_evaluator.py)."""
+  del model_config, params, tokenizer, kwargs
+  return [s.upper() for s in sources]
+
+
+def _no_reading(*args, **kwargs):
+  raise AssertionError("a checkpoint was read")
+
+
+def test_a_users_folder_as_output_dir_is_refused_before_decoding(
+    copy, tmp_path, monkeypatch):
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "translations.txt").write_text("my own translations\n")
+  (mine / "notes.txt").write_text("mine\n")
+  before = _hashes(tmp_path)
+  monkeypatch.setattr(evaluator, "load_params", _no_reading)
+  with pytest.raises(evaluator.EvalError) as refused:
+    evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(mine))
+  assert str(refused.value) == (
+      f"--output_dir={mine} holds files that are not the results of an "
+      "evaluation (it has no metrics.json); eval.py never writes over them: "
+      "give a new or empty folder.")
+  assert _hashes(tmp_path) == before
+  # An empty folder the user made for the results is fine.
+  monkeypatch.undo()
+  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  result = evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(empty))
+  assert (empty / "translations.txt").read_text() == "".join(
+      t + "\n" for t in result["translations"])
+
+
+def test_two_evaluations_into_one_folder_one_is_refused(copy, tmp_path,
+                                                        monkeypatch):
+  out = tmp_path / "out"
+  second = []
+
+  def search_while_another_starts(*args, **kwargs):
+    # The first evaluation decodes: a second one into the same folder.
+    with pytest.raises(evaluator.EvalError) as refused:
+      evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(out))
+    second.append(str(refused.value))
+    return _fake_search(*args, **kwargs)
+
+  monkeypatch.setattr(translate, "translate_texts",
+                      search_while_another_starts)
+  result = evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(out))
+  (message,) = second
+  assert message.startswith(f"Another evaluation (process {os.getpid()}, ")
+  assert message.endswith(
+      f") is writing {out} (lock {tmp_path}/.out.lock): wait for it, or give "
+      "another --output_dir.")
+  # The first one's results, whole; no lock or temporary folder left.
+  assert json.loads((out / "metrics.json").read_text())["num_sentences"] == 4
+  assert (out / "translations.txt").read_text().splitlines() == result[
+      "translations"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
+
+
+def test_a_killed_evaluations_leftovers_are_cleaned(copy, monkeypatch):
+  # What a kill -9 during the write leaves beside <workdir>/eval/test_4_6:
+  # its lock (of a process that no longer runs) and its temporary folder.
+  eval_root = copy / "eval"
+  eval_root.mkdir()
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  lock = workdir_lib.WorkdirLock(str(eval_root / "test_4_6"),
+                                 str(eval_root / ".test_4_6.lock"))
+  (eval_root / ".test_4_6.lock").write_text(
+      json.dumps(dict(lock.info, pid=dead.pid)))
+  staging = eval_root / ".test_4_6.tmp-0123456789ab"
+  staging.mkdir()
+  (staging / "translations.txt").write_text("half")
+  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  evaluator.evaluate(str(copy), split=SPLIT)
+  assert sorted(p.name for p in eval_root.iterdir()) == ["test_4_6"]
+  assert sorted(p.name for p in (eval_root / "test_4_6").iterdir()) == [
+      "metrics.json", "translations.txt"]
+
+
+def test_read_only_workdir_without_output_dir_is_refused_before_decoding(
+    copy, tmp_path, monkeypatch):
+  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  before = _hashes(copy)
+  with read_only(copy):
+    with monkeypatch.context() as patch:
+      patch.setattr(evaluator, "load_params", _no_reading)
+      with pytest.raises(evaluator.EvalError) as refused:
+        evaluator.evaluate(str(copy), split=SPLIT)
+    # Elsewhere, it evaluates the read-only workdir.
+    result = evaluator.evaluate(str(copy), split=SPLIT,
+                                output_dir=str(tmp_path / "out"))
+  reason = ("the file system is read-only" if os.geteuid() == 0
+            else "permission denied")
+  assert str(refused.value) == (
+      f"Workdir {copy} cannot be written ({reason}: {copy}/eval): give "
+      "--output_dir=<a folder you can write> for the results.")
+  assert result["output_dir"] == str(tmp_path / "out")
+  assert _hashes(copy) == before
+
+
+def test_full_output_disk_is_refused_before_decoding(copy, tmp_path,
+                                                     monkeypatch):
+  monkeypatch.setattr(evaluator, "load_params", _no_reading)
+  with small_disk(tmp_path / "disk", 1) as disk:
+    (disk / "earlier").mkdir()
+    _fill(disk, leave=0)
+    with pytest.raises(evaluator.EvalError) as refused:
+      evaluator.evaluate(str(copy), split=SPLIT,
+                         output_dir=str(disk / "out"))
+    assert sorted(p.name for p in disk.iterdir()) == ["earlier", "filler"]
+  assert str(refused.value) == (
+      f"--output_dir={disk}/out cannot be written (the disk is full: "
+      f"{disk}).")
