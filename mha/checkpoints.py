@@ -470,8 +470,10 @@ def _unreadable_value(step_dir: epath.Path, prefix: str) -> str | None:
   if '://' in state_dir:
     return None  # not a local file: left to Orbax's own read
   try:
+    # A spec, not a 'file://' URL: a '#' or '%' in the path is no URL syntax.
     store = ts.KvStore.open({'driver': 'ocdbt',
-                             'base': f'file://{state_dir}'}).result()
+                             'base': {'driver': 'file',
+                                      'path': state_dir + '/'}}).result()
     keys = [k for k in store.list().result()
             if k.decode('utf-8', 'replace').startswith(prefix)]
     if not keys:

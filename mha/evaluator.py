@@ -153,6 +153,7 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
     raise EvalError(f"Workdir {workdir} does not exist.")
   if not folder:
     raise EvalError(f"--workdir={workdir} is a file, not a workdir folder.")
+  workdir_lib.check_path_characters(workdir)
   layout = workdir_lib.Workdir(workdir)
   try:
     config = layout.load_config()

@@ -65,6 +65,29 @@ CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
 
 
+# Characters a workdir's path may not hold: Orbax 0.12.8 finds a
+# checkpoint's per-process files with a glob of the whole path, so a '[x]'
+# (or '*', '?') anywhere in it is read as a pattern and the checkpoint
+# cannot be read back.
+GLOB_CHARACTERS = "[]*?"
+
+
+def check_path_characters(path: str, flag: str = "--workdir") -> None:
+  """Refuses a workdir whose absolute path holds a `GLOB_CHARACTERS`.
+
+  Raises:
+    WorkdirError: naming the flag, the path and the characters.
+  """
+  full = path if files.has_scheme(path) else os.path.abspath(path)
+  found = sorted({c for c in full if c in GLOB_CHARACTERS})
+  if found:
+    raise WorkdirError(
+        f"{flag}={path}: its path holds {' '.join(found)}, which the "
+        "checkpoint library (Orbax) reads as a file pattern, so checkpoints "
+        "written there could not be read back. Use a path without "
+        f"{' '.join(GLOB_CHARACTERS)}.")
+
+
 def _saved_and_given(config: ml_collections.ConfigDict, workdir: str
                      ) -> tuple[dict | None, dict]:
   """(the workdir's config.json or None if it has none, `config`), as dicts."""
@@ -183,6 +206,14 @@ def _is_running(holder: dict) -> bool:
     pass  # it runs, as another user
   start = holder.get("process_start")
   return not start or _process_start(pid) in (None, start)
+
+
+def is_workdir(path: str) -> bool:
+  """Whether the local folder `path` is a training run's workdir: a
+  config.json and a checkpoints/ folder or a vocabulary."""
+  return (os.path.isfile(os.path.join(path, CONFIG_FILE)) and (
+      os.path.isdir(os.path.join(path, CHECKPOINTS_DIR)) or
+      os.path.isfile(os.path.join(path, VOCABULARY_FILE))))
 
 
 class WorkdirLock:
@@ -328,7 +359,8 @@ class Workdir:
 
   def check_usable(self) -> None:
     """Refuses, without writing, a workdir that training cannot use: a path
-    that is not a folder, a folder it cannot write, a bucket that does not
+    with a glob character (`check_path_characters`), a path that is not a
+    folder, a folder it cannot write, a bucket that does not
     exist or cannot be listed, a config.json that is not a readable JSON
     object.
 
@@ -336,6 +368,7 @@ class Workdir:
       ConfigError: a URL of another scheme than gs://.
       WorkdirError: naming the path at fault.
     """
+    check_path_characters(self.path)
     if files.is_gcs(self.path):
       try:
         files.check_bucket(self.path)
@@ -354,6 +387,7 @@ class Workdir:
     if os.path.lexists(self.path) and not os.path.isdir(self.path):
       raise WorkdirError(f"--workdir={self.path} is not a folder: pass a new "
                          "or existing workdir folder.")
+    self._check_not_nested()
     existing = self.path
     while existing and not os.path.exists(existing):
       existing = os.path.dirname(existing.rstrip(os.sep))
@@ -362,6 +396,27 @@ class Workdir:
       raise WorkdirError(f"--workdir={self.path}: {existing} is not a folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
       raise WorkdirError(f"--workdir={self.path}: {existing} is not writable.")
+
+  def _check_not_nested(self) -> None:
+    """Refuses a local workdir inside another run's workdir (e.g.
+    `old_run/checkpoints`), or a new one that holds one in a folder of its
+    own (e.g. `runs` holding `runs/old_run`): their files would mix."""
+    full = os.path.abspath(self.path)
+    parent = os.path.dirname(full)
+    while parent != os.path.dirname(parent):
+      if is_workdir(parent):
+        raise WorkdirError(
+            f"--workdir={self.path} lies inside {parent}, the workdir of "
+            "another run (it holds config.json and its checkpoints or "
+            "vocabulary): use a folder outside it.")
+      parent = os.path.dirname(parent)
+    if os.path.isdir(full) and not is_workdir(full):
+      for name in sorted(os.listdir(full)):
+        if is_workdir(os.path.join(full, name)):
+          raise WorkdirError(
+              f"--workdir={self.path} holds {os.path.join(full, name)}, the "
+              "workdir of another run: give that folder to resume it, or a "
+              "new folder outside it.")
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     check_config(config, self.path)

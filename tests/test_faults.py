@@ -399,3 +399,59 @@ def test_full_output_disk_is_refused_before_decoding(copy, tmp_path,
   assert str(refused.value) == (
       f"--output_dir={disk}/out cannot be written (the disk is full: "
       f"{disk}).")
+
+
+# ------------------------------------------------------------ workdir paths
+
+
+@pytest.mark.parametrize("name", ["run [x]", "run*", "a[b]/run", "run?"])
+def test_workdir_paths_with_glob_characters_are_refused_at_start(
+    tmp_path, name):
+  workdir = tmp_path / name
+  found = " ".join(sorted({c for c in name if c in "[]*?"}))
+  message = (f"--workdir={workdir}: its path holds {found}, which the "
+             "checkpoint library (Orbax) reads as a file pattern, so "
+             "checkpoints written there could not be read back. Use a path "
+             "without [ ] * ?.")
+  with pytest.raises(errors.WorkdirError) as refused:
+    trainer.train_and_evaluate(tiny_config(), str(workdir))
+  assert str(refused.value) == message
+  assert list(tmp_path.iterdir()) == []
+  workdir.mkdir(parents=True)  # a workdir written before this check
+  with pytest.raises(errors.WorkdirError) as refused:
+    evaluator.evaluate(str(workdir), split=SPLIT)
+  assert str(refused.value) == message
+
+
+def test_workdir_paths_with_hash_and_percent_work_end_to_end(
+    tiny_workdir, tmp_path, monkeypatch):
+  # '#' and '%' are URL syntax, not file-name syntax: resumed, saved, read
+  # back whole, averaged and evaluated.
+  workdir = tmp_path / "run#3 %20b"
+  shutil.copytree(tiny_workdir, workdir, ignore=shutil.ignore_patterns("eval"))
+  assert checkpoints.check_step(str(workdir), 6) == 6
+  result = trainer.train_and_evaluate(tiny_config(**RESUMED), str(workdir))
+  assert result["step"] == 8
+  assert checkpoints.check_step(str(workdir), 8) == 8
+  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  evaluated = evaluator.evaluate(str(workdir), split=SPLIT, average_last=2)
+  assert evaluated["averaged_steps"] == [6, 8]
+  assert (workdir / "eval" / "test_4_avg2_8" / "metrics.json").exists()
+
+
+def test_a_workdir_inside_another_runs_workdir_is_refused(copy, tmp_path):
+  before = _hashes(tmp_path)
+  for inside in (copy / "checkpoints", copy / "sub" / "run"):
+    with pytest.raises(errors.WorkdirError) as refused:
+      trainer.train_and_evaluate(tiny_config(), str(inside))
+    assert str(refused.value) == (
+        f"--workdir={inside} lies inside {copy}, the workdir of another run "
+        "(it holds config.json and its checkpoints or vocabulary): use a "
+        "folder outside it.")
+  # A folder that holds a run's workdir (`runs/` holding `runs/run`).
+  with pytest.raises(errors.WorkdirError) as refused:
+    trainer.train_and_evaluate(tiny_config(), str(tmp_path))
+  assert str(refused.value) == (
+      f"--workdir={tmp_path} holds {copy}, the workdir of another run: give "
+      "that folder to resume it, or a new folder outside it.")
+  assert _hashes(tmp_path) == before
