@@ -364,11 +364,10 @@ def _write_results(folder: str, result: dict[str, Any], draw) -> None:
     maps = eval_output.write_outputs(folder, result["translations"], metrics,
                                      draw)
   except OSError as e:  # a full disk: earlier results stay as they were
-    where = e.filename or folder
     raise EvalError(
-        f"{where} could not be written ({os_reason(e)}); nothing was "
-        f"written into {folder}: free space, or give another "
-        "--output_dir.") from None
+        f"The results could not be written into {folder} ({os_reason(e)}); "
+        "earlier results there are as they were: free space, or give "
+        "another --output_dir.") from None
   if draw is not None:
     result["attention_maps"] = maps
   logging.info("Wrote %s.", folder)

@@ -400,8 +400,9 @@ class Workdir:
   def _check_not_nested(self) -> None:
     """Refuses a local workdir inside another run's workdir (e.g.
     `old_run/checkpoints`), or a new one that holds one in a folder of its
-    own (e.g. `runs` holding `runs/old_run`): their files would mix."""
-    full = os.path.abspath(self.path)
+    own (e.g. `runs` holding `runs/old_run`): their files would mix. A
+    symbolic link is followed: it is where the files go."""
+    full = os.path.realpath(self.path)
     parent = os.path.dirname(full)
     while parent != os.path.dirname(parent):
       if is_workdir(parent):

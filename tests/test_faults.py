@@ -440,8 +440,11 @@ def test_workdir_paths_with_hash_and_percent_work_end_to_end(
 
 
 def test_a_workdir_inside_another_runs_workdir_is_refused(copy, tmp_path):
+  # A symbolic link is followed to where the files would go.
+  link = tmp_path / "link"
+  link.symlink_to(copy / "checkpoints")
   before = _hashes(tmp_path)
-  for inside in (copy / "checkpoints", copy / "sub" / "run"):
+  for inside in (copy / "checkpoints", copy / "sub" / "run", link):
     with pytest.raises(errors.WorkdirError) as refused:
       trainer.train_and_evaluate(tiny_config(), str(inside))
     assert str(refused.value) == (
@@ -455,3 +458,22 @@ def test_a_workdir_inside_another_runs_workdir_is_refused(copy, tmp_path):
       f"--workdir={tmp_path} holds {copy}, the workdir of another run: give "
       "that folder to resume it, or a new folder outside it.")
   assert _hashes(tmp_path) == before
+
+
+def test_full_output_disk_after_decoding_keeps_earlier_results(
+    copy, tmp_path, monkeypatch):
+  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  with small_disk(tmp_path / "disk", 1) as disk:
+    out = disk / "out"
+    evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(out))
+    kept = _hashes(out)
+    # One page free: the lock takes it, the results find none.
+    _fill(disk, leave=4096)
+    with pytest.raises(evaluator.EvalError) as refused:
+      evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(out))
+    assert _hashes(out) == kept
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "out"]
+  assert str(refused.value) == (
+      f"The results could not be written into {out} (the disk is full); "
+      "earlier results there are as they were: free space, or give another "
+      "--output_dir.")
