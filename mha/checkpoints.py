@@ -305,16 +305,20 @@ def resume_advice(folder: str | os.PathLike[str], last: int | None,
 
 
 class _WithoutOrbaxStacks(logging.Filter):
-  """Drops Orbax's error records that carry a stack: the failed save
-  they report reaches the trainer as an exception too (`save_failure`)."""
+  """Drops Orbax's error records of a write the machine refused (an
+  OSError, or TensorStore's error with an errno): the failed save they
+  report reaches the trainer as an exception too (`save_failure`). Other
+  errors of Orbax are kept, with their stacks."""
 
   def __init__(self):
     super().__init__()
     self._root = os.path.dirname(ocp.__file__)
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not (record.exc_info and record.levelno >= logging.ERROR and
-                record.pathname.startswith(self._root))
+    error = record.exc_info[1] if record.exc_info else None
+    return not (error is not None and record.levelno >= logging.ERROR and
+                record.pathname.startswith(self._root) and
+                os_errno(error) is not None)
 
 
 class _NeverRetrieved(logging.Filter):

@@ -143,7 +143,7 @@ def copy(tiny_workdir, tmp_path) -> pathlib.Path:
 
 
 def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
-    tiny_workdir, tmp_path):
+    tiny_workdir, tmp_path, caplog):
   with small_disk(tmp_path / "disk", 16) as disk:
     run = disk / "run"
     shutil.copytree(tiny_workdir, run, ignore=shutil.ignore_patterns("eval"))
@@ -157,6 +157,10 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
         "is full. Training stopped; the last good checkpoint is step 6: free "
         "space on its disk and run train.py again to resume from it.")
     assert refused.value.exit_code == 1
+    # Orbax's threads logged no stacks of the refused writes (hundreds of
+    # lines): the one line says it.
+    assert not [r for r in caplog.records if r.exc_info], [
+        r.getMessage()[:200] for r in caplog.records if r.exc_info]
     assert not _orbax_threads_waiting()
     assert not (run / "lock").exists()
     # Earlier checkpoints as they were, the failed step's files removed.
