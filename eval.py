@@ -129,7 +129,7 @@ def main(argv):
         paper_bleu=FLAGS.paper_bleu)
   except UserError as e:  # bad input; anything else is a bug
     print(f"eval.py: {e}", file=sys.stderr)
-    return 1
+    return getattr(e, "exit_code", 1)  # 130 for a Ctrl-C
   # With --source_file=- standard output holds the translations only.
   report = sys.stderr if piped else sys.stdout
   if piped:

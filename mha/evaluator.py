@@ -33,6 +33,7 @@ from mha import eval_output
 from mha import paper_bleu as paper_bleu_lib
 from mha import translate
 from mha import workdir as workdir_lib
+from mha.errors import Interrupted
 from mha.errors import UserError
 from mha.errors import os_reason
 from mha.eval_output import EvalError
@@ -417,7 +418,8 @@ def evaluate(workdir: str, *, split: str | None = None,
 
   Raises:
     mha.errors.UserError: bad input, named (EvalError: flags, steps, files,
-      output folder; WorkdirError, DataError, CheckpointError: the workdir).
+      output folder; WorkdirError, DataError, CheckpointError: the workdir);
+      Interrupted: a Ctrl-C before the results were written.
   """
   flags = dict(checkpoint_step=checkpoint_step, average_last=average_last,
                beam_size=beam_size, alpha=alpha,
@@ -441,16 +443,20 @@ def evaluate(workdir: str, *, split: str | None = None,
         claimed.append(path)
 
     claim(folder(plan.steps))
-    params, step, averaged = load_params(workdir, checkpoint_step,
-                                         average_last)
-    output = folder(averaged)  # the steps may have changed meanwhile
-    claim(output)
-    model_config = TransformerConfig.from_config(plan.config,
-                                                 deterministic=True)
-    settings = dict(plan.settings, checkpoint_step=step,
-                    averaged_steps=averaged, batch_size=batch_size)
-    hypotheses, seconds = _translate(model_config, params, plan, settings)
-    result = _score(plan, hypotheses, seconds, settings, paper_bleu)
+    try:
+      params, step, averaged = load_params(workdir, checkpoint_step,
+                                           average_last)
+      output = folder(averaged)  # the steps may have changed meanwhile
+      claim(output)
+      model_config = TransformerConfig.from_config(plan.config,
+                                                   deterministic=True)
+      settings = dict(plan.settings, checkpoint_step=step,
+                      averaged_steps=averaged, batch_size=batch_size)
+      hypotheses, seconds = _translate(model_config, params, plan, settings)
+      result = _score(plan, hypotheses, seconds, settings, paper_bleu)
+    except KeyboardInterrupt:  # Ctrl-C before anything is written
+      raise Interrupted("Interrupted (Ctrl-C) before the results were "
+                        "written: nothing was written.") from None
     if write:
       _write_results(output, result, _attention_drawer(
           model_config, params, plan, result["translations"],

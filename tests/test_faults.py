@@ -369,6 +369,23 @@ def test_a_killed_evaluations_leftovers_are_cleaned(copy, monkeypatch):
       "metrics.json", "translations.txt"]
 
 
+def test_ctrl_c_during_an_evaluation_is_one_line_and_writes_nothing(
+    copy, eval_py, capsys, monkeypatch):
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt  # what Python raises on SIGINT
+
+  monkeypatch.setattr(translate, "translate_texts", interrupted)
+  try:
+    status = eval_py(f"--workdir={copy}", f"--split={SPLIT}")
+  except KeyboardInterrupt:  # would end the whole pytest session
+    pytest.fail("eval.py let the KeyboardInterrupt through")
+  assert status == 130
+  assert capsys.readouterr().err == (
+      "eval.py: Interrupted (Ctrl-C) before the results were written: "
+      "nothing was written.\n")
+  assert not (copy / "eval").exists()  # no lock, folder or staging left
+
+
 def test_read_only_workdir_without_output_dir_is_refused_before_decoding(
     copy, tmp_path, monkeypatch):
   monkeypatch.setattr(translate, "translate_texts", _fake_search)
