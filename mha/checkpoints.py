@@ -27,6 +27,12 @@ and the newest intact earlier step, with the fix (`--checkpoint_step` for
 evaluation; moving the step folder aside to resume training). A step deleted
 while it is read (a running trainer keeps only the last `keep_checkpoints`)
 raises `CheckpointNotFound`, so that a reader can choose its steps again.
+
+A save the machine refuses (a full disk, a read-only folder) fails in one
+of Orbax's background threads and leaves the others waiting for it:
+`save_failure` ends them, removes the step's temporary folder and returns a
+`CheckpointSaveError` naming the step, what was refused and the last good
+checkpoint; `quiet_save_errors` keeps Orbax's stacks of it out of the log.
 """
 
 from __future__ import annotations
