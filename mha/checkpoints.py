@@ -27,16 +27,27 @@ and the newest intact earlier step, with the fix (`--checkpoint_step` for
 evaluation; moving the step folder aside to resume training). A step deleted
 while it is read (a running trainer keeps only the last `keep_checkpoints`)
 raises `CheckpointNotFound`, so that a reader can choose its steps again.
+
+A save the machine refuses (a full disk, a read-only folder) fails in one
+of Orbax's background threads and leaves the others waiting for it:
+`save_failure` ends them, removes the step's temporary folder and returns a
+`CheckpointSaveError` naming the step, what was refused and the last good
+checkpoint; `quiet_save_errors` keeps Orbax's stacks of it out of the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 import contextlib
+import errno
 import json
+import logging
 import os
 import re
+import shutil
+import threading
 import time
+import warnings
 from typing import Any, Literal
 
 from etils import epath
@@ -49,6 +60,9 @@ import tensorstore as ts
 from mha import workdir as workdir_lib
 from mha.data import files
 from mha.errors import CheckpointError
+from mha.errors import DiskError
+from mha.errors import os_errno
+from mha.errors import os_reason
 
 PyTree = Any
 
@@ -69,6 +83,20 @@ Purpose = Literal['train', 'eval']
 class CheckpointNotFound(CheckpointError, FileNotFoundError):
   """No checkpoint, no checkpoint of the step asked for, or a step deleted
   while it was read."""
+
+
+class CheckpointSaveError(CheckpointError, DiskError):
+  """A checkpoint the machine would not let Orbax write (a full disk, a
+  read-only folder); earlier checkpoints are intact.
+
+  Attributes:
+    step: the step that could not be saved.
+    last_step: the newest finalised checkpoint, or None.
+  """
+
+  def __init__(self, message: str, step: int, last_step: int | None):
+    super().__init__(message)
+    self.step, self.last_step = step, last_step
 
 
 class TooFewCheckpoints(CheckpointError, ValueError):
@@ -175,6 +203,150 @@ def save(manager: ocp.CheckpointManager, step: int, state: PyTree,
     # name), so a kill afterwards cannot lose it.
     manager.wait_until_finished()
   return saved
+
+
+def _release_waiting_threads(timeout: float = 30.0) -> None:
+  """Ends Orbax's background threads still waiting for a failed save.
+
+  Orbax 0.12.8 runs each part of a save in a thread that first waits for
+  a signal from the previous part ("the step folder is created", "the
+  arrays are written"). When a part fails (the folder cannot be created
+  on a read-only or full disk) its signal never comes and the threads
+  after it wait out the coordination timeout (minutes), and as they are
+  not daemon threads the process cannot exit meanwhile. Each waiting
+  thread is cancelled, then the signal it waits for is sent: it wakes,
+  sees the cancellation and returns without running its part.
+  (`_SignalingThread`, its `_receive_signals` and `_operation_id` are
+  Orbax internals; a thread of another form is left alone.)
+  """
+  # pylint: disable=protected-access
+  from orbax.checkpoint._src.futures import future as orbax_future  # pylint: disable=g-import-not-at-top
+  waiting = [t for t in threading.enumerate()
+             if isinstance(t, orbax_future._SignalingThread) and t.is_alive()
+             and hasattr(t, '_receive_signals')]
+  if waiting:
+    # Their parts' coroutines are never run: Python would warn of each at
+    # exit ("coroutine ... was never awaited").
+    warnings.filterwarnings('ignore', r'coroutine .* was never awaited',
+                            RuntimeWarning)
+  for thread in waiting:
+    thread.cancel()
+    orbax_future.set_signals(thread._receive_signals,
+                             operation_id=thread._operation_id)
+  for thread in waiting:
+    threading.Thread.join(thread, timeout)
+
+
+def _remove_temporary(directory: epath.Path, step: int) -> None:
+  """Deletes what a failed save of `step` left under its temporary name
+  (`<step>.orbax-checkpoint-tmp...`): on a full disk, that space."""
+  prefix = f'{int(step)}.orbax-checkpoint-tmp'
+  with contextlib.suppress(OSError):
+    for path in directory.iterdir():
+      if path.name.startswith(prefix):
+        if '://' in os.fspath(path):
+          path.rmtree(missing_ok=True)
+        else:
+          shutil.rmtree(os.fspath(path), ignore_errors=True)
+
+
+def save_failure(manager: ocp.CheckpointManager, step: int,
+                 error: BaseException) -> CheckpointSaveError | None:
+  """Cleans up after the failed save of `step`; the error to raise instead.
+
+  Orbax's threads left waiting are ended (`_release_waiting_threads`, so
+  the process can exit) and the step's temporary folder is deleted; the
+  finalised steps are left as they are.
+
+  Args:
+    manager: the manager whose save failed.
+    step: the step being saved.
+    error: what Orbax raised (an OSError, or TensorStore's ValueError).
+
+  Returns:
+    A `CheckpointSaveError` naming the step, the folder, what the machine
+    refused ('the disk is full', 'the file system is read-only') and the
+    newest checkpoint to resume from; None if `error` is not the machine's
+    (a bug: the caller re-raises it).
+  """
+  _release_waiting_threads()
+  # The failed part's sibling writes fail too; asyncio reports each one
+  # nobody awaited ("exception was never retrieved", with its stack) when
+  # it is collected, at the latest at exit: the error raised here says it.
+  logging.getLogger('asyncio').addFilter(_NEVER_RETRIEVED)
+  directory = epath.Path(manager.directory)
+  _remove_temporary(directory, step)
+  code = os_errno(error)
+  if code is None:
+    return None
+  last = latest_step_or_none(directory)
+  return CheckpointSaveError(
+      f'Checkpoint {step} could not be written into {directory}: '
+      f'{os_reason(error)}. Training stopped; '
+      f'{resume_advice(directory, last, code)}.', step, last)
+
+
+def latest_step_or_none(directory: epath.Path) -> int | None:
+  """The newest finalised step in the checkpoints folder `directory`; None
+  if there is none or the folder cannot be listed."""
+  try:
+    steps = sorted(ocp.utils.checkpoint_steps(directory))
+  except OSError:
+    return None
+  return steps[-1] if steps else None
+
+
+def resume_advice(folder: str | os.PathLike[str], last: int | None,
+                  code: int | None) -> str:
+  """What to do after a write refused with errno `code` in `folder`:
+  free space (ENOSPC, EDQUOT) or make it writable, then resume from step
+  `last` (None: train from the start)."""
+  fix = ('free space on its disk' if code in (errno.ENOSPC, errno.EDQUOT)
+         else f'make {os.fspath(folder)} writable')
+  if last is None:
+    return (f'no checkpoint was written before: {fix} and run train.py '
+            'again (it starts from step 0)')
+  return (f'the last good checkpoint is step {last}: {fix} and run '
+          'train.py again to resume from it')
+
+
+class _WithoutOrbaxStacks(logging.Filter):
+  """Drops Orbax's error records of a write the machine refused (an
+  OSError, or TensorStore's error with an errno): the failed save they
+  report reaches the trainer as an exception too (`save_failure`). Other
+  errors of Orbax are kept, with their stacks."""
+
+  def __init__(self):
+    super().__init__()
+    self._root = os.path.dirname(ocp.__file__)
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (error is not None and record.levelno >= logging.ERROR and
+                record.pathname.startswith(self._root) and
+                os_errno(error) is not None)
+
+
+class _NeverRetrieved(logging.Filter):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return 'exception was never retrieved' not in str(record.msg)
+
+
+_NEVER_RETRIEVED = _NeverRetrieved()
+
+
+@contextlib.contextmanager
+def quiet_save_errors() -> Iterator[None]:
+  """While the block runs, Orbax's background threads log no stacks for a
+  failed save (about 300 to 1,250 lines for one full disk)."""
+  quiet = _WithoutOrbaxStacks()
+  logger = logging.getLogger('absl')
+  logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    logger.removeFilter(quiet)
 
 
 def restore(manager: ocp.CheckpointManager, step: int | None,
@@ -308,8 +480,10 @@ def _unreadable_value(step_dir: epath.Path, prefix: str) -> str | None:
   if '://' in state_dir:
     return None  # not a local file: left to Orbax's own read
   try:
+    # A spec, not a 'file://' URL: a '#' or '%' in the path is no URL syntax.
     store = ts.KvStore.open({'driver': 'ocdbt',
-                             'base': f'file://{state_dir}'}).result()
+                             'base': {'driver': 'file',
+                                      'path': state_dir + '/'}}).result()
     keys = [k for k in store.list().result()
             if k.decode('utf-8', 'replace').startswith(prefix)]
     if not keys:

@@ -6,18 +6,27 @@
       attention/         the maps of --plot_attention (mha.attention_maps)
 
 A folder holds the results of one evaluation: one whose metrics.json records
-other settings (`SETTINGS_FIELDS`) is refused, never replaced. The files are
-written into a local temporary folder first (beside the folder, when that is
-local) and then moved into place by renames, or on gs:// uploaded one by
-one through `mha.data.files`; metrics.json last, so that a failed
-evaluation leaves earlier results as they were.
+other settings (`SETTINGS_FIELDS`) is refused, never replaced, and so is an
+existing folder that holds other files but no metrics.json (a user's
+folder). The files are written into a local temporary folder first (beside
+the folder, when that is local) and then moved into place by renames, or on
+gs:// uploaded one by one through `mha.data.files`; metrics.json last, so
+that a failed evaluation leaves earlier results as they were.
+
+One evaluation writes a folder at a time: `claim` holds the lock
+`.<name>.lock` beside it from before the checkpoints are read until the
+results are written (a second evaluation into the same folder is refused
+before it decodes), and removes the temporary folders that a killed
+evaluation left there. Taking it is also the check that the folder can be
+written at all (a read-only workdir), before anything is decoded.
 """
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
 
@@ -25,6 +34,7 @@ from mha import workdir as workdir_lib
 from mha.data import files
 from mha.data import sources
 from mha.errors import UserError
+from mha.errors import os_reason
 
 TRANSLATIONS_FILE = "translations.txt"
 METRICS_FILE = "metrics.json"
@@ -82,6 +92,11 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
     raise EvalError(f"Output folder {output_dir} is a file.")
   path = os.path.join(output_dir, METRICS_FILE)
   if not files.exists(path):
+    if files.isdir(output_dir) and files.listdir(output_dir):
+      raise EvalError(
+          f"--output_dir={output_dir} holds files that are not the results "
+          "of an evaluation (it has no metrics.json); eval.py never writes "
+          "over them: give a new or empty folder.")
     return
   fix = f"give another --output_dir, or delete {output_dir} first"
   try:
@@ -97,6 +112,86 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
     raise EvalError(f"{output_dir} holds the results of another evaluation "
                     f"({'; '.join(differ)}); eval.py never replaces them: "
                     f"{fix}.")
+
+
+def _staging_prefix(output_dir: str) -> str:
+  """The local temporary folders of `output_dir`'s writes start so."""
+  parent, name = os.path.split(os.path.abspath(output_dir))
+  return os.path.join(parent, f".{name}.tmp-")
+
+
+class OutputLock(workdir_lib.WorkdirLock):
+  """`.<name>.lock` beside an output folder: one evaluation writes it at a
+  time (the workdir lock's atomic create and stale-lock take-over)."""
+
+  def __init__(self, output_dir: str):
+    parent, name = os.path.split(output_dir.rstrip("/"))
+    super().__init__(output_dir, os.path.join(parent, f".{name}.lock"))
+
+  def busy(self, holder: dict, same_host: bool) -> UserError:
+    where = "" if same_host else f" on host {holder.get('host')}"
+    gone = (f"; if it is gone, delete {self.path}" if not same_host else "")
+    return EvalError(
+        f"Another evaluation (process {holder.get('pid')}{where}, started "
+        f"{holder.get('started')}) is writing {self.workdir} (lock "
+        f"{self.path}): wait for it, or give another --output_dir{gone}.")
+
+
+@contextlib.contextmanager
+def claim(output_dir: str, workdir: str | None = None) -> Iterator[None]:
+  """Holds `output_dir`'s lock while the block runs (see the module doc).
+
+  Creates the folder's parent if needed (and removes it again if it is
+  left empty), takes the lock, and deletes the temporary folders of
+  earlier writes into `output_dir` (only the lock's holder makes them, so
+  any there were left by a killed evaluation).
+
+  Args:
+    output_dir: the results' folder (local or gs://).
+    workdir: the workdir when `output_dir` is its default folder: a folder
+      that cannot be written is then named as the workdir, with the fix
+      (`--output_dir`).
+
+  Raises:
+    EvalError: another evaluation writes `output_dir`, or its parent
+      cannot be written.
+  """
+  parent = os.path.dirname(output_dir.rstrip("/")) or "."
+  created = not files.exists(parent)
+  lock = OutputLock(output_dir)
+  try:
+    files.makedirs(parent)
+    lock.acquire()
+  except (OSError, workdir_lib.WorkdirError) as e:
+    if created:
+      _remove_empty(parent)
+    if isinstance(e, EvalError):
+      raise
+    cause = e.__cause__ or e.__context__ or e
+    reason = os_reason(cause) if isinstance(cause, OSError) else str(e)
+    if workdir is not None:
+      raise EvalError(
+          f"Workdir {workdir} cannot be written ({reason}: {parent}): give "
+          "--output_dir=<a folder you can write> for the results.") from None
+    raise EvalError(f"--output_dir={output_dir} cannot be written "
+                    f"({reason}: {parent}).") from None
+  try:
+    if not files.is_gcs(output_dir):
+      prefix = _staging_prefix(output_dir)
+      for name in os.listdir(parent):
+        if os.path.join(parent, name).startswith(prefix):
+          shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    yield
+  finally:
+    lock.release()
+    if created:
+      _remove_empty(parent)
+
+
+def _remove_empty(parent: str) -> None:
+  """Removes the folder `parent` that `claim` made, if it is empty."""
+  with contextlib.suppress(OSError):
+    files.rmdir_if_empty(parent)
 
 
 def write_outputs(output_dir: str, translations: Sequence[str],
@@ -129,8 +224,7 @@ def write_outputs(output_dir: str, translations: Sequence[str],
   if remote:
     staging = tempfile.mkdtemp(prefix="mha_eval_")
   else:
-    parent, name = os.path.split(os.path.abspath(output_dir))
-    staging = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:12]}")
+    staging = _staging_prefix(output_dir) + uuid.uuid4().hex[:12]
     os.makedirs(staging)
   try:
     with open(os.path.join(staging, TRANSLATIONS_FILE), "w",

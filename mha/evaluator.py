@@ -15,6 +15,7 @@ The translations come from `mha.translate` (length-bucketed batches, the
 beam search of `mha.decoding`), the scores from `mha.scoring` and
 `mha.paper_bleu`, the attention maps from `mha.attention_maps`.
 """
+import contextlib
 import dataclasses
 import functools
 import math
@@ -32,7 +33,9 @@ from mha import eval_output
 from mha import paper_bleu as paper_bleu_lib
 from mha import translate
 from mha import workdir as workdir_lib
+from mha.errors import Interrupted
 from mha.errors import UserError
+from mha.errors import os_reason
 from mha.eval_output import EvalError
 from mha.data import files
 from mha.data import parallel_text
@@ -151,6 +154,7 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
     raise EvalError(f"Workdir {workdir} does not exist.")
   if not folder:
     raise EvalError(f"--workdir={workdir} is a file, not a workdir folder.")
+  workdir_lib.check_path_characters(workdir)
   layout = workdir_lib.Workdir(workdir)
   try:
     config = layout.load_config()
@@ -357,7 +361,14 @@ def _write_results(folder: str, result: dict[str, Any], draw) -> None:
   result["output_dir"] = folder
   metrics = {k: v for k, v in result.items()
              if k not in ("translations", "output_dir")}
-  maps = eval_output.write_outputs(folder, result["translations"], metrics, draw)
+  try:
+    maps = eval_output.write_outputs(folder, result["translations"], metrics,
+                                     draw)
+  except OSError as e:  # a full disk: earlier results stay as they were
+    raise EvalError(
+        f"The results could not be written into {folder} ({os_reason(e)}); "
+        "earlier results there are as they were: free space, or give "
+        "another --output_dir.") from None
   if draw is not None:
     result["attention_maps"] = maps
   logging.info("Wrote %s.", folder)
@@ -407,7 +418,8 @@ def evaluate(workdir: str, *, split: str | None = None,
 
   Raises:
     mha.errors.UserError: bad input, named (EvalError: flags, steps, files,
-      output folder; WorkdirError, DataError, CheckpointError: the workdir).
+      output folder; WorkdirError, DataError, CheckpointError: the workdir);
+      Interrupted: a Ctrl-C before the results were written.
   """
   flags = dict(checkpoint_step=checkpoint_step, average_last=average_last,
                beam_size=beam_size, alpha=alpha,
@@ -418,19 +430,38 @@ def evaluate(workdir: str, *, split: str | None = None,
   plan = _plan(workdir, split, source_file, reference_file,
                plot_layer=plot_layer, write=write, **flags)
   folder = functools.partial(_output_folder, workdir, plan, output_dir, write)
-  folder(plan.steps)  # refuse before reading any checkpoint
-  params, step, averaged = load_params(workdir, checkpoint_step, average_last)
-  output = folder(averaged)  # the steps may have changed meanwhile
-  model_config = TransformerConfig.from_config(plan.config, deterministic=True)
-  settings = dict(plan.settings, checkpoint_step=step,
-                  averaged_steps=averaged, batch_size=batch_size)
-  hypotheses, seconds = _translate(model_config, params, plan, settings)
-  result = _score(plan, hypotheses, seconds, settings, paper_bleu)
-  if write:
-    _write_results(output, result, _attention_drawer(
-        model_config, params, plan, result["translations"],
-        batch_size=batch_size, plot_attention=plot_attention,
-        plot_layer=plot_layer))
+  claimed: list[str] = []
+  with contextlib.ExitStack() as claims:
+
+    def claim(path: str) -> None:
+      # Refused before any checkpoint is read, or anything decoded: a
+      # folder another evaluation writes, or one that cannot be written
+      # (a read-only workdir). Held until the results are written.
+      if write and path not in claimed:
+        claims.enter_context(eval_output.claim(
+            path, None if output_dir else workdir))
+        claimed.append(path)
+
+    claim(folder(plan.steps))
+    try:
+      params, step, averaged = load_params(workdir, checkpoint_step,
+                                           average_last)
+      output = folder(averaged)  # the steps may have changed meanwhile
+      claim(output)
+      model_config = TransformerConfig.from_config(plan.config,
+                                                   deterministic=True)
+      settings = dict(plan.settings, checkpoint_step=step,
+                      averaged_steps=averaged, batch_size=batch_size)
+      hypotheses, seconds = _translate(model_config, params, plan, settings)
+      result = _score(plan, hypotheses, seconds, settings, paper_bleu)
+    except KeyboardInterrupt:  # Ctrl-C before anything is written
+      raise Interrupted("Interrupted (Ctrl-C) before the results were "
+                        "written: nothing was written.") from None
+    if write:
+      _write_results(output, result, _attention_drawer(
+          model_config, params, plan, result["translations"],
+          batch_size=batch_size, plot_attention=plot_attention,
+          plot_layer=plot_layer))
   return result
 
 

@@ -14,6 +14,7 @@ profile_steps`, `_Profiler`) are written into the workdir.
 """
 import contextlib
 import dataclasses
+import errno
 import functools
 import signal
 import time
@@ -32,6 +33,7 @@ import optax
 from mha import checkpoints
 from mha import config_check
 from mha import data
+from mha import errors
 from mha import event_files
 from mha import host_memory
 from mha import losses
@@ -50,6 +52,9 @@ from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
 
 AXIS = "batch"
+# The errnos of a write the machine refuses: the run stops with one line.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+               errno.EPERM)
 
 State = dict[str, Any]  # {'step', 'params', 'opt_state', 'rng'}
 
@@ -279,27 +284,46 @@ class _Updater:
 
 
 class _StopSignal:
-  """Records SIGTERM (preemption) so the loop can save and exit cleanly."""
+  """Records SIGTERM (preemption) and SIGINT (Ctrl-C) so that the loop can
+  save and stop at the next step boundary.
+
+  Attributes:
+    received: a signal asked the run to stop.
+    interrupted: that signal was the user's Ctrl-C (the run then raises
+      `Interrupted` once saved); a second Ctrl-C stops at once, without
+      saving (KeyboardInterrupt).
+  """
 
   def __init__(self):
     self.received = False
-    self._previous = None
+    self.interrupted = False
+    self._previous = {}
 
   def __enter__(self):
-    try:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread: no preemption handling
-      self._previous = None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[signum] = signal.signal(signum, self._handle)
+      except ValueError:  # not the main thread: no signal handling
+        pass
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
-    logging.warning("SIGTERM: saving a checkpoint at the next step boundary.")
+    del frame
+    if signum == signal.SIGINT:
+      if self.interrupted:
+        raise KeyboardInterrupt
+      self.interrupted = True
+      logging.warning("Ctrl-C: saving a checkpoint at the next step "
+                      "boundary (Ctrl-C again stops without saving).")
+    else:
+      logging.warning("SIGTERM: saving a checkpoint at the next step "
+                      "boundary.")
     self.received = True
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
 
 
 class DevLoss:
@@ -475,20 +499,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   Every input is checked first (`check_inputs`); only then is the workdir
   created, locked (`<workdir>/lock`, one run per workdir) and written. A
   SIGTERM (preemption) makes the run save a checkpoint at the next step
-  boundary and return. A non-finite loss raises TrainingDiverged naming the
-  step; checkpoints saved before it are left as they are.
+  boundary and return; a Ctrl-C (SIGINT) too, and then it raises
+  `Interrupted` (a second Ctrl-C raises it at once, without saving). A
+  non-finite loss raises TrainingDiverged naming the step; checkpoints
+  saved before it are left as they are. A write the machine refuses (a
+  full disk, a read-only folder) raises a DiskError naming the file or
+  checkpoint and the last good checkpoint, with Orbax's threads ended.
 
   Returns:
     The metrics of the last logged step and evaluation, and `step`.
 
   Raises:
     UserError: bad input (nothing written), another run holding the
-      workdir, or a diverged run.
+      workdir, a diverged run, a refused write (DiskError), a Ctrl-C
+      (Interrupted).
   """
   folder = workdir_lib.Workdir(workdir)
   check_inputs(config, folder)
-  with _workdir_lock(folder):
-    return _train(config, folder)
+  try:
+    with _workdir_lock(folder), _disk_errors(folder):
+      return _train(config, folder)
+  except KeyboardInterrupt:
+    # A Ctrl-C outside the loop (set-up, compilation) or a second one in it.
+    last = checkpoints.latest_step_or_none(
+        checkpoints.checkpoint_dir(folder.path))
+    raise errors.Interrupted(
+        "Interrupted (Ctrl-C) without saving: " +
+        (f"the last checkpoint is step {last}; run train.py again to resume "
+         "from it." if last is not None else "no checkpoint was written.")
+    ) from None
 
 
 @dataclasses.dataclass
@@ -608,11 +647,14 @@ class _Saver:
 
   Asynchronous: training goes on while Orbax writes the step's files in the
   background; the next save waits for that write first, and so does the end
-  of the run (`finish`).
+  of the run (`finish`). A save the machine refuses (a full disk, a
+  read-only folder) raises `checkpoints.CheckpointSaveError` naming the
+  step and the last good checkpoint, once Orbax's threads are ended.
   """
   manager: Any
   start: _Start
   grad_accum_steps: int
+  pending: int | None = None  # the step being written in the background
 
   def __call__(self, step: int, state: State) -> float:
     """Starts saving the replicated `state` of `step`.
@@ -622,13 +664,15 @@ class _Saver:
       then Orbax's copy of the arrays to the host.
     """
     begin = time.perf_counter()
-    self.manager.wait_until_finished()
+    self._wait()
     waited = time.perf_counter() - begin
     accum = self.grad_accum_steps
     position = self.start.data_position + (step - self.start.step) * accum
-    checkpoints.save(self.manager, step, checkpoint_arrays(state),
-                     {"step": step, "data_position": position,
-                      "grad_accum_steps": accum}, force=True, wait=False)
+    self.pending = step
+    with self._failures():
+      checkpoints.save(self.manager, step, checkpoint_arrays(state),
+                       {"step": step, "data_position": position,
+                        "grad_accum_steps": accum}, force=True, wait=False)
     paused = time.perf_counter() - begin
     logging.info("Saving checkpoint %d in the background: training paused "
                  "%.2f s (%.2f s of it for the previous save's write).",
@@ -638,9 +682,29 @@ class _Saver:
   def finish(self) -> None:
     """Waits for the last save's write (before the run returns or raises)."""
     begin = time.perf_counter()
-    self.manager.wait_until_finished()
+    self._wait()
     logging.info("Checkpoints written (%.2f s waited at the end).",
                  time.perf_counter() - begin)
+
+  def _wait(self) -> None:
+    with self._failures():
+      self.manager.wait_until_finished()
+    self.pending = None
+
+  @contextlib.contextmanager
+  def _failures(self) -> Iterator[None]:
+    """A failed save of `pending` as a CheckpointSaveError (or, if not the
+    machine's, as it was), with Orbax's waiting threads ended either way."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      step, self.pending = self.pending, None
+      if step is None:
+        raise
+      error = checkpoints.save_failure(self.manager, step, e)
+      if error is None:
+        raise
+      raise error from None
 
 
 class MetricsWindow:
@@ -797,11 +861,11 @@ def _is_due(step: int, every: int, config: ml_collections.ConfigDict) -> bool:
 def _loop(config: ml_collections.ConfigDict, state: State, step: int,
           batches: Iterator, update: _Updater, window: MetricsWindow,
           save: _Saver, evaluate: Callable[[State], dict[str, float]],
-          profiler: _Profiler) -> int:
+          profiler: _Profiler, stop_signal: _StopSignal) -> int:
   """Updates from `step` to num_train_steps; returns the last step.
 
-  Preemption: a SIGTERM on any process sets the stop flag of the next
-  update; once fetched, the run saves that step and returns.
+  Preemption: a SIGTERM (or Ctrl-C) on any process sets the stop flag of
+  the next update; once fetched, the run saves that step and returns.
 
   After the first update and after each evaluation (the compilations) the
   heaps' free pages go back to the kernel (`host_memory.release_free_heap`),
@@ -810,7 +874,7 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
   num_devices = jax.local_device_count()
   pending = None  # (step, device metrics) of the update in flight
   compiled = False
-  with _StopSignal() as sigterm, contextlib.closing(profiler):
+  with stop_signal as sigterm, contextlib.closing(profiler):
     while step < config.num_train_steps:
       micro = [next(batches) for _ in range(config.grad_accum_steps)]
       stop = np.full((num_devices,), int(sigterm.received), np.int32)
@@ -838,7 +902,8 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
         host_memory.release_free_heap()
         window.write(step, metrics)
       if window.stop:
-        logging.warning("Preempted: saved step %d; exiting.", step)
+        logging.warning("%s: saved step %d; exiting.", "Interrupted" if
+                        sigterm.interrupted else "Preempted", step)
         break
   return step
 
@@ -869,14 +934,43 @@ def _train(config: ml_collections.ConfigDict,
   window = MetricsWindow(config, writer, metrics_lib.Progress(
       start.step, config.num_train_steps))
   saver = _Saver(manager, start, config.grad_accum_steps)
-  write_hparams(config, folder.path)
-  try:
-    step = _loop(config, state, start.step, batches, update, window, saver,
-                 evaluate, _Profiler(config, folder))
-  finally:
-    # Also when the loop raises (a diverged run): the checkpoint being
-    # written is completed before the workdir's lock is released.
-    saver.finish()
-    manager.close()
+  stop_signal = _StopSignal()
+  with checkpoints.quiet_save_errors():
+    try:
+      write_hparams(config, folder.path)
+      step = _loop(config, state, start.step, batches, update, window, saver,
+                   evaluate, _Profiler(config, folder), stop_signal)
+    finally:
+      # Also when the loop raises (a diverged run): the checkpoint being
+      # written is completed before the workdir's lock is released.
+      try:
+        saver.finish()
+      finally:
+        manager.close()
   writer.flush()
+  if stop_signal.interrupted:
+    raise errors.Interrupted(
+        f"Interrupted (Ctrl-C): saved checkpoint {step} in "
+        f"{checkpoints.checkpoint_dir(folder.path)}; run train.py again to "
+        "resume from it.")
   return dict(window.last, step=step)
+
+
+@contextlib.contextmanager
+def _disk_errors(folder: workdir_lib.Workdir) -> Iterator[None]:
+  """A file of the run that the machine refuses to write (metrics.jsonl or
+  an event file on a full disk, a read-only folder) as a DiskError naming
+  the file and the checkpoint to resume from; other OSErrors as they are."""
+  try:
+    yield
+  except OSError as e:
+    code = errors.os_errno(e)
+    if code not in DISK_ERRNOS:
+      raise
+    last = checkpoints.latest_step_or_none(
+        checkpoints.checkpoint_dir(folder.path))
+    where = e.filename or folder.path
+    raise errors.DiskError(
+        f"{where} could not be written: {errors.os_reason(e)}. Training "
+        f"stopped; {checkpoints.resume_advice(folder.path, last, code)}."
+    ) from None

@@ -33,7 +33,9 @@ from mha.data import files
 from mha.data import tokenized
 from mha.data import tokenizer
 from mha.errors import ConfigError
+from mha.errors import UserError
 from mha.errors import WorkdirError
+from mha.errors import os_reason
 
 # Fields that change the shapes of the parameters or the vocabulary: a workdir
 # trained with other values cannot be resumed with these.
@@ -61,6 +63,29 @@ TOKENIZED_DIR = tokenized.TOKENIZED_DIR
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
+
+
+# Characters a workdir's path may not hold: Orbax 0.12.8 finds a
+# checkpoint's per-process files with a glob of the whole path, so a '[x]'
+# (or '*', '?') anywhere in it is read as a pattern and the checkpoint
+# cannot be read back.
+GLOB_CHARACTERS = "[]*?"
+
+
+def check_path_characters(path: str, flag: str = "--workdir") -> None:
+  """Refuses a workdir whose absolute path holds a `GLOB_CHARACTERS`.
+
+  Raises:
+    WorkdirError: naming the flag, the path and the characters.
+  """
+  full = path if files.has_scheme(path) else os.path.abspath(path)
+  found = sorted({c for c in full if c in GLOB_CHARACTERS})
+  if found:
+    raise WorkdirError(
+        f"{flag}={path}: its path holds {' '.join(found)}, which the "
+        "checkpoint library (Orbax) reads as a file pattern, so checkpoints "
+        "written there could not be read back. Use a path without "
+        f"{' '.join(GLOB_CHARACTERS)}.")
 
 
 def _saved_and_given(config: ml_collections.ConfigDict, workdir: str
@@ -183,6 +208,14 @@ def _is_running(holder: dict) -> bool:
   return not start or _process_start(pid) in (None, start)
 
 
+def is_workdir(path: str) -> bool:
+  """Whether the local folder `path` is a training run's workdir: a
+  config.json and a checkpoints/ folder or a vocabulary."""
+  return (os.path.isfile(os.path.join(path, CONFIG_FILE)) and (
+      os.path.isdir(os.path.join(path, CHECKPOINTS_DIR)) or
+      os.path.isfile(os.path.join(path, VOCABULARY_FILE))))
+
+
 class WorkdirLock:
   """`<workdir>/lock`: one training run per workdir.
 
@@ -197,9 +230,10 @@ class WorkdirLock:
   another host (whose processes cannot be seen from here), refuses the run.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, path: str | None = None):
+    """A lock of `workdir`, the file `path` (default `<workdir>/lock`)."""
     self.workdir = workdir
-    self.path = os.path.join(workdir, LOCK_FILE)
+    self.path = path or os.path.join(workdir, LOCK_FILE)
     self.info = {
         "host": socket.gethostname(), "pid": os.getpid(),
         "started": datetime.datetime.now().astimezone().isoformat(
@@ -219,7 +253,9 @@ class WorkdirLock:
     try:
       self.held = self._acquire()
     except OSError as e:
-      raise WorkdirError(f"Cannot take the lock {self.path}: {e}") from None
+      raise WorkdirError(
+          f"Cannot take the lock {self.path}: {os_reason(e)}. Free space or "
+          "make the folder writable, or use another --workdir.") from None
 
   def _acquire(self) -> bool:
     for _ in range(5):
@@ -230,17 +266,9 @@ class WorkdirLock:
         continue  # released meanwhile: try again
       holder, raw = read
       if holder.get("host") != self.info["host"]:
-        raise WorkdirError(
-            f"{self.workdir} is locked by process {holder.get('pid')} on host "
-            f"{holder.get('host')} (started {holder.get('started')}); one "
-            f"training run per workdir. If that run is gone, delete "
-            f"{self.path}.")
+        raise self.busy(holder, same_host=False)
       if _is_running(holder):
-        raise WorkdirError(
-            f"{self.workdir} is in use by process {holder.get('pid')} on "
-            f"{holder.get('host')} (started {holder.get('started')}; lock "
-            f"{self.path}): one training run per workdir. Wait for it or "
-            "stop it, or use another --workdir.")
+        raise self.busy(holder, same_host=True)
       if files.replace_if_unchanged(self.path, raw, self._text):
         logging.warning(
             "Taking over the stale lock %s of process %s on %s (started %s), "
@@ -250,6 +278,20 @@ class WorkdirLock:
       # another run took it over, or released it, meanwhile: look again
     raise WorkdirError(f"Could not take {self.path}: other runs keep taking "
                        "and releasing it. Start one run per workdir.")
+
+  def busy(self, holder: dict, same_host: bool) -> UserError:
+    """The error for a lock that `holder` holds (on this host or not)."""
+    if not same_host:
+      return WorkdirError(
+          f"{self.workdir} is locked by process {holder.get('pid')} on host "
+          f"{holder.get('host')} (started {holder.get('started')}); one "
+          f"training run per workdir. If that run is gone, delete "
+          f"{self.path}.")
+    return WorkdirError(
+        f"{self.workdir} is in use by process {holder.get('pid')} on "
+        f"{holder.get('host')} (started {holder.get('started')}; lock "
+        f"{self.path}): one training run per workdir. Wait for it or "
+        "stop it, or use another --workdir.")
 
   def _read(self) -> tuple[dict, bytes] | None:
     """The lock's content and its bytes; None if it does not exist."""
@@ -317,7 +359,8 @@ class Workdir:
 
   def check_usable(self) -> None:
     """Refuses, without writing, a workdir that training cannot use: a path
-    that is not a folder, a folder it cannot write, a bucket that does not
+    with a glob character (`check_path_characters`), a path that is not a
+    folder, a folder it cannot write, a bucket that does not
     exist or cannot be listed, a config.json that is not a readable JSON
     object.
 
@@ -325,6 +368,7 @@ class Workdir:
       ConfigError: a URL of another scheme than gs://.
       WorkdirError: naming the path at fault.
     """
+    check_path_characters(self.path)
     if files.is_gcs(self.path):
       try:
         files.check_bucket(self.path)
@@ -343,6 +387,7 @@ class Workdir:
     if os.path.lexists(self.path) and not os.path.isdir(self.path):
       raise WorkdirError(f"--workdir={self.path} is not a folder: pass a new "
                          "or existing workdir folder.")
+    self._check_not_nested()
     existing = self.path
     while existing and not os.path.exists(existing):
       existing = os.path.dirname(existing.rstrip(os.sep))
@@ -351,6 +396,28 @@ class Workdir:
       raise WorkdirError(f"--workdir={self.path}: {existing} is not a folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
       raise WorkdirError(f"--workdir={self.path}: {existing} is not writable.")
+
+  def _check_not_nested(self) -> None:
+    """Refuses a local workdir inside another run's workdir (e.g.
+    `old_run/checkpoints`), or a new one that holds one in a folder of its
+    own (e.g. `runs` holding `runs/old_run`): their files would mix. A
+    symbolic link is followed: it is where the files go."""
+    full = os.path.realpath(self.path)
+    parent = os.path.dirname(full)
+    while parent != os.path.dirname(parent):
+      if is_workdir(parent):
+        raise WorkdirError(
+            f"--workdir={self.path} lies inside {parent}, the workdir of "
+            "another run (it holds config.json and its checkpoints or "
+            "vocabulary): use a folder outside it.")
+      parent = os.path.dirname(parent)
+    if os.path.isdir(full) and not is_workdir(full):
+      for name in sorted(os.listdir(full)):
+        if is_workdir(os.path.join(full, name)):
+          raise WorkdirError(
+              f"--workdir={self.path} holds {os.path.join(full, name)}, the "
+              "workdir of another run: give that folder to resume it, or a "
+              "new folder outside it.")
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     check_config(config, self.path)

@@ -82,14 +82,25 @@ def trained_workdir(tmp_path_factory):
                        eval_every_steps=6, log_every_steps=2,
                        eval_bleu_sentences=8, profile_steps=(5, 2))
   release = trainer.host_memory.release_free_heap
+  saver_call = trainer._Saver.__call__  # pylint: disable=protected-access
+  savers = []
+
+  def recording_save(self, step, state):
+    savers.append(self)
+    return saver_call(self, step, state)
 
   def recording_release():
     RELEASED.append(release())
+    # A save in flight holds its own device copy of the state until Orbax
+    # has written it (longer on a busy machine): the count waits for it.
+    for saver in savers[-1:]:
+      saver.manager.wait_until_finished()
     LIVE_BYTES.append(_live_device_bytes())
 
   with pytest.MonkeyPatch.context() as patch:
     _hold_write_until_logged(patch, save_step=4, logged_step=6)
     patch.setattr(trainer.host_memory, "release_free_heap", recording_release)
+    patch.setattr(trainer._Saver, "__call__", recording_save)  # pylint: disable=protected-access
     result = trainer.train_and_evaluate(config, str(workdir))
   return workdir, result
 

@@ -12,8 +12,9 @@
    the command's own work. A `UserError` (bad input: a config field, a
    workdir, a data file, a checkpoint, a flag) is printed as one line,
    `<command>: <message>`, on standard error, and the process exits with
-   the error's `exit_code` (1 unless it says otherwise); `--traceback`
-   raises it with its stack instead. Any other exception is a bug and keeps
+   the error's `exit_code` (1 unless it says otherwise); a Ctrl-C that the
+   command does not handle itself is the line `Interrupted (Ctrl-C).` and
+   exit status 130; `--traceback` raises either with its stack instead. Any other exception is a bug and keeps
    its stack.
 
 A command module defines its flags at import, with `define_flags()` for the
@@ -97,6 +98,10 @@ def guarded(main: Callable[[list[str]], int | None]
       if FLAGS.traceback:
         raise
       fail(str(e), getattr(e, "exit_code", 1))
+    except KeyboardInterrupt:  # a Ctrl-C the command does not handle itself
+      if FLAGS.traceback:
+        raise
+      fail("Interrupted (Ctrl-C).", 130)
 
   wrapper.guarded = True
   return wrapper

@@ -16,9 +16,12 @@ writes the tokenized cache while the others wait, then they read them.
 
 A bad config file, config field or override (`--config.num_train_step=4`:
 one line with ml_collections' "did you mean"), workdir (or one that another
-run holds) or data file, and a non-finite loss, print one line naming the
-problem and exit with status 1 (--traceback shows the stack); a refused run
-writes nothing, and earlier checkpoints stay as they were.
+run holds) or data file, a non-finite loss, and a full disk or read-only
+folder print one line naming the problem and exit with status 1
+(--traceback shows the stack); a refused run writes nothing, and earlier
+checkpoints stay as they were. SIGTERM (preemption) saves a checkpoint at
+the next step boundary and exits with status 0; Ctrl-C does the same and
+exits with status 130 (a second Ctrl-C stops at once, without saving).
 
 On a CPU host the process restarts once with huge pages for XLA's host
 buffers; `MHA_HUGE_PAGES=0/1` decides otherwise (mha/host_memory.py).

@@ -345,8 +345,13 @@ def create_new(path: str, data: bytes) -> bool:
   if is_gcs(path):
     return _gcs_upload(path, data, 0)
   tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-  with open(tmp, "wb") as f:
-    f.write(data)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+  except OSError:  # a full disk: no temporary file left behind
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)
+    raise
   try:
     os.link(tmp, path)
     return True
