@@ -3,7 +3,8 @@
 The mha-train command (mha/cli/train.py has its flags and docs), run from
 the repository without installing it.
 """
-from mha.cli.train import main, parse_flags, run  # noqa: F401  (tests call main)
+# main and parse_flags: the tests call them.
+from mha.cli.train import main, parse_flags, run  # noqa: F401
 
 if __name__ == "__main__":
   run()

@@ -87,7 +87,8 @@ def quiet_native(argv: Sequence[str]) -> None:
 
 # How to install TensorFlow: the optional part of the install (pyproject's
 # [tfds] extra, locked in requirements-tfds.txt).
-INSTALL_TENSORFLOW = "pip install -r requirements-tfds.txt (or pip install 'mha[tfds]')"
+INSTALL_TENSORFLOW = ("pip install -r requirements-tfds.txt (or pip install "
+                      "'mha[tfds]')")
 
 
 def import_tensorflow(needed_for: str = "This") -> int:

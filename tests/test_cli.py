@@ -128,6 +128,17 @@ def test_train_distributed_modes_are_the_librarys():
   assert code == 0, err
 
 
+def test_shared_flags_are_defined_once_for_several_commands():
+  # Two command modules in one process (as tests import them) share the
+  # start-up's flags; a second definition would be absl's DuplicateFlagError.
+  code, err = _command("-c", (
+      "from mha.cli import eval, startup; startup.define_flags(); "
+      "from absl import flags; flags.FLAGS(['x', '--traceback', "
+      "'--compilation_cache_dir=', '--verbose_libraries', '--workdir=w']); "
+      "assert flags.FLAGS.traceback and flags.FLAGS.verbose_libraries"))
+  assert (code, err) == (0, [])
+
+
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_commands_import_no_jax_before_the_restart(command):
   code, err = _command("-c", (

@@ -49,12 +49,17 @@ _SCRIPTS = ("mha-train", "mha-eval", "mha-translate", "mha-export")
 
 
 def define_flags() -> None:
-  """Defines --traceback, --compilation_cache_dir and --verbose_libraries."""
-  flags.DEFINE_bool("traceback", False,
-                    "On bad input (a config, workdir, data file, flag), raise "
-                    "with the stack instead of printing only the message.")
-  compilation_cache.define_flag()
-  library_logs.define_flag()
+  """Defines --traceback, --compilation_cache_dir and --verbose_libraries,
+  once: several command modules may be imported into one process (tests)."""
+  if "traceback" not in FLAGS:
+    flags.DEFINE_bool(
+        "traceback", False,
+        "On bad input (a config, workdir, data file, flag), raise with the "
+        "stack instead of printing only the message.")
+  if "compilation_cache_dir" not in FLAGS:
+    compilation_cache.define_flag()
+  if library_logs.FLAG not in FLAGS:
+    library_logs.define_flag()
 
 
 def command_name(argv0: str | None = None) -> str:
@@ -121,6 +126,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   that a missing one is refused before anything starts.
   """
   argv = list(argv)
+  overrides = any(a.startswith("--config.") for a in argv)
   if _config_arg(argv):
     import_config_package(_config_arg(argv).split("=", 1)[1])
   try:
@@ -141,11 +147,11 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
       message = f"{_config_arg(argv)}: " + re.sub(r"^[\w.]+: ", "", last)
     fail(message)
   except (AttributeError, KeyError) as e:
-    if "--traceback" in argv or not _config_arg(argv):
+    if "--traceback" in argv or not (overrides and _config_arg(argv)):
       raise
     fail(_unknown_field_message(e, argv))
   except OSError:
-    if "--traceback" in argv or not _config_arg(argv):
+    if "--traceback" in argv or not (overrides and _config_arg(argv)):
       raise
     fail(config_file_error(_config_arg(argv).split("=", 1)[1]))
 

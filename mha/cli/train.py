@@ -1,4 +1,4 @@
-r"""mha-train: trains a Transformer from a config file; resumes from the workdir.
+r"""mha-train: trains a Transformer from a config file; resumes its workdir.
 
     mha-train --config=configs/base.py --workdir=/tmp/base
     mha-train --config=configs/base.py:A1 --config.warmup_steps=8000 ...
