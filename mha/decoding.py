@@ -693,7 +693,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
 # -------------------------------------------------------------------- sampling
 
 
-def _sampler(keys: jax.Array, temperature: float,
+def _sampler(keys: jax.Array, temperature: float | jax.Array,
              top_k: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
   """`_greedy`'s `choose` for ancestral sampling (`sample`)."""
 
@@ -721,7 +721,7 @@ def sample(tokens_to_logits: TokensToLogits,
            max_decode_len: int,
            eos_id: int,
            keys: jax.Array,
-           temperature: float = 1.0,
+           temperature: float | jax.Array = 1.0,
            top_k: int = 0,
            max_lengths: jax.Array | None = None,
            stage_lengths: tuple[int, ...] = (),
@@ -744,6 +744,7 @@ def sample(tokens_to_logits: TokensToLogits,
     keys: `[batch]` PRNG keys (`jax.random.key`) or `[batch, 2]` raw ones
       (`jax.random.PRNGKey`), one per sentence.
     temperature: >= 0; below 1 sharpens the distribution, above 1 flattens.
+      A traced value (one compilation for every temperature) must be > 0.
     top_k: draw from the k most probable tokens only; 0 = all.
 
   Returns:
@@ -752,12 +753,14 @@ def sample(tokens_to_logits: TokensToLogits,
     sample (at temperature 1 over the whole vocabulary, as `forced_log_probs`
     gives it).
   """
-  if temperature < 0:
-    raise ValueError(f'temperature must be >= 0, got {temperature}.')
+  greedy = False
+  if isinstance(temperature, (int, float)):
+    if temperature < 0:
+      raise ValueError(f'temperature must be >= 0, got {temperature}.')
+    greedy = temperature == 0
   if top_k < 0:
     raise ValueError(f'top_k must be >= 0, got {top_k}.')
-  choose = (_argmax if temperature == 0 else
-            _sampler(keys, float(temperature), int(top_k)))
+  choose = _argmax if greedy else _sampler(keys, temperature, int(top_k))
   tokens, _, log_probs = _greedy(tokens_to_logits, cache, batch_size,
                                  max_decode_len, eos_id, max_lengths, 0.0,
                                  stage_lengths, grow_cache, cache_rows,

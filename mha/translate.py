@@ -274,9 +274,10 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
 
 
 @functools.lru_cache(maxsize=32)
-def _sample_fn(model_config: TransformerConfig, eos_id: int,
-               temperature: float, top_k: int) -> Callable[..., Any]:
-  """The jitted sampler (`mha.decoding.sample`) for one model config.
+def _sample_fn(model_config: TransformerConfig, eos_id: int, greedy: bool,
+               top_k: int) -> Callable[..., Any]:
+  """The jitted sampler (`mha.decoding.sample`) for one model config: one
+  compilation for every temperature > 0 (`greedy`: temperature 0).
 
   Sentence i's key is `fold_in(key(seed), i)` with i its entry of
   `sentence_ids` (its position in the caller's list): its sample depends on
@@ -285,8 +286,8 @@ def _sample_fn(model_config: TransformerConfig, eos_id: int,
   """
   model = Transformer(model_config.replace(decode=True, deterministic=True))
 
-  def local_sample(params, seed, inputs, max_lengths, sentence_ids,
-                   max_decode_len, stage_lengths):
+  def local_sample(params, seed, temperature, inputs, max_lengths,
+                   sentence_ids, max_decode_len, stage_lengths):
     lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
     tokens_to_logits, cache, grow_cache = _model_fns(model, params, inputs,
                                                      1, lengths[0])
@@ -294,17 +295,17 @@ def _sample_fn(model_config: TransformerConfig, eos_id: int,
                                                    sentence_ids)
     return decoding.sample(
         tokens_to_logits, cache, inputs.shape[0], max_decode_len, eos_id,
-        keys, temperature, top_k, max_lengths,
+        keys, 0.0 if greedy else temperature, top_k, max_lengths,
         stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache,
         cache_rows=cache_rows(cache))
 
   @functools.partial(jax.jit, static_argnames=(
       "max_decode_len", "stage_lengths", "devices"))
-  def sample(params, seed, inputs, max_lengths, sentence_ids, *,
-             max_decode_len, stage_lengths, devices=()):
+  def sample(params, seed, temperature, inputs, max_lengths, sentence_ids,
+             *, max_decode_len, stage_lengths, devices=()):
     local = functools.partial(local_sample, max_decode_len=max_decode_len,
                               stage_lengths=stage_lengths)
-    return _on_devices(local, devices, [params, seed],
+    return _on_devices(local, devices, [params, seed, temperature],
                        [inputs, max_lengths, sentence_ids])
 
   return sample
@@ -500,9 +501,12 @@ def sample_batch(model_config: TransformerConfig, params: Any,
       max_decode_len=max_decode_len, first_stage_extra=first_stage_extra,
       devices=devices,
       extra_rows=[np.asarray(sentence_ids, np.int32)])
-  fn = _sample_fn(model_config, int(eos_id), float(temperature), int(top_k))
-  return fn(replicate(params, devices), jnp.asarray(seed, jnp.int32), *rows,
-            devices=devices, **static)
+  if temperature < 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}.")
+  fn = _sample_fn(model_config, int(eos_id), temperature == 0, int(top_k))
+  return fn(replicate(params, devices), jnp.asarray(seed, jnp.int32),
+            jnp.asarray(temperature, jnp.float32), *rows, devices=devices,
+            **static)
 
 
 def score_batch(model_config: TransformerConfig, params: Any,

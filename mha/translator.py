@@ -19,10 +19,13 @@ paper: beam 4, alpha 0.6, outputs of at most input length + 50 tokens).
 An empty (or blank) source line gives an empty translation, an empty n-best
 list and an empty sample; it is not translated.
 """
+import codecs
 import dataclasses
 import math
 import numbers
-from typing import Any, NamedTuple, Sequence
+import os
+import select
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -330,5 +333,141 @@ def load(workdir: str, step: int | None = None,
   return Translator(config, tokenizer, params, last, steps)
 
 
-__all__ = ["Hypothesis", "Sample", "Score", "SearchSettings", "Translator",
-           "load"]
+# ---------------------------------------------------------- line by line
+
+# What `line_translator` returns: (lines, position of the first in the whole
+# input) -> the output text of those lines, each output line ending with a
+# newline.
+LineFunction = Callable[[list[str], int], str]
+
+
+def format_nbest(line_number: int, hypotheses: Sequence[Hypothesis]) -> str:
+  """The n-best lines of one source line, without a final newline.
+
+  One line per hypothesis, best first, tab-separated: the source's line
+  number (1 = the first), the rank (1 = the best), the length-penalised
+  score, log P(Y | X), the translation (last: it may hold tabs), each line
+  ending with a newline. A blank source line has none ("").
+  """
+  return "".join(f"{line_number}\t{rank}\t{h.score:.6f}\t{h.log_prob:.6f}"
+                 f"\t{h.text}\n" for rank, h in enumerate(hypotheses, 1))
+
+
+def line_translator(translator: Translator, *, nbest: int = 0,
+                    sample: bool = False, temperature: float = 1.0,
+                    top_k: int = 0, seed: int = 0,
+                    beam_size: int | None = None, alpha: float | None = None,
+                    max_decode_extra: int | None = None,
+                    batch_size: int = 64) -> LineFunction:
+  """The function that turns input lines into output lines.
+
+  Beam search (`Translator.translate`) by default, a translation per line
+  (a blank line for a blank line); `nbest=n`: the n best of each line in
+  `format_nbest`'s format (none for a blank line); `sample`: one sample of
+  each line, the line's position in the whole input choosing its key (so
+  the samples do not depend on how the input was cut into batches).
+
+  Raises:
+    ConfigError: sampling and n-best together, or a bad setting (checked
+      now, on an empty input).
+  """
+  search = dict(beam_size=beam_size, alpha=alpha,
+                max_decode_extra=max_decode_extra, batch_size=batch_size)
+  if sample and nbest:
+    raise ConfigError("Sampling gives one output per line: give n-best or "
+                      "sampling, not both.")
+  if sample:
+    if beam_size is not None or alpha is not None:
+      raise ConfigError("beam_size and alpha are beam search settings: "
+                        "sampling takes temperature, top_k and seed.")
+    options = dict(temperature=temperature, top_k=top_k, seed=seed,
+                   max_decode_extra=max_decode_extra, batch_size=batch_size)
+    translator.sample([], **options)
+    return lambda lines, first: _lines(translator.sample(
+        lines, first_id=first, **options))
+  if nbest:
+    translator.nbest([], nbest, **search)
+    return lambda lines, first: "".join(
+        format_nbest(first + i + 1, hyps) for i, hyps in
+        enumerate(translator.nbest(lines, nbest, **search)))
+  translator.translate([], **search)
+  return lambda lines, first: _lines(translator.translate(lines, **search))
+
+
+def _lines(texts: Sequence[str]) -> str:
+  return "".join(text + "\n" for text in texts)
+
+
+def read_batches(fd: int, max_lines: int, what: str = "standard input"
+                 ) -> Iterator[list[str]]:
+  """The lines of a file descriptor in batches, without waiting for more.
+
+  Each batch holds the complete lines that have arrived (at least one, at
+  most `max_lines`): the reader waits for the first, then takes only what
+  can be read without blocking. A last line without a newline counts; line
+  endings ('\n', '\r\n') and a byte order mark at the start are dropped.
+
+  Raises:
+    DataError: a line that is not valid UTF-8, naming `what` and the line.
+  """
+  pending, lines, number, eof = b"", [], 0, False
+
+  def take(chunk: bytes) -> None:
+    nonlocal pending
+    pending += chunk
+    *complete, pending = pending.split(b"\n")
+    lines.extend(complete)
+
+  while lines or not eof:
+    while not lines and not eof:
+      chunk = os.read(fd, 1 << 16)  # waits for input
+      eof = not chunk
+      take(chunk)
+    while (not eof and len(lines) < max_lines
+           and select.select([fd], [], [], 0)[0]):
+      chunk = os.read(fd, 1 << 16)  # ready: does not wait
+      eof = not chunk
+      take(chunk)
+    if eof and pending:
+      lines.append(pending)
+      pending = b""
+    batch, lines = lines[:max_lines], lines[max_lines:]
+    if batch:
+      yield [_decode_line(raw, number + i + 1, what)
+             for i, raw in enumerate(batch)]
+      number += len(batch)
+
+
+def _decode_line(raw: bytes, number: int, what: str) -> str:
+  if number == 1 and raw.startswith(codecs.BOM_UTF8):
+    raw = raw[len(codecs.BOM_UTF8):]
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise data.DataError(f"{what}, line {number}: invalid UTF-8 ({e.reason} "
+                         f"at byte {e.start} of the line).") from None
+  return text[:-1] if text.endswith("\r") else text
+
+
+def translate_stream(function: LineFunction, batches: Iterator[list[str]],
+                     write: Callable[[str], None]) -> int:
+  """Translates each batch as it comes and writes its outputs at once.
+
+  Args:
+    function: a `line_translator`.
+    batches: lists of input lines (`read_batches`).
+    write: called with each batch's output text; it should flush.
+
+  Returns:
+    The number of input lines.
+  """
+  count = 0
+  for lines in batches:
+    write(function(lines, count))
+    count += len(lines)
+  return count
+
+
+__all__ = ["Hypothesis", "LineFunction", "Sample", "Score", "SearchSettings",
+           "Translator", "format_nbest", "line_translator", "load",
+           "read_batches", "translate_stream"]

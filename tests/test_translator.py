@@ -1,9 +1,21 @@
-"""mha.load and the Translator on a trained tiny workdir: the same
-translations as eval.py's path, n-best lists, samples and scores through the
-translation layer, blank lines, and bad input as one-line UserErrors."""
+"""mha.load and the Translator: the same translations as eval.py's path,
+n-best lists, samples and forced scores through the translation layer (their
+numbers are tested against independent computations in
+tests/test_translate_outputs.py; here the text around them), blank lines,
+line-by-line reading, and bad input as one-line UserErrors.
+
+Most tests use `random_workdir` (long, varied translations); the checkpoint
+averaging and the workdir errors `tiny_workdir` (three checkpoints). The
+tests share a few search settings (beam 4 or 1, n = 2) and batch shapes (the
+6 sentences of `sources`, blank lines added), so that the searches compile
+once for the whole file."""
+import os
+import queue
 import shutil
+import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,44 +24,101 @@ from configs import quickstart
 from mha import checkpoints
 from mha import data
 from mha import evaluator
-from mha import translate
+from mha import translator as translator_lib
 from mha.errors import UserError
-from mha.transformer import TransformerConfig
+from mha.transformer import Transformer
 
 
 @pytest.fixture(scope="module")
-def translator(tiny_workdir):
-  return mha.load(str(tiny_workdir))
+def translator(random_workdir):
+  return mha.load(str(random_workdir))
 
 
 @pytest.fixture(scope="module")
-def sources():
-  return data.load_text_pairs(quickstart.get_config(), "test[:6]")[0]
+def pairs():
+  return data.load_text_pairs(quickstart.get_config(), "test[:6]")
 
 
-def test_translate_equals_eval_py_path(tiny_workdir, translator, sources,
+@pytest.fixture(scope="module")
+def sources(pairs):
+  return pairs[0]
+
+
+def with_blanks(sources):
+  return sources[:2] + ["", "   "] + sources[2:]
+
+
+def test_translate_equals_eval_py_path(random_workdir, translator, sources,
                                        tmp_path):
-  assert translator.step == 6 and translator.steps == [6]
-  assert translator.defaults.beam_size == 4
+  assert translator.step == 1 and translator.steps == [1]
+  assert translator.defaults == translator_lib.SearchSettings(4, 0.6, 8)
   source = tmp_path / "src.txt"
   source.write_text("\n".join(sources) + "\n", encoding="utf-8")
-  result = evaluator.evaluate(str(tiny_workdir), source_file=str(source),
+  result = evaluator.evaluate(str(random_workdir), source_file=str(source),
                               write=False)
-  assert translator.translate(sources) == result["translations"]
+  out = translator.translate(sources)
+  assert out == result["translations"]
+  assert len(set(out)) == 6 and min(len(t) for t in out) > 10
   # Settings override the config's, as eval.py's flags do.
-  greedy = evaluator.evaluate(str(tiny_workdir), source_file=str(source),
-                              write=False, beam_size=1, max_decode_extra=3)
-  assert translator.translate(sources, beam_size=1, max_decode_extra=3,
-                              batch_size=2) == greedy["translations"]
+  greedy = evaluator.evaluate(str(random_workdir), source_file=str(source),
+                              write=False, beam_size=1)
+  assert translator.translate(sources, beam_size=1) == greedy["translations"]
+  assert greedy["translations"] != out
 
 
 def test_blank_lines_give_empty_outputs(translator, sources):
-  lines = [sources[0], "", "   ", sources[1]]
+  lines = with_blanks(sources)
   out = translator.translate(lines)
-  assert out[1:3] == ["", ""]
-  assert [out[0], out[3]] == translator.translate([sources[0], sources[1]])
-  assert translator.nbest(lines, 2)[1:3] == [[], []]
-  assert translator.sample(lines)[1:3] == ["", ""]
+  assert out[2:4] == ["", ""]
+  assert out[:2] + out[4:] == translator.translate(sources)
+  nbest = translator.nbest(lines, 2)
+  assert nbest[2:4] == [[], []]
+  assert nbest[:2] + nbest[4:] == translator.nbest(sources, 2)
+  samples = translator.sample(lines)
+  assert samples[2:4] == ["", ""] and all(samples[:2] + samples[4:])
+
+
+def test_nbest_and_samples(translator, sources):
+  best = translator.translate(sources)
+  lists = translator.nbest(sources, 2)
+  assert [hyps[0].text for hyps in lists] == best
+  for hyps in lists:
+    assert len(hyps) == 2 and hyps[0].text != hyps[1].text
+    assert hyps[0].score >= hyps[1].score
+    assert all(h.log_prob < 0 for h in hyps)
+  # Samples: reproducible, per sentence (tests/test_translate_outputs.py:
+  # their distribution, temperature 0 = greedy).
+  first = translator.sample(sources, seed=5, with_log_probs=True)
+  assert all(s.log_prob < 0 for s in first)
+  assert translator.sample(sources, seed=5, with_log_probs=True) == first
+  assert translator.sample(sources[:3], seed=5) == [
+      s.text for s in first[:3]]
+  assert translator.sample(sources[3:], seed=5, first_id=3) == [
+      s.text for s in first[3:]]
+  assert translator.sample(sources, seed=6) != [s.text for s in first]
+
+
+def test_score_equals_the_full_forward_pass_on_the_text(translator, pairs):
+  sources, targets = pairs
+  tokenizer, model_config = translator.tokenizer, translator.model_config
+  scores = translator.score(sources, targets, batch_size=4)
+  # Teacher forcing in one pass of the model (no cache), all pairs at once:
+  # it shifts the targets right behind the start symbol 0 itself; padding
+  # is masked (sources as keys, targets causally).
+  x = [tokenizer.encode(s) + [data.EOS_ID] for s in sources]
+  y = [tokenizer.encode(t) + [data.EOS_ID] for t in targets]
+  pad = lambda rows: np.array([r + [0] * (32 - len(r)) for r in rows],
+                              np.int32)
+  logits = jax.jit(Transformer(model_config).apply)(
+      {"params": translator.params.params}, pad(x), pad(y))
+  full = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
+  for b, (ids, scored) in enumerate(zip(y, scores)):
+    want = full[b, np.arange(len(ids)), ids]
+    np.testing.assert_allclose(scored.token_log_probs, want, rtol=1e-4,
+                               atol=1e-4)
+    assert scored.log_prob == pytest.approx(want.sum(), rel=1e-4, abs=1e-3)
+    assert scored.pieces == [tokenizer.id_to_piece(i) for i in ids[:-1]] + [
+        "</s>"]
 
 
 def test_average_last_loads_the_mean(tiny_workdir):
@@ -60,43 +129,6 @@ def test_average_last_loads_the_mean(tiny_workdir):
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def test_nbest_sample_and_score_agree(translator, sources, tiny_workdir):
-  best = translator.translate(sources)
-  lists = translator.nbest(sources, 3)
-  assert [hyps[0].text for hyps in lists] == best
-  for hyps in lists:
-    assert len(hyps) == 3
-    scores = [h.score for h in hyps]
-    assert scores == sorted(scores, reverse=True)
-  # Forced scores of the n-best's ids: the search's log P(Y | X).
-  config, tokenizer = evaluator.load_workdir(str(tiny_workdir))
-  params, _ = checkpoints.restore_params(str(tiny_workdir))
-  model_config = TransformerConfig.from_config(config, deterministic=True)
-  found = translate.nbest_ids(model_config, params, tokenizer, sources,
-                              num_best=3, beam_size=4, alpha=0.6,
-                              max_decode_extra=config.max_decode_extra)
-  checked = 0
-  for i, hyps in enumerate(found):
-    for (ids, _, log_prob), hyp in zip(hyps, lists[i]):
-      assert hyp.log_prob == log_prob
-      # Through the text: where the vocabulary re-encodes the text to the
-      # same ids, score() gives the search's log-probability.
-      if tokenizer.encode(hyp.text) + [data.EOS_ID] == ids.tolist():
-        (scored,) = translator.score([sources[i]], [hyp.text])
-        assert scored.log_prob == pytest.approx(log_prob, rel=1e-5, abs=1e-4)
-        assert scored.pieces[-1] == "</s>"
-        assert len(scored.pieces) == len(scored.token_log_probs) == len(ids)
-        checked += 1
-  assert checked >= 3
-  # Samples: reproducible, per sentence, temperature 0 = greedy.
-  first = translator.sample(sources, seed=5, with_log_probs=True)
-  assert translator.sample(sources, seed=5, with_log_probs=True) == first
-  assert translator.sample(sources[2:], seed=5, first_id=2,
-                           batch_size=1) == [s.text for s in first[2:]]
-  assert translator.sample(sources, temperature=0.0) == translator.translate(
-      sources, beam_size=1)
 
 
 @pytest.mark.parametrize("call, message", [
@@ -128,3 +160,61 @@ def test_bad_workdirs_and_steps_are_user_errors(tiny_workdir, tmp_path):
                   ignore=shutil.ignore_patterns("checkpoints"))
   with pytest.raises(UserError, match="checkpoint"):
     mha.load(str(empty))
+
+
+def test_read_batches_takes_only_lines_already_there():
+  read, write = os.pipe()
+  batches = translator_lib.read_batches(read, max_lines=2)
+  got = queue.Queue()
+
+  def next_batch():
+    threading.Thread(target=lambda: got.put(next(batches, None)),
+                     daemon=True).start()
+    return got.get(timeout=60)  # never reached if the reader waited for more
+
+  try:
+    os.write(write, "\ufeffeins\r\nzwei\ndrei\nvi".encode("utf-8"))
+    assert next_batch() == ["eins", "zwei"]  # at most max_lines
+    assert next_batch() == ["drei"]  # the pipe is open: no waiting for "vi"
+    os.write(write, b"er\n\n")
+    assert next_batch() == ["vier", ""]
+    os.write(write, "f\u00fcnf".encode("utf-8"))
+  finally:
+    os.close(write)
+  assert next_batch() == ["f\u00fcnf"]  # the last line without a newline
+  assert next_batch() is None
+  os.close(read)
+  read, write = os.pipe()
+  os.write(write, b"ok\n\xff\n")
+  os.close(write)
+  with pytest.raises(data.DataError, match="standard input, line 2: invalid"):
+    list(translator_lib.read_batches(read, 8))
+  os.close(read)
+
+
+def test_line_translator_nbest_lines_and_samples(translator, sources):
+  lines = with_blanks(sources)
+  nbest = translator_lib.line_translator(translator, nbest=2)
+  text = nbest(lines, 10)
+  want = translator.nbest(lines, 2)
+  assert text == "".join(
+      f"{11 + i}\t{k + 1}\t{h.score:.6f}\t{h.log_prob:.6f}\t{h.text}\n"
+      for i, hyps in enumerate(want) for k, h in enumerate(hyps))
+  assert [line.split("\t")[:2] for line in text.split("\n")[:-1]] == [
+      [str(i), str(k)] for i in (11, 12, 15, 16, 17, 18) for k in (1, 2)]
+  # Samples: a line's key is its position in the whole input, so the
+  # batches the input arrives in do not matter.
+  sample = translator_lib.line_translator(translator, sample=True, seed=4,
+                                          temperature=0.7)
+  whole = []
+  translator_lib.translate_stream(sample, iter([lines]), whole.append)
+  pieces = []
+  count = translator_lib.translate_stream(
+      sample, iter([lines[:3], lines[3:5], lines[5:]]), pieces.append)
+  assert count == 8 and len(pieces) == 3
+  assert "".join(pieces) == whole[0] == "".join(
+      t + "\n" for t in translator.sample(lines, seed=4, temperature=0.7))
+  for bad in [dict(nbest=2, sample=True), dict(sample=True, beam_size=2),
+              dict(nbest=5)]:
+    with pytest.raises(UserError):
+      translator_lib.line_translator(translator, **bad)
