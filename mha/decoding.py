@@ -1,4 +1,5 @@
-"""Greedy and beam search over a KV cache (the paper's §6.1).
+"""Greedy and beam search over a KV cache (the paper's §6.1), ancestral
+sampling (`sample`) and forced decoding (`forced_log_probs`).
 
 This module imports no model: `mha.translate` builds the Transformer's step
 function and cache and hands them to `beam_search`.

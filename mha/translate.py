@@ -10,7 +10,16 @@ text -> source ids (`encode_sources`: EOS appended, truncated to the model's
 (`decode_batches`, `translate_batch`: the Transformer's step function and
 cache handed to `mha.decoding`'s model-agnostic search) -> output ids ->
 text. The evaluator (`eval.py`), the trainer's in-training BLEU, the
-attention maps and `bench/decode.py` all translate through this module.
+attention maps, `bench/decode.py` and `mha.load`'s `Translator` all
+translate through this module.
+
+Beside the best translation: the n best hypotheses of the beam with their
+scores (`nbest_ids`, `translate_batch(num_best=n)`), samples
+(`sample_ids`, `sample_batch`: `mha.decoding.sample`, a key per sentence
+so that a sample depends on the seed and the sentence's id alone) and the
+model's log-probability of given targets (`score_ids`, `score_batch`:
+`mha.decoding.forced_log_probs` through the search's step function), on
+the same batches and devices.
 
 Every output is at most its source's tokens (EOS included) +
 `max_decode_extra` tokens long, capped at the model's `max_len` (the paper's
@@ -415,7 +424,6 @@ def translate_batch(model_config: TransformerConfig, params: Any,
     devices: the devices the sentences are split over (`search_devices`:
       all of them if they divide the rows evenly, else the default device);
       None: `jax.local_devices()`. The outputs are the same on any number.
-
     num_best: 0 (default): the best output of each sentence; n >= 1 (at
       most beam_size): its n best hypotheses with their scores.
 

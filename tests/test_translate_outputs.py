@@ -17,10 +17,15 @@ def full_log_probs(model, params, inputs, targets):
   """log_softmax of the full forward pass (no cache), teacher-forced:
   [batch, T, V]. Segment ids make a 0 inside a target a token, as in the
   cached decoder."""
-  logits = model.apply({'params': params}, inputs, targets,
-                       inputs_segmentation=(inputs > 0).astype(jnp.int32),
-                       targets_segmentation=jnp.ones_like(targets))
-  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+  @jax.jit
+  def forward(params, inputs, targets):
+    logits = model.apply({'params': params}, inputs, targets,
+                         inputs_segmentation=(inputs > 0).astype(jnp.int32),
+                         targets_segmentation=jnp.ones_like(targets))
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+  return forward(params, inputs, targets)
 
 
 def test_forced_scores_equal_the_full_forward_pass(tiny_transformer):  # noqa: F811
@@ -47,25 +52,23 @@ def test_nbest_is_the_searchs_hypotheses_with_their_log_probs(
   kwargs = dict(alpha=0.6, max_decode_extra=5, eos_id=EOS, max_decode_len=16)
   best = np.asarray(translate.translate_batch(model_config, params, inputs,
                                               beam_size=3, **kwargs))
-  for n in (1, 3):
-    tokens, scores, log_probs = [np.asarray(x) for x in
-                                 translate.translate_batch(
-                                     model_config, params, inputs,
-                                     beam_size=3, num_best=n, **kwargs)]
-    assert tokens.shape == (3, n, 16)
-    # n = 1 and the first of n: today's translation.
-    np.testing.assert_array_equal(tokens[:, 0], best)
-    assert np.all(np.diff(scores, axis=1) <= 0)
-    for k in range(n):
-      # The search's log P(Y | X) of each hypothesis is its forced score.
-      forced = np.asarray(translate.score_batch(model_config, params, inputs,
-                                                tokens[:, k]))
-      np.testing.assert_allclose(forced.sum(axis=1), log_probs[:, k],
-                                 rtol=1e-5, atol=1e-5)
-      lengths = [len(hypothesis(t)) for t in tokens[:, k]]
-      np.testing.assert_allclose(scores[:, k],
-                                 log_probs[:, k] / lp(np.array(lengths), 0.6),
-                                 rtol=1e-5)
+  # (num_best = n exact for every n <= beam: test_decoding_outputs.py.)
+  tokens, scores, log_probs = [np.asarray(x) for x in
+                               translate.translate_batch(
+                                   model_config, params, inputs,
+                                   beam_size=3, num_best=3, **kwargs)]
+  assert tokens.shape == (3, 3, 16)
+  # The first of the n best: today's translation.
+  np.testing.assert_array_equal(tokens[:, 0], best)
+  assert np.all(np.diff(scores, axis=1) <= 0)
+  assert len({hypothesis(t) for t in tokens.reshape(9, 16)}) == 9
+  # The search's log P(Y | X) of each hypothesis is its forced score.
+  forced = np.asarray(translate.score_batch(
+      model_config, params, np.repeat(inputs, 3, axis=0),
+      tokens.reshape(9, 16))).sum(axis=1).reshape(3, 3)
+  np.testing.assert_allclose(forced, log_probs, rtol=1e-5, atol=1e-5)
+  lengths = np.array([[len(hypothesis(t)) for t in row] for row in tokens])
+  np.testing.assert_allclose(scores, log_probs / lp(lengths, 0.6), rtol=1e-5)
   with pytest.raises(ValueError, match='num_best'):
     translate.translate_batch(model_config, params, inputs, beam_size=3,
                               num_best=4, **kwargs)
@@ -116,16 +119,9 @@ def test_sampling_on_four_devices_equals_one_and_scores_itself(
                                             tokens))
   np.testing.assert_allclose(forced.sum(axis=1)[:10], log_probs[:10],
                              rtol=1e-5, atol=1e-5)
-  # The same ids in other rows (another batch): the same samples.
-  order = np.array([4, 0, 7, 2])
+  # The same ids in other rows (the batch reordered): the same samples.
+  order = np.random.default_rng(0).permutation(12)
   again = translate.sample_batch(model_config, params, batch[order],
                                  ids[order], devices=devices[:1], **kwargs)
   np.testing.assert_array_equal(np.asarray(again[0]), tokens[order])
-  # Temperature 0: greedy search.
-  greedy = translate.translate_batch(model_config, params, batch,
-                                     beam_size=1, alpha=0.6,
-                                     max_decode_extra=6, eos_id=EOS,
-                                     max_decode_len=16)
-  cold = translate.sample_batch(model_config, params, batch, ids,
-                                **dict(kwargs, temperature=0.0))
-  np.testing.assert_array_equal(np.asarray(cold[0]), np.asarray(greedy))
+  # (Temperature 0 = greedy search: test_decoding_outputs.py.)
