@@ -1,5 +1,6 @@
 """mha: the Transformer of "Attention Is All You Need" in JAX/Flax.
 
+`mha.load(workdir)` gives a `Translator` of a trained model (mha/translator.py).
 The public names below are imported on first use (PEP 562), so that the
 commands' start-up (`mha.cli.startup`) costs nothing before their restart
 with huge pages (`mha.host_memory`) and JAX is loaded once.
@@ -32,6 +33,8 @@ _EXPORTS = {
     "create_model": "mha.transformer",
     "Transformer": "mha.transformer",
     "TransformerConfig": "mha.transformer",
+    "load": "mha.translator",
+    "Translator": "mha.translator",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,5 @@
-"""Greedy and beam search over a KV cache (the paper's §6.1).
+"""Greedy and beam search over a KV cache (the paper's §6.1), ancestral
+sampling (`sample`) and forced decoding (`forced_log_probs`).
 
 This module imports no model: `mha.translate` builds the Transformer's step
 function and cache and hands them to `beam_search`.
@@ -288,12 +289,21 @@ class _GreedyState(NamedTuple):
   cache: PyTree
 
 
+def _argmax(log_probs: jax.Array, step: jax.Array) -> jax.Array:
+  """Greedy search's choice: the most probable token of each row."""
+  del step
+  return jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+
+
 def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
             max_decode_len: int, eos_id: int, max_lengths: jax.Array | None,
             alpha: float, stage_lengths=(), grow_cache=None,
-            cache_rows: PyTree | None = None
-            ) -> tuple[jax.Array, jax.Array]:
-  """Greedy search; returns (tokens [batch, len], scores [batch])."""
+            cache_rows: PyTree | None = None,
+            choose: Callable[[jax.Array, jax.Array], jax.Array] = _argmax
+            ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """One token a step, `choose(log_probs [batch, V], step) -> [batch]`
+  (greedy: the argmax); returns (tokens [batch, len], scores [batch],
+  log P(Y | X) [batch])."""
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
   lengths = all_stage_lengths(stage_lengths, max_decode_len)
   init = _GreedyState(
@@ -313,7 +323,7 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
   def body(state: _GreedyState) -> _GreedyState:
     log_probs, cache = _step_logprobs(tokens_to_logits, state.last[:, None],
                                       state.cache)  # [batch, V]
-    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [batch]
+    token = choose(log_probs, state.step)  # [batch]
     token_logprob = jnp.take_along_axis(log_probs, token[:, None],
                                         axis=-1)[:, 0]  # [batch]
     alive = ~state.finished
@@ -334,7 +344,8 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
       lambda state, n: state._replace(seqs=_pad_axis(state.seqs, 1, n)),
       grow_cache,
       lambda state: (state.seqs,
-                     state.logprob / length_penalty(state.length, alpha)))
+                     state.logprob / length_penalty(state.length, alpha),
+                     state.logprob))
 
 
 def greedy_search(tokens_to_logits: TokensToLogits,
@@ -367,10 +378,10 @@ def greedy_search(tokens_to_logits: TokensToLogits,
   Returns:
     int32 `[batch, max_decode_len]` tokens, EOS included, 0 after the end.
   """
-  tokens, _ = _greedy(tokens_to_logits, cache, batch_size, max_decode_len,
-                      eos_id, max_lengths, alpha=0.0,
-                      stage_lengths=stage_lengths, grow_cache=grow_cache,
-                      cache_rows=cache_rows)
+  tokens, _, _ = _greedy(tokens_to_logits, cache, batch_size, max_decode_len,
+                         eos_id, max_lengths, alpha=0.0,
+                         stage_lengths=stage_lengths, grow_cache=grow_cache,
+                         cache_rows=cache_rows)
   return tokens
 
 
@@ -385,6 +396,7 @@ class _BeamState(NamedTuple):
   finished_seqs: jax.Array  # [batch, beam, max_decode_len]
   finished_scores: jax.Array  # [batch, beam] sorted, best first; -inf = empty
   finished_flags: jax.Array  # [batch, beam] bool: slot holds a hypothesis
+  finished_logprobs: jax.Array  # [batch, beam] log P(Y | X) of each slot
   limits: jax.Array  # [batch] int32 the sentence's limit on |Y|
   lp_limit: jax.Array  # [batch] lp(limits)
   cache: PyTree  # per-row leaves: [batch * beam, ...]
@@ -408,8 +420,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 grow_cache: Callable[[PyTree, int], PyTree] | None = None,
                 cache_rows: PyTree | None = None,
                 num_best: int | None = None,
-                shrink_sizes: Sequence[int] = ()
-               ) -> tuple[jax.Array, jax.Array]:
+                shrink_sizes: Sequence[int] = (),
+                with_log_probs: bool = False
+               ) -> tuple[jax.Array, ...]:
   """Beam search with the length penalty of Wu et al. (2016).
 
   The step function sees the beams flattened into the batch:
@@ -477,17 +490,22 @@ def beam_search(tokens_to_logits: TokensToLogits,
       with when only that many are not done yet (above); the step function
       must then take any number of sentences, every per-sentence input in
       its cache.
+    with_log_probs: also return each hypothesis's log P(Y | X) (its score
+      without the length penalty: the sum of its tokens' log-probabilities).
 
   Returns:
     `(tokens, scores)`: int32 `[batch, beam_size, max_decode_len]` and float32
     `[batch, beam_size]`, best first. Slots left without a hypothesis (only
     when fewer than beam_size hypotheses exist) have score -inf and tokens 0.
+    With `with_log_probs`, `(tokens, scores, log_probs)`, log_probs float32
+    `[batch, beam_size]` (-inf in empty slots).
   """
   if beam_size == 1:
-    tokens, scores = _greedy(tokens_to_logits, cache, batch_size,
-                             max_decode_len, eos_id, max_lengths, alpha,
-                             stage_lengths, grow_cache, cache_rows)
-    return tokens[:, None], scores[:, None]
+    found = _greedy(tokens_to_logits, cache, batch_size, max_decode_len,
+                    eos_id, max_lengths, alpha, stage_lengths, grow_cache,
+                    cache_rows)
+    found = tuple(x[:, None] for x in found)
+    return found if with_log_probs else found[:2]
 
   num_best = beam_size if num_best is None else int(num_best)
   if not 1 <= num_best <= beam_size:
@@ -514,6 +532,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
                               jnp.int32),
       finished_scores=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
       finished_flags=jnp.zeros((batch_size, beam_size), jnp.bool_),
+      finished_logprobs=jnp.full((batch_size, beam_size), NEG_INF,
+                                 jnp.float32),
       limits=limits,
       lp_limit=length_penalty(limits, alpha),
       cache=_expand_cache(cache, kinds, batch_size, beam_size),
@@ -585,6 +605,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
     all_flags = jnp.concatenate([state.finished_flags, ends], axis=1)
     all_seqs = jnp.concatenate([state.finished_seqs, cand_seqs], axis=1)
     finished_scores, finished_index = lax.top_k(all_scores, beam_size)
+    all_logprobs = jnp.concatenate(
+        [state.finished_logprobs, jnp.where(ends, cand_logprobs, NEG_INF)],
+        axis=1)
 
     return state._replace(
         step=length,
@@ -594,6 +617,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
         finished_seqs=_take(all_seqs, finished_index),
         finished_scores=finished_scores,
         finished_flags=_take(all_flags, finished_index),
+        finished_logprobs=_take(all_logprobs, finished_index),
         cache=cache,
     )
 
@@ -621,7 +645,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
   def result(state: _BeamState):
     state = grow(state, lengths[-1])
-    return state.finished_seqs, state.finished_scores
+    return (state.finished_seqs, state.finished_scores,
+            state.finished_logprobs)
 
   def run(state: _BeamState, stage: int, level: int):
     """The search from `state` (length stage `stage`, shrink level `level`)
@@ -638,9 +663,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
       def shrink(state):
         # The sentences not done first (a stable sort keeps their order).
         index = jnp.argsort(sentence_done(state), stable=True)[:smaller]
-        seqs, scores = run(gather_sentences(state, index), stage, level + 1)
-        all_seqs, all_scores = result(state)
-        return all_seqs.at[index].set(seqs), all_scores.at[index].set(scores)
+        shrunk = run(gather_sentences(state, index), stage, level + 1)
+        return jax.tree.map(lambda whole, part: whole.at[index].set(part),
+                            result(state), shrunk)
       branches.append(shrink)
     if stage + 1 < len(lengths):  # out of room: the next length stage
       def longer(state):
@@ -662,4 +687,123 @@ def beam_search(tokens_to_logits: TokensToLogits,
   _check_grow_cache(lengths, grow_cache)
   # Every sentence has a finished hypothesis: at the latest, its live ones are
   # forced to end at its max_length.
-  return run(init, 0, 0)
+  found = run(init, 0, 0)
+  return found if with_log_probs else found[:2]
+
+
+# -------------------------------------------------------------------- sampling
+
+
+def _sampler(keys: jax.Array, temperature: float | jax.Array,
+             top_k: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """`_greedy`'s `choose` for ancestral sampling (`sample`)."""
+
+  def choose(log_probs: jax.Array, step: jax.Array) -> jax.Array:
+    # [rows, V]; softmax(log_probs / T) = softmax(logits / T).
+    log_probs = log_probs.at[:, PAD_ID].set(NEG_INF)
+    vocab_size = log_probs.shape[-1]
+    if 0 < top_k < vocab_size:
+      values, tokens = lax.top_k(log_probs, top_k)  # [rows, k]
+    else:
+      values, tokens = log_probs, None
+    step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, step)
+    pick = jax.vmap(jax.random.categorical)(step_keys, values / temperature)
+    if tokens is None:
+      return pick.astype(jnp.int32)
+    return jnp.take_along_axis(tokens, pick[:, None], axis=-1)[:, 0].astype(
+        jnp.int32)  # [rows]
+
+  return choose
+
+
+def sample(tokens_to_logits: TokensToLogits,
+           cache: PyTree,
+           batch_size: int,
+           max_decode_len: int,
+           eos_id: int,
+           keys: jax.Array,
+           temperature: float | jax.Array = 1.0,
+           top_k: int = 0,
+           max_lengths: jax.Array | None = None,
+           stage_lengths: tuple[int, ...] = (),
+           grow_cache: Callable[[PyTree, int], PyTree] | None = None,
+           cache_rows: PyTree | None = None) -> tuple[jax.Array, jax.Array]:
+  """Ancestral sampling: each token drawn from the model's next-token
+  distribution given the tokens drawn before.
+
+  At step t, sentence b's token is drawn from softmax(logits / temperature)
+  restricted to the `top_k` most probable tokens (0: the whole vocabulary),
+  with the key `fold_in(keys[b], t)`: a sentence's sample depends on its
+  key alone, not on the other sentences of the batch. The pad id 0 is never
+  drawn (it marks the end of an output). `temperature=0` is greedy search.
+  A sentence ends at EOS or at its length limit, as in greedy search.
+
+  Args:
+    tokens_to_logits, cache, batch_size, max_decode_len, eos_id,
+      max_lengths, stage_lengths, grow_cache, cache_rows: as in
+      `greedy_search`.
+    keys: `[batch]` PRNG keys (`jax.random.key`) or `[batch, 2]` raw ones
+      (`jax.random.PRNGKey`), one per sentence.
+    temperature: >= 0; below 1 sharpens the distribution, above 1 flattens.
+      A traced value (one compilation for every temperature) must be > 0.
+    top_k: draw from the k most probable tokens only; 0 = all.
+
+  Returns:
+    `(tokens, log_probs)`: int32 `[batch, max_decode_len]` (EOS included, 0
+    after the end) and float32 `[batch]`, the model's log P(Y | X) of each
+    sample (at temperature 1 over the whole vocabulary, as `forced_log_probs`
+    gives it).
+  """
+  greedy = False
+  if isinstance(temperature, (int, float)):
+    if temperature < 0:
+      raise ValueError(f'temperature must be >= 0, got {temperature}.')
+    greedy = temperature == 0
+  if top_k < 0:
+    raise ValueError(f'top_k must be >= 0, got {top_k}.')
+  choose = _argmax if greedy else _sampler(keys, temperature, int(top_k))
+  tokens, _, log_probs = _greedy(tokens_to_logits, cache, batch_size,
+                                 max_decode_len, eos_id, max_lengths, 0.0,
+                                 stage_lengths, grow_cache, cache_rows,
+                                 choose)
+  return tokens, log_probs
+
+
+# ------------------------------------------------------------ forced decoding
+
+
+def forced_log_probs(tokens_to_logits: TokensToLogits, cache: PyTree,
+                     targets: jax.Array,
+                     cache_rows: PyTree | None = None) -> jax.Array:
+  """The log-probability of each token of given outputs (teacher forcing).
+
+  The step function reads the start token 0, then each target token in
+  turn (the search's own steps, one row per sentence), and the
+  log-probability of the next target token is read from its output.
+
+  Args:
+    tokens_to_logits: the step function (module docstring).
+    cache: its initial cache, with room for `targets.shape[1]` positions.
+    targets: int32 `[batch, T]` outputs, EOS included if they end with one,
+      0 after the end (a 0 inside an output ends it).
+    cache_rows: the `CacheRows` of each cache leaf (module docstring).
+
+  Returns:
+    float32 `[batch, T]`: log P(y_t | X, y_<t) at each target token, 0 after
+    the end; its sum over t is log P(Y | X).
+  """
+  targets = jnp.asarray(targets, jnp.int32)
+  batch_size, length = targets.shape
+  cache = _expand_cache(cache, _row_kinds(cache, cache_rows), batch_size, 1)
+  inputs = jnp.concatenate(  # shifted right behind the start token
+      [jnp.full((batch_size, 1), PAD_ID, jnp.int32), targets[:, :-1]], axis=1)
+
+  def body(cache, step_tokens):
+    last, target = step_tokens  # [batch] each
+    log_probs, cache = _step_logprobs(tokens_to_logits, last[:, None], cache)
+    return cache, jnp.take_along_axis(log_probs, target[:, None],
+                                      axis=-1)[:, 0]
+
+  _, per_token = lax.scan(body, cache, (inputs.T, targets.T))  # [T, batch]
+  real = jnp.cumprod(targets != PAD_ID, axis=1).astype(bool)  # [batch, T]
+  return jnp.where(real, per_token.T, 0.0)

@@ -10,7 +10,16 @@ text -> source ids (`encode_sources`: EOS appended, truncated to the model's
 (`decode_batches`, `translate_batch`: the Transformer's step function and
 cache handed to `mha.decoding`'s model-agnostic search) -> output ids ->
 text. The evaluator (`eval.py`), the trainer's in-training BLEU, the
-attention maps and `bench/decode.py` all translate through this module.
+attention maps, `bench/decode.py` and `mha.load`'s `Translator` all
+translate through this module.
+
+Beside the best translation: the n best hypotheses of the beam with their
+scores (`nbest_ids`, `translate_batch(num_best=n)`), samples
+(`sample_ids`, `sample_batch`: `mha.decoding.sample`, a key per sentence
+so that a sample depends on the seed and the sentence's id alone) and the
+model's log-probability of given targets (`score_ids`, `score_batch`:
+`mha.decoding.forced_log_probs` through the search's step function), on
+the same batches and devices.
 
 Every output is at most its source's tokens (EOS included) +
 `max_decode_extra` tokens long, capped at the model's `max_len` (the paper's
@@ -199,57 +208,135 @@ def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
   return tuple(sizes)
 
 
+def _on_devices(local: Callable[..., Any], devices: tuple[jax.Device, ...],
+                shared: Sequence[Any], rows: Sequence[Any]) -> Any:
+  """`local(*shared, *rows)`, its sentences split over `devices`.
+
+  Fewer than two devices: on the default device. Otherwise the `rows`
+  arguments (a leading axis of sentences, a multiple of the number of
+  devices) are split evenly over them (`jax.shard_map`), the `shared` ones
+  (the parameters, scalars) replicated; each device computes its own
+  sentences, as one device would, and every output has a leading axis of
+  sentences.
+  """
+  if len(devices) < 2:
+    return local(*shared, *rows)
+  mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,))
+  split = jax.sharding.PartitionSpec(_AXIS)
+  # check_vma=False: no collective; the loop's constant-initialised state
+  # becomes per-device, which the type check would want spelled out.
+  return jax.shard_map(
+      local, mesh=mesh,
+      in_specs=(jax.sharding.PartitionSpec(),) * len(shared)
+      + (split,) * len(rows),
+      out_specs=split, check_vma=False)(*shared, *rows)
+
+
 @functools.lru_cache(maxsize=32)
 def _translate_fn(model_config: TransformerConfig, beam_size: int,
-                  alpha: float, eos_id: int) -> Callable[..., jax.Array]:
-  """The jitted search for one model config; recompiles per input shape
-  and per tuple of devices.
+                  alpha: float, eos_id: int) -> Callable[..., Any]:
+  """The jitted search for one model config; recompiles per input shape,
+  per tuple of devices and per `num_best`.
 
   `devices=()`: the search on the default device. Two or more devices: the
   sentences (rows of `inputs` and `max_lengths`, a multiple of the number
-  of devices) are split evenly over them (`jax.shard_map`), the parameters
-  replicated; each device searches its own sentences, as one device would,
-  and stops when they are done.
+  of devices) are split evenly over them (`_on_devices`).
+
+  `num_best=0`: the best output of each sentence, `[batch, len]`. `n >= 1`:
+  the n best, `(tokens [batch, n, len], scores [batch, n], log_probs
+  [batch, n])`.
   """
   model = Transformer(model_config.replace(decode=True, deterministic=True))
 
   def local_search(params: Any, inputs: jax.Array, max_lengths: jax.Array,
-                   max_decode_len: int, stage_lengths: tuple[int, ...]
-                   ) -> jax.Array:
+                   max_decode_len: int, stage_lengths: tuple[int, ...],
+                   num_best: int) -> Any:
     batch_size = inputs.shape[0]
     lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
     tokens_to_logits, cache, grow_cache = _model_fns(
         model, params, inputs, beam_size, lengths[0])
-    tokens, _ = decoding.beam_search(
+    # num_best=n: a sentence is done once its n best finished hypotheses,
+    # those returned, can no longer be beaten (the other slots, unread,
+    # need not be complete); they are the full search's n best.
+    tokens, scores, log_probs = decoding.beam_search(
         tokens_to_logits, cache, batch_size, beam_size, alpha,
         max_decode_len, eos_id, max_lengths,
         stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache,
-        cache_rows=cache_rows(cache), num_best=1,
-        shrink_sizes=shrink_sizes(batch_size, beam_size))
-    # num_best=1: a sentence is done once its best finished hypothesis,
-    # the one returned, can no longer be beaten (the other slots, unread,
-    # need not be complete), which is the full search's best.
-    return tokens[:, 0]  # [batch, max_decode_len]
+        cache_rows=cache_rows(cache), num_best=max(num_best, 1),
+        shrink_sizes=shrink_sizes(batch_size, beam_size),
+        with_log_probs=True)
+    if not num_best:
+      return tokens[:, 0]  # [batch, max_decode_len]
+    return (tokens[:, :num_best], scores[:, :num_best],
+            log_probs[:, :num_best])
 
-  @functools.partial(jax.jit, static_argnames=("max_decode_len",
-                                               "stage_lengths", "devices"))
+  @functools.partial(jax.jit, static_argnames=(
+      "max_decode_len", "stage_lengths", "devices", "num_best"))
   def search(params: Any, inputs: jax.Array, max_lengths: jax.Array, *,
              max_decode_len: int, stage_lengths: tuple[int, ...],
-             devices: tuple[jax.Device, ...] = ()) -> jax.Array:
+             devices: tuple[jax.Device, ...] = (), num_best: int = 0) -> Any:
     local = functools.partial(local_search, max_decode_len=max_decode_len,
-                              stage_lengths=stage_lengths)
-    if len(devices) < 2:
-      return local(params, inputs, max_lengths)
-    mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,))
-    rows = jax.sharding.PartitionSpec(_AXIS)
-    # check_vma=False: no collective; the loop's constant-initialised state
-    # becomes per-device, which the type check would want spelled out.
-    return jax.shard_map(local, mesh=mesh,
-                         in_specs=(jax.sharding.PartitionSpec(), rows, rows),
-                         out_specs=rows, check_vma=False)(
-                             params, inputs, max_lengths)
+                              stage_lengths=stage_lengths, num_best=num_best)
+    return _on_devices(local, devices, [params], [inputs, max_lengths])
 
   return search
+
+
+@functools.lru_cache(maxsize=32)
+def _sample_fn(model_config: TransformerConfig, eos_id: int, greedy: bool,
+               top_k: int) -> Callable[..., Any]:
+  """The jitted sampler (`mha.decoding.sample`) for one model config: one
+  compilation for every temperature > 0 (`greedy`: temperature 0).
+
+  Sentence i's key is `fold_in(key(seed), i)` with i its entry of
+  `sentence_ids` (its position in the caller's list): its sample depends on
+  the seed and i alone, whatever the batch and the devices. Returns
+  `(tokens [batch, len], log_probs [batch])`.
+  """
+  model = Transformer(model_config.replace(decode=True, deterministic=True))
+
+  def local_sample(params, seed, temperature, inputs, max_lengths,
+                   sentence_ids, max_decode_len, stage_lengths):
+    lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
+    tokens_to_logits, cache, grow_cache = _model_fns(model, params, inputs,
+                                                     1, lengths[0])
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed),
+                                                   sentence_ids)
+    return decoding.sample(
+        tokens_to_logits, cache, inputs.shape[0], max_decode_len, eos_id,
+        keys, 0.0 if greedy else temperature, top_k, max_lengths,
+        stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache,
+        cache_rows=cache_rows(cache))
+
+  @functools.partial(jax.jit, static_argnames=(
+      "max_decode_len", "stage_lengths", "devices"))
+  def sample(params, seed, temperature, inputs, max_lengths, sentence_ids,
+             *, max_decode_len, stage_lengths, devices=()):
+    local = functools.partial(local_sample, max_decode_len=max_decode_len,
+                              stage_lengths=stage_lengths)
+    return _on_devices(local, devices, [params, seed, temperature],
+                       [inputs, max_lengths, sentence_ids])
+
+  return sample
+
+
+@functools.lru_cache(maxsize=32)
+def _score_fn(model_config: TransformerConfig) -> Callable[..., Any]:
+  """The jitted forced decoding (`mha.decoding.forced_log_probs`): the
+  search's step function fed the targets; `[batch, T]` log-probabilities."""
+  model = Transformer(model_config.replace(decode=True, deterministic=True))
+
+  def local_score(params, inputs, targets):
+    tokens_to_logits, cache, _ = _model_fns(model, params, inputs, 1,
+                                            targets.shape[1])
+    return decoding.forced_log_probs(tokens_to_logits, cache, targets,
+                                     cache_rows(cache))
+
+  @functools.partial(jax.jit, static_argnames=("devices",))
+  def score(params, inputs, targets, *, devices=()):
+    return _on_devices(local_score, devices, [params], [inputs, targets])
+
+  return score
 
 
 def search_devices(rows: int, devices: Sequence[jax.Device] | None = None
@@ -259,6 +346,35 @@ def search_devices(rows: int, devices: Sequence[jax.Device] | None = None
   (the default device)."""
   devices = tuple(jax.local_devices() if devices is None else devices)
   return devices if len(devices) > 1 and rows % len(devices) == 0 else ()
+
+
+def _put_rows(rows: list[jax.Array], devices: tuple[jax.Device, ...]
+              ) -> list[jax.Array]:
+  """Each device's rows put there now (unchanged for no devices)."""
+  if not devices:
+    return rows
+  return jax.device_put(rows, jax.sharding.NamedSharding(
+      jax.sharding.Mesh(np.asarray(devices), (_AXIS,)),
+      jax.sharding.PartitionSpec(_AXIS)))
+
+
+class PlacedParams:
+  """Parameters put on the devices once, for many calls (`mha.Translator`).
+
+  The text functions below take these or plain parameters (replicated
+  anew on each call); `on(devices)` places them on a tuple of devices (the
+  default device for `()`) the first time it is asked for it.
+  """
+
+  def __init__(self, params: Any):
+    self.params = params
+    self._placed: dict[tuple[jax.Device, ...], Any] = {}
+
+  def on(self, devices: tuple[jax.Device, ...]) -> Any:
+    if devices not in self._placed:
+      self._placed[devices] = (replicate(self.params, devices) if devices
+                               else jax.device_put(self.params))
+    return self._placed[devices]
 
 
 def replicate(params: Any, devices: tuple[jax.Device, ...]) -> Any:
@@ -276,8 +392,8 @@ def translate_batch(model_config: TransformerConfig, params: Any,
                     alpha: float, max_decode_extra: int, eos_id: int,
                     max_decode_len: int | None = None,
                     first_stage_extra: int | None = FIRST_STAGE_EXTRA,
-                    devices: Sequence[jax.Device] | None = None
-                    ) -> jax.Array:
+                    devices: Sequence[jax.Device] | None = None,
+                    num_best: int = 0) -> Any:
   """One batch through the Transformer's search: the best hypotheses.
 
   Encodes once, makes the decode cache (the encoder-decoder keys and values
@@ -308,11 +424,42 @@ def translate_batch(model_config: TransformerConfig, params: Any,
     devices: the devices the sentences are split over (`search_devices`:
       all of them if they divide the rows evenly, else the default device);
       None: `jax.local_devices()`. The outputs are the same on any number.
+    num_best: 0 (default): the best output of each sentence; n >= 1 (at
+      most beam_size): its n best hypotheses with their scores.
 
   Returns:
-    int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it.
+    int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it;
+    with `num_best=n`, `(tokens [batch, n, max_decode_len], scores [batch,
+    n], log_probs [batch, n])`, best first: the length-penalised score and
+    log P(Y | X) of each hypothesis.
   """
+  if not 0 <= num_best <= beam_size:
+    raise ValueError(f"num_best must be in 0..beam_size = {beam_size}, got "
+                     f"{num_best}.")
   inputs_np = np.asarray(inputs)
+  static, devices, rows = _search_inputs(
+      model_config, inputs_np, max_decode_extra=max_decode_extra,
+      max_decode_len=max_decode_len, first_stage_extra=first_stage_extra,
+      devices=devices, extra_rows=())
+  search = _translate_fn(model_config, int(beam_size), float(alpha),
+                         int(eos_id))
+  return search(replicate(params, devices), *rows, devices=devices,
+                num_best=int(num_best), **static)
+
+
+def _search_inputs(model_config: TransformerConfig, inputs_np: np.ndarray, *,
+                   max_decode_extra: int, max_decode_len: int | None,
+                   first_stage_extra: int | None,
+                   devices: Sequence[jax.Device] | None,
+                   extra_rows: Sequence[np.ndarray]
+                   ) -> tuple[dict[str, Any], tuple[jax.Device, ...], list]:
+  """A batch's search arguments (`translate_batch`).
+
+  Returns:
+    `(static, devices, rows)`: the static `max_decode_len` and
+    `stage_lengths`, the devices the rows are split over, and the row
+    arguments `[inputs, max_lengths, *extra_rows]` put on them.
+  """
   max_lengths = (inputs_np != data.PAD_ID).sum(axis=1).astype(
       np.int32) + max_decode_extra  # [batch]
   if max_decode_len is None:
@@ -324,19 +471,77 @@ def translate_batch(model_config: TransformerConfig, params: Any,
   if first_stage_extra:
     stages = (min(inputs_np.shape[1] + int(first_stage_extra),
                   max_decode_len),)
-  search = _translate_fn(model_config, int(beam_size), float(alpha),
-                         int(eos_id))
   devices = search_devices(inputs_np.shape[0], devices)
-  rows = [jnp.asarray(inputs_np, jnp.int32), jnp.asarray(max_lengths)]
-  if devices:  # each device's rows put there now
-    rows = jax.device_put(rows, jax.sharding.NamedSharding(
-        jax.sharding.Mesh(np.asarray(devices), (_AXIS,)),
-        jax.sharding.PartitionSpec(_AXIS)))
-  return search(replicate(params, devices), *rows,
-                max_decode_len=max_decode_len,
-                stage_lengths=tuple(
-                    decoding.all_stage_lengths(stages, max_decode_len)[:-1]),
-                devices=devices)
+  rows = [jnp.asarray(inputs_np, jnp.int32), jnp.asarray(max_lengths),
+          *(jnp.asarray(x) for x in extra_rows)]
+  rows = _put_rows(rows, devices)
+  static = dict(max_decode_len=max_decode_len, stage_lengths=tuple(
+      decoding.all_stage_lengths(stages, max_decode_len)[:-1]))
+  return static, devices, rows
+
+
+def sample_batch(model_config: TransformerConfig, params: Any,
+                 inputs: jax.Array | np.ndarray, sentence_ids: np.ndarray, *,
+                 temperature: float, top_k: int, seed: int,
+                 max_decode_extra: int, eos_id: int,
+                 max_decode_len: int | None = None,
+                 first_stage_extra: int | None = FIRST_STAGE_EXTRA,
+                 devices: Sequence[jax.Device] | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
+  """One batch of sampled outputs (`mha.decoding.sample`).
+
+  Args:
+    model_config, params, inputs, max_decode_extra, eos_id, max_decode_len,
+      first_stage_extra, devices: as in `translate_batch`.
+    sentence_ids: int `[batch]`: row b draws with the key `fold_in(key(seed),
+      sentence_ids[b])`, so its sample depends on the seed and this id
+      alone.
+    temperature: >= 0 (0: greedy search).
+    top_k: draw from the k most probable tokens; 0 = all.
+    seed: the sampler's seed, an int32.
+
+  Returns:
+    `(tokens [batch, max_decode_len], log_probs [batch])`: the outputs (EOS
+    included, 0 after it) and the model's log P(Y | X) of each.
+  """
+  static, devices, rows = _search_inputs(
+      model_config, np.asarray(inputs), max_decode_extra=max_decode_extra,
+      max_decode_len=max_decode_len, first_stage_extra=first_stage_extra,
+      devices=devices,
+      extra_rows=[np.asarray(sentence_ids, np.int32)])
+  if temperature < 0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}.")
+  fn = _sample_fn(model_config, int(eos_id), temperature == 0, int(top_k))
+  return fn(replicate(params, devices), jnp.asarray(seed, jnp.int32),
+            jnp.asarray(temperature, jnp.float32), *rows, devices=devices,
+            **static)
+
+
+def score_batch(model_config: TransformerConfig, params: Any,
+                inputs: jax.Array | np.ndarray,
+                targets: jax.Array | np.ndarray,
+                devices: Sequence[jax.Device] | None = None) -> jax.Array:
+  """Forced decoding of one batch: log P(y_t | X, y_<t) of each target token.
+
+  Args:
+    model_config, params, inputs: as in `translate_batch`.
+    targets: int32 `[batch, T]` outputs (EOS included), 0 after the end;
+      T <= the model's `max_len`.
+    devices: as in `translate_batch`.
+
+  Returns:
+    float32 `[batch, T]`, 0 after each target's end.
+  """
+  inputs_np, targets_np = np.asarray(inputs), np.asarray(targets)
+  if targets_np.shape[1] > model_config.max_len:
+    raise ValueError(f"Targets of {targets_np.shape[1]} positions: the model "
+                     f"has max_len={model_config.max_len}.")
+  devices = search_devices(inputs_np.shape[0], devices)
+  rows = [jnp.asarray(inputs_np, jnp.int32),
+          jnp.asarray(targets_np, jnp.int32)]
+  rows = _put_rows(rows, devices)
+  return _score_fn(model_config)(replicate(params, devices), *rows,
+                                 devices=devices)
 
 
 # ------------------------------------------------------------ text batches
@@ -437,9 +642,11 @@ def decode_batches(model_config: TransformerConfig, params: Any,
                    alpha: float, max_decode_extra: int,
                    eos_id: int = data.EOS_ID,
                    first_stage_extra: int | None = FIRST_STAGE_EXTRA,
-                   devices: Sequence[jax.Device] | None = None
-                   ) -> list[np.ndarray]:
-  """Output ids of each batch (`[rows, max_decode_len]`, EOS included).
+                   devices: Sequence[jax.Device] | None = None,
+                   num_best: int = 0) -> list[Any]:
+  """Output ids of each batch (`[rows, max_decode_len]`, EOS included);
+  with `num_best=n`, `(tokens, scores, log_probs)` of its n best
+  (`translate_batch`).
 
   All batches are dispatched before the first result is fetched, so the host
   work overlaps with the device's. Each batch's sentences are split over
@@ -448,19 +655,33 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   output runs to its length limit: decoding benchmarks of random models).
   `first_stage_extra`: as in `translate_batch` (None: one stage).
   """
+  return _run_batches(params, batches, devices, lambda batch, params, used:
+                      translate_batch(
+                          model_config, params, batch.inputs,
+                          beam_size=beam_size, alpha=alpha,
+                          max_decode_extra=max_decode_extra, eos_id=eos_id,
+                          max_decode_len=batch.max_decode_len,
+                          first_stage_extra=first_stage_extra, devices=used,
+                          num_best=num_best))
+
+
+def _run_batches(params: Any, batches: Sequence[DecodeBatch],
+                 devices: Sequence[jax.Device] | None,
+                 run: Callable[[DecodeBatch, Any, tuple[jax.Device, ...]],
+                               Any]) -> list[Any]:
+  """`run(batch, params on its devices, devices)` for every batch, as NumPy.
+
+  All batches are dispatched before the first result is fetched. Each
+  batch's sentences are split over `devices` (default:
+  `jax.local_devices()`; `search_devices`), the parameters placed on them
+  once (`PlacedParams`, kept for later calls if given as one).
+  """
   devices = tuple(jax.local_devices() if devices is None else devices)
-  replicated = {}
-  outputs = []
-  for batch in batches:
-    used = search_devices(batch.inputs.shape[0], devices)
-    if used not in replicated:
-      replicated[used] = replicate(params, used)
-    outputs.append(translate_batch(
-        model_config, replicated[used], batch.inputs, beam_size=beam_size,
-        alpha=alpha, max_decode_extra=max_decode_extra, eos_id=eos_id,
-        max_decode_len=batch.max_decode_len,
-        first_stage_extra=first_stage_extra, devices=used))
-  return [np.asarray(o) for o in outputs]
+  placed = params if isinstance(params, PlacedParams) else PlacedParams(
+      params)
+  outputs = [run(batch, placed.on(used), used) for batch in batches
+             for used in [search_devices(batch.inputs.shape[0], devices)]]
+  return [jax.tree.map(np.asarray, o) for o in outputs]
 
 
 def translate_ids(model_config: TransformerConfig, params: Any,
@@ -505,6 +726,169 @@ def translate_ids(model_config: TransformerConfig, params: Any,
   return pairs
 
 
+def crop_output(ids: Sequence[int]) -> np.ndarray:
+  """Output ids up to and including the first EOS (or the padding)."""
+  ids = np.asarray(ids, np.int32).reshape(-1)
+  end = np.flatnonzero((ids == data.EOS_ID) | (ids == data.PAD_ID))
+  if not end.size:
+    return ids
+  return ids[:end[0] + 1] if ids[end[0]] == data.EOS_ID else ids[:end[0]]
+
+
+def _batches(model_config: TransformerConfig, tokenizer: data.Tokenizer,
+             sources: Sequence[str], batch_size: int, max_decode_extra: int
+             ) -> tuple[list[list[int]], list[DecodeBatch]]:
+  """(source ids, batches) of `sources` (`encode_sources`, `make_batches`)."""
+  encoded = encode_sources(tokenizer, sources, model_config.max_len)
+  return encoded, make_batches(encoded, batch_size=batch_size,
+                               max_len=model_config.max_len,
+                               max_decode_extra=max_decode_extra)
+
+
+def nbest_ids(model_config: TransformerConfig, params: Any,
+              tokenizer: data.Tokenizer, sources: Sequence[str], *,
+              num_best: int, beam_size: int, alpha: float,
+              max_decode_extra: int, batch_size: int = 64,
+              devices: Sequence[jax.Device] | None = None
+              ) -> list[list[tuple[np.ndarray, float, float]]]:
+  """The `num_best` best hypotheses of each source, by the beam search.
+
+  Args:
+    num_best: hypotheses per source, 1..beam_size.
+    model_config, params, tokenizer, sources, beam_size, alpha,
+      max_decode_extra, batch_size, devices: as in `translate_ids`.
+
+  Returns:
+    Per source, best first: (output ids up to and including EOS, the
+    length-penalised score log P(Y | X) / lp(|Y|), log P(Y | X)). The first
+    one's ids are `translate_ids`' output. A source with fewer complete
+    hypotheses than `num_best` (a tiny vocabulary and length limit) has
+    fewer.
+  """
+  if not sources:
+    return []
+  _, batches = _batches(model_config, tokenizer, sources, batch_size,
+                        max_decode_extra)
+  outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
+                           alpha=alpha, max_decode_extra=max_decode_extra,
+                           devices=devices, num_best=num_best)
+  found: list[Any] = [None] * len(sources)
+  for batch, (tokens, scores, log_probs) in zip(batches, outputs):
+    for row, i in enumerate(batch.indices):
+      found[i] = [(crop_output(tokens[row, k]), float(scores[row, k]),
+                   float(log_probs[row, k])) for k in range(num_best)
+                  if scores[row, k] > -np.inf]
+  return found
+
+
+def sample_ids(model_config: TransformerConfig, params: Any,
+               tokenizer: data.Tokenizer, sources: Sequence[str], *,
+               temperature: float, top_k: int, seed: int,
+               max_decode_extra: int,
+               sentence_ids: Sequence[int] | None = None,
+               batch_size: int = 64,
+               devices: Sequence[jax.Device] | None = None
+               ) -> list[tuple[np.ndarray, float]]:
+  """A sampled output of each source (`mha.decoding.sample`).
+
+  Source i draws with the key `fold_in(key(seed), sentence_ids[i])`
+  (default: i): its sample depends on the seed and that id alone, not on
+  the batching or the devices, so a corpus sampled in pieces (each
+  sentence's id its position in the corpus) equals the corpus sampled at
+  once.
+
+  Args:
+    temperature: >= 0 (0: greedy search); top_k: 0 = every token.
+    seed: an int32.
+    sentence_ids: one int per source (default: its position).
+    model_config, params, tokenizer, sources, max_decode_extra, batch_size,
+      devices: as in `translate_ids`.
+
+  Returns:
+    Per source: (output ids up to and including EOS, the model's log P(Y |
+    X) of them).
+  """
+  if not sources:
+    return []
+  _, batches = _batches(model_config, tokenizer, sources, batch_size,
+                        max_decode_extra)
+
+  if sentence_ids is None:
+    sentence_ids = range(len(sources))
+  sentence_ids = np.asarray(sentence_ids, np.int64)
+  if sentence_ids.shape != (len(sources),):
+    raise ValueError(f"{len(sentence_ids)} sentence_ids for {len(sources)} "
+                     "sources.")
+
+  def run(batch, params, used):
+    ids = np.zeros(batch.inputs.shape[0], np.int64)
+    ids[:len(batch.indices)] = sentence_ids[batch.indices]
+    return sample_batch(model_config, params, batch.inputs, ids,
+                        temperature=temperature, top_k=top_k, seed=seed,
+                        max_decode_extra=max_decode_extra,
+                        eos_id=data.EOS_ID,
+                        max_decode_len=batch.max_decode_len, devices=used)
+
+  found: list[Any] = [None] * len(sources)
+  for batch, (tokens, log_probs) in zip(
+      batches, _run_batches(params, batches, devices, run)):
+    for row, i in enumerate(batch.indices):
+      found[i] = (crop_output(tokens[row]), float(log_probs[row]))
+  return found
+
+
+def score_ids(model_config: TransformerConfig, params: Any,
+              tokenizer: data.Tokenizer, sources: Sequence[str],
+              targets: Sequence[str], *, batch_size: int = 64,
+              devices: Sequence[jax.Device] | None = None
+              ) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Forced decoding: the model's log-probability of each given target.
+
+  Args:
+    sources, targets: plain sentences, as many targets as sources.
+    model_config, params, tokenizer, batch_size, devices: as in
+      `translate_ids`.
+
+  Returns:
+    Per pair: (target ids with EOS, float32 log P(y_t | X, y_<t) of each);
+    the sum is log P(Y | X).
+
+  Raises:
+    ValueError: not as many targets as sources.
+    DataError: a target longer than the model's `max_len` - 1 tokens.
+  """
+  if len(sources) != len(targets):
+    raise ValueError(f"{len(sources)} sources but {len(targets)} targets.")
+  if not sources:
+    return []
+  target_ids = [ids + [data.EOS_ID] for ids in
+                tokenizer.encode_batch(list(targets))]
+  too_long = [i for i, ids in enumerate(target_ids)
+              if len(ids) > model_config.max_len]
+  if too_long:
+    raise data.DataError(
+        f"Target {too_long[0] + 1} has {len(target_ids[too_long[0]]) - 1} "
+        f"tokens, more than the model's max_len - 1 = "
+        f"{model_config.max_len - 1}: it cannot be scored.")
+  _, batches = _batches(model_config, tokenizer, sources, batch_size, 0)
+
+  def run(batch, params, used):
+    longest = max(len(target_ids[i]) for i in batch.indices)
+    rows = np.zeros((batch.inputs.shape[0],
+                     bucket_length(longest, model_config.max_len)), np.int32)
+    for row, i in enumerate(batch.indices):
+      rows[row, :len(target_ids[i])] = target_ids[i]
+    return score_batch(model_config, params, batch.inputs, rows, used)
+
+  found: list[Any] = [None] * len(sources)
+  for batch, log_probs in zip(batches,
+                              _run_batches(params, batches, devices, run)):
+    for row, i in enumerate(batch.indices):
+      ids = np.asarray(target_ids[i], np.int32)
+      found[i] = (ids, log_probs[row, :ids.size])
+  return found
+
+
 def detokenize(tokenizer: data.Tokenizer, ids: Sequence[int]) -> str:
   """The text of output ids, on one line (newlines become spaces)."""
   text = tokenizer.decode(ids)
@@ -534,8 +918,9 @@ def translate_texts(model_config: TransformerConfig, params: Any,
 
 
 __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
-           "MIN_SEARCH_ROWS", "shrink_sizes",
-           "ROW_MULTIPLE", "bucket_length", "decode_batches", "detokenize",
-           "cache_rows", "encode_sources", "make_batches", "replicate",
-           "search_devices", "search_rows", "translate_batch",
-           "translate_ids", "translate_texts"]
+           "MIN_SEARCH_ROWS", "PlacedParams", "shrink_sizes",
+           "ROW_MULTIPLE", "bucket_length", "crop_output", "decode_batches",
+           "detokenize", "cache_rows", "encode_sources", "make_batches",
+           "nbest_ids", "replicate", "sample_batch", "sample_ids",
+           "score_batch", "score_ids", "search_devices", "search_rows",
+           "translate_batch", "translate_ids", "translate_texts"]

@@ -123,3 +123,38 @@ def eval_py(monkeypatch):
 def pytest_collection_modifyitems(config, items):
   del config
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session")
+def random_workdir(tiny_workdir, tmp_path_factory) -> pathlib.Path:
+  """tiny_workdir's config and vocabulary with random parameters as its one
+  checkpoint (step 1): a model whose translations are long and varied (the
+  6-step model of tiny_workdir emits EOS first: empty translations).
+
+  Random values as tests/paper_reference.py draws them (nothing to
+  compile). Read-only for the tests, as tiny_workdir.
+  """
+  # pylint: disable=import-outside-toplevel
+  import shutil
+  import jax
+  import numpy as np
+  import paper_reference
+  from mha import checkpoints
+  from mha import workdir as workdir_lib
+  from mha.transformer import Transformer, TransformerConfig
+  # pylint: enable=import-outside-toplevel
+  path = tmp_path_factory.mktemp("random_workdir") / "run"
+  path.mkdir()
+  for name in ("config.json", "spm.model"):
+    shutil.copy(tiny_workdir / name, path / name)
+  config = workdir_lib.Workdir(str(path)).load_config()
+  model = Transformer(TransformerConfig.from_config(config,
+                                                    deterministic=True))
+  dummy = np.ones((1, 4), np.int32)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy,
+                          dummy)["params"]
+  manager = checkpoints.make_manager(str(path), keep=1)
+  checkpoints.save(manager, 1, {"params": paper_reference.random_params(
+      shapes, seed=0)}, {"step": 1})
+  manager.close()
+  return path

@@ -10,6 +10,7 @@ sentences (a jitted Adam loop of a few hundred tiny steps): its greedy
 outputs then end with EOS at various lengths or run to their length limit,
 and both stopping rules are compared.
 """
+import ast
 import functools
 import json
 import os
@@ -445,7 +446,13 @@ def test_missing_package_is_one_line(tiny_workdir, tmp_path, monkeypatch):
 
 def test_command_offers_the_formats_and_quantizations_of_the_library():
   """mha/cli/export.py names them itself (mha.export imports JAX, which the
-  command imports only after its start-up)."""
-  from mha.cli import export as export_cli  # pylint: disable=g-import-not-at-top
-  assert export_cli._FORMATS == export.FORMATS  # pylint: disable=protected-access
-  assert export_cli._QUANTIZATIONS == export.QUANTIZATIONS  # pylint: disable=protected-access
+  command imports only after its start-up); read from its source, since
+  importing the command module beside mha.cli.eval's would define their
+  common flags twice in this process."""
+  tree = ast.parse((REPO_ROOT / "mha" / "cli" / "export.py").read_text())
+  values = {node.targets[0].id: ast.literal_eval(node.value)
+            for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in ("_FORMATS", "_QUANTIZATIONS")}
+  assert values == {"_FORMATS": export.FORMATS,
+                    "_QUANTIZATIONS": export.QUANTIZATIONS}

@@ -1,0 +1,147 @@
+r"""mha-translate: a trained model translating line by line.
+
+    mha-translate --workdir=/tmp/run                  # stdin -> stdout
+    mha-translate --workdir=/tmp/run --input=src.txt --output=out.txt
+    mha-translate --workdir=/tmp/run --nbest=4        # n-best lists
+    mha-translate --workdir=/tmp/run --sample --temperature=0.8 --top_k=10
+
+(also `python -m mha.cli.translate ...`). Loads the workdir's model once
+(`mha.load`: the latest checkpoint, or --step, or the average of the last
+--average_last), then reads standard input one line at a time and writes
+each translation as soon as it is made, flushed: it never waits for more
+input than the line it translates (lines that have already arrived are
+translated together). Blank lines give blank lines. Log lines go to
+standard error. The search defaults to the workdir's config (the paper:
+beam 4, alpha 0.6, outputs of at most input length + 50 tokens).
+
+--nbest=N writes the N best hypotheses of each line, one per line, tab-
+separated: line number (1 = the first input line), rank (1 = the best),
+the length-penalised score, log P(Y | X), the translation; a blank input
+line has none. --sample draws each translation from the model (temperature,
+top_k: 0 = every token, seed): the same seed gives the same samples however
+the input arrives.
+
+--input reads a file (plain or .gz) instead of standard input, in batches
+of --batch_size; --output writes a file instead of standard output, through
+a temporary file renamed at the end, so an interrupted run leaves no partial
+file and an existing one as it was. Bad input (a workdir, step, flag, file)
+prints one line, `mha-translate: <message>`, and exits with status 1.
+"""
+import os
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from mha.cli import startup
+from mha.errors import ConfigError
+
+flags.DEFINE_string("workdir", None, "A training workdir.")
+flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+flags.DEFINE_integer("average_last", None,
+                     "Average the last N checkpoints' parameters.")
+flags.DEFINE_integer("beam_size", None, "Beam size (default: config).")
+flags.DEFINE_float("alpha", None, "Length penalty (default: config).")
+flags.DEFINE_integer("max_decode_extra", None,
+                     "Output length limit = input length + this "
+                     "(default: config).")
+flags.DEFINE_integer("batch_size", 64, "Sentences per decoding batch.")
+flags.DEFINE_integer("nbest", 0, "Write the N best hypotheses of each line "
+                     "with their scores (0 = the best only, no scores).")
+flags.DEFINE_bool("sample", False, "Sample each translation from the model "
+                  "instead of the beam search.")
+flags.DEFINE_float("temperature", 1.0, "Sampling temperature (0 = greedy).")
+flags.DEFINE_integer("top_k", 0, "Sample from the k most probable tokens "
+                     "(0 = all).")
+flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.DEFINE_string("input", None, "A file to translate (default: standard "
+                    "input, line by line).")
+flags.DEFINE_string("output", None, "The file to write (default: standard "
+                    "output).")
+startup.define_flags()
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+def _check_files(input_path: str | None, output_path: str | None) -> None:
+  if input_path not in (None, "-") and not os.path.isfile(input_path):
+    raise ConfigError(f"--input={input_path}: no such file.")
+  if output_path is None:
+    return
+  if input_path and os.path.abspath(input_path) == os.path.abspath(
+      output_path):
+    raise ConfigError(f"--output={output_path} is the input file.")
+  folder = os.path.dirname(os.path.abspath(output_path))
+  if not os.path.isdir(folder):
+    raise ConfigError(f"--output={output_path}: the folder {folder} does "
+                      "not exist.")
+
+
+def _translate(write) -> int:
+  """Loads the model and translates the input with `write`; returns the
+  number of lines."""
+  import mha  # pylint: disable=import-outside-toplevel
+  from mha import evaluator  # pylint: disable=import-outside-toplevel
+  from mha import translator as translator_lib  # pylint: disable=import-outside-toplevel
+  translator = mha.load(FLAGS.workdir, step=FLAGS.step,
+                        average_last=FLAGS.average_last)
+  function = translator_lib.line_translator(
+      translator, nbest=FLAGS.nbest, sample=FLAGS.sample,
+      temperature=FLAGS.temperature, top_k=FLAGS.top_k, seed=FLAGS.seed,
+      beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
+      max_decode_extra=FLAGS.max_decode_extra, batch_size=FLAGS.batch_size)
+  logging.info("Loaded %s, step %s.", FLAGS.workdir,
+               translator.steps if len(translator.steps) > 1
+               else translator.step)
+  if FLAGS.input in (None, "-"):
+    batches = translator_lib.read_batches(sys.stdin.fileno(),
+                                          FLAGS.batch_size)
+  else:
+    lines = evaluator.read_lines(FLAGS.input, "--input")
+    batches = (lines[i:i + FLAGS.batch_size * 16]
+               for i in range(0, len(lines), FLAGS.batch_size * 16))
+  return translator_lib.translate_stream(function, batches, write)
+
+
+@startup.guarded
+def main(argv: list[str]) -> int:
+  """Translates --input (or standard input) into --output (or standard
+  output)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  _check_files(FLAGS.input, FLAGS.output)
+  if FLAGS.output is None:
+    out = sys.stdout.buffer
+
+    def write(text: str) -> None:
+      out.write(text.encode("utf-8"))
+      out.flush()
+
+    count = _translate(write)
+  else:
+    folder = os.path.dirname(os.path.abspath(FLAGS.output))
+    with tempfile.NamedTemporaryFile(
+        "wb", dir=folder, prefix=".mha-translate-", delete=False) as f:
+      try:
+        count = _translate(lambda text: f.write(text.encode("utf-8")))
+      except BaseException:
+        f.close()
+        os.unlink(f.name)
+        raise
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(f.name, 0o666 & ~umask)  # as open() would have made it
+    os.replace(f.name, FLAGS.output)
+  logging.info("Translated %d line(s).", count)
+  return 0
+
+
+def run() -> None:
+  """The console script `mha-translate`."""
+  startup.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,473 @@
+"""A trained model in one object: `mha.load(workdir)` and its `Translator`.
+
+    import mha
+    translator = mha.load("/tmp/run")                     # the latest step
+    translator.translate(["Ein Hund läuft."])             # beam 4, alpha 0.6
+    translator.nbest(["Ein Hund läuft."], 4)              # [[(text, score, log_prob), ...]]
+    translator.sample(["Ein Hund läuft."], temperature=0.8, top_k=10, seed=1)
+    translator.score(["Ein Hund läuft."], ["A dog runs."])  # log P(Y | X)
+
+The model, its parameters and the vocabulary are loaded once (the
+evaluator's loading: `evaluator.load_workdir`, `evaluator.load_params`,
+checkpoint averaging included) and the parameters stay on the devices
+between calls (`translate.PlacedParams`); every method goes through
+`mha.translate`, the translation layer of `eval.py` and the in-training
+BLEU, so `translate` returns what `eval.py` writes for the same sentences
+and settings. The search settings default to the workdir's config (the
+paper: beam 4, alpha 0.6, outputs of at most input length + 50 tokens).
+
+An empty (or blank) source line gives an empty translation, an empty n-best
+list and an empty sample; it is not translated.
+"""
+import codecs
+import dataclasses
+import math
+import numbers
+import os
+import select
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+
+from mha import data
+from mha import translate
+from mha.errors import ConfigError
+from mha.transformer import TransformerConfig
+
+_INT32 = 2**31
+
+
+class Hypothesis(NamedTuple):
+  """One entry of an n-best list.
+
+  Attributes:
+    text: the detokenized translation.
+    score: log P(Y | X) / lp(|Y|), the length-penalised score the beam
+      search ranks by (Wu et al. 2016: lp = ((5 + |Y|) / 6) ** alpha, |Y|
+      counting EOS).
+    log_prob: log P(Y | X), the sum of its tokens' log-probabilities.
+  """
+  text: str
+  score: float
+  log_prob: float
+
+
+class Sample(NamedTuple):
+  """A sampled translation and the model's log P(Y | X) of it."""
+  text: str
+  log_prob: float
+
+
+class Score(NamedTuple):
+  """The model's log-probability of a given target (forced decoding).
+
+  Attributes:
+    log_prob: log P(Y | X), the sum of `token_log_probs`.
+    token_log_probs: float32 `[|Y|]`, log P(y_t | X, y_<t) of each target
+      token, its EOS last.
+    pieces: the SentencePiece piece of each token (`</s>` for EOS).
+  """
+  log_prob: float
+  token_log_probs: np.ndarray
+  pieces: list[str]
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None
+               ) -> int:
+  if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
+      or value < low or (high is not None and value > high)):
+    bounds = f">= {low}" if high is None else f"in {low}..{high}"
+    raise ConfigError(f"{name} must be an integer {bounds}, got {value!r}.")
+  return int(value)
+
+
+def _check_float(name: str, value: Any, low: float = 0.0) -> float:
+  if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+      or not math.isfinite(value) or value < low):
+    raise ConfigError(f"{name} must be a finite number >= {low}, got "
+                      f"{value!r}.")
+  return float(value)
+
+
+def _check_sentences(name: str, sentences: Any) -> list[str]:
+  if isinstance(sentences, str) or not all(
+      isinstance(s, str) for s in sentences):
+    raise ConfigError(f"{name} must be a list of strings (one sentence "
+                      "each), not a single string or other objects.")
+  return list(sentences)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+  """The beam search's settings (the paper's §6.1 by default)."""
+  beam_size: int = 4
+  alpha: float = 0.6
+  max_decode_extra: int = 50
+
+
+class Translator:
+  """A workdir's model, parameters and vocabulary, loaded once.
+
+  Made by `mha.load`. The methods take a list of sentences and return one
+  result per sentence, in order; the search settings default to
+  `defaults` (the workdir's config).
+
+  Attributes:
+    config: the workdir's ml_collections config.
+    tokenizer: its SentencePiece vocabulary.
+    model_config: the model's `TransformerConfig` (deterministic).
+    step: the checkpoint step loaded (the last one averaged).
+    steps: the steps averaged (one step without averaging).
+    defaults: the search settings used where a method is not given them.
+  """
+
+  def __init__(self, config: Any, tokenizer: data.Tokenizer, params: Any,
+               step: int, steps: Sequence[int]):
+    self.config = config
+    self.tokenizer = tokenizer
+    self.model_config = TransformerConfig.from_config(config,
+                                                      deterministic=True)
+    self.params = translate.PlacedParams(params)
+    self.step = int(step)
+    self.steps = [int(s) for s in steps]
+    self.defaults = SearchSettings(**{
+        f.name: config.get(f.name, f.default)
+        for f in dataclasses.fields(SearchSettings)})
+
+  def _search(self, beam_size, alpha, max_decode_extra) -> SearchSettings:
+    given = SearchSettings(
+        beam_size=self.defaults.beam_size if beam_size is None else beam_size,
+        alpha=self.defaults.alpha if alpha is None else alpha,
+        max_decode_extra=(self.defaults.max_decode_extra
+                          if max_decode_extra is None else max_decode_extra))
+    return SearchSettings(_check_int("beam_size", given.beam_size, 1),
+                          _check_float("alpha", given.alpha),
+                          _check_int("max_decode_extra",
+                                     given.max_decode_extra, 0))
+
+  def _text(self, ids: np.ndarray) -> str:
+    return translate.detokenize(self.tokenizer, ids)
+
+  def _nonempty(self, sentences: Sequence[str], batch_size: int
+                ) -> tuple[list[int], list[str]]:
+    """(positions, sentences) of the sentences that are not blank."""
+    _check_int("batch_size", batch_size, 1)
+    keep = [i for i, s in enumerate(sentences) if s.strip()]
+    return keep, [sentences[i] for i in keep]
+
+  def translate(self, sentences: Sequence[str], beam_size: int | None = None,
+                alpha: float | None = None,
+                max_decode_extra: int | None = None,
+                batch_size: int = 64) -> list[str]:
+    """The best translation of each sentence by beam search.
+
+    Args:
+      sentences: plain text, one sentence each.
+      beam_size: 1 = greedy search; alpha: the length penalty's exponent
+        (>= 0); max_decode_extra: outputs of at most source tokens + this.
+        None: `defaults` (the workdir's config).
+      batch_size: sentences per decoding batch.
+
+    Returns:
+      One translation per sentence, without newlines ("" for a blank one).
+
+    Raises:
+      ConfigError: a setting out of range.
+    """
+    sentences = _check_sentences("sentences", sentences)
+    search = self._search(beam_size, alpha, max_decode_extra)
+    keep, texts = self._nonempty(sentences, batch_size)
+    out = [""] * len(sentences)
+    for i, (_, ids) in zip(keep, translate.translate_ids(
+        self.model_config, self.params, self.tokenizer, texts,
+        beam_size=search.beam_size, alpha=search.alpha,
+        max_decode_extra=search.max_decode_extra, batch_size=batch_size)):
+      out[i] = self._text(ids)
+    return out
+
+  def nbest(self, sentences: Sequence[str], n: int,
+            beam_size: int | None = None, alpha: float | None = None,
+            max_decode_extra: int | None = None,
+            batch_size: int = 64) -> list[list[Hypothesis]]:
+    """The n best hypotheses of each sentence's beam search, best first.
+
+    Args:
+      n: 1..beam_size; the first is `translate`'s translation.
+      sentences, beam_size, alpha, max_decode_extra, batch_size: as in
+        `translate`.
+
+    Returns:
+      Per sentence, up to n `Hypothesis(text, score, log_prob)` (fewer only
+      when fewer complete hypotheses exist; none for a blank sentence).
+
+    Raises:
+      ConfigError: n > beam_size, or a setting out of range.
+    """
+    sentences = _check_sentences("sentences", sentences)
+    search = self._search(beam_size, alpha, max_decode_extra)
+    n = _check_int("n", n, 1)
+    if n > search.beam_size:
+      raise ConfigError(f"n = {n} hypotheses asked of a beam of "
+                        f"{search.beam_size}: give beam_size >= {n}.")
+    keep, texts = self._nonempty(sentences, batch_size)
+    out: list[list[Hypothesis]] = [[] for _ in sentences]
+    for i, found in zip(keep, translate.nbest_ids(
+        self.model_config, self.params, self.tokenizer, texts, num_best=n,
+        beam_size=search.beam_size, alpha=search.alpha,
+        max_decode_extra=search.max_decode_extra, batch_size=batch_size)):
+      out[i] = [Hypothesis(self._text(ids), score, log_prob)
+                for ids, score, log_prob in found]
+    return out
+
+  def sample(self, sentences: Sequence[str], temperature: float = 1.0,
+             top_k: int = 0, seed: int = 0,
+             max_decode_extra: int | None = None, batch_size: int = 64,
+             first_id: int = 0, with_log_probs: bool = False
+             ) -> list[str] | list[Sample]:
+    """A translation of each sentence drawn from the model (ancestral
+    sampling, as back-translation uses it).
+
+    Args:
+      sentences, max_decode_extra, batch_size: as in `translate`.
+      temperature: >= 0; 0 = greedy search, < 1 sharper, > 1 flatter.
+      top_k: draw each token from the k most probable only; 0 = all.
+      seed: an int32. The same seed gives the same samples, on any number
+        of devices and in any batches: sentence i draws with its own key,
+        derived from the seed and `first_id + i`.
+      first_id: the position of `sentences[0]` in a larger corpus sampled
+        in pieces (the pieces then give the samples of the whole).
+      with_log_probs: return `Sample(text, log_prob)`, with the model's
+        log P(Y | X) of each sample.
+
+    Returns:
+      One sampled translation per sentence ("" for a blank one).
+
+    Raises:
+      ConfigError: a setting out of range.
+    """
+    sentences = _check_sentences("sentences", sentences)
+    temperature = _check_float("temperature", temperature)
+    top_k = _check_int("top_k", top_k, 0)
+    seed = _check_int("seed", seed, -_INT32, _INT32 - 1)
+    first_id = _check_int("first_id", first_id, 0, _INT32 - 1)
+    max_decode_extra = self._search(None, None,
+                                    max_decode_extra).max_decode_extra
+    keep, texts = self._nonempty(sentences, batch_size)
+    out = [Sample("", 0.0)] * len(sentences)
+    # A sentence's key follows its position in `sentences` (blank ones
+    # included), whatever the batching.
+    found = translate.sample_ids(
+        self.model_config, self.params, self.tokenizer, texts,
+        temperature=temperature, top_k=top_k, seed=seed,
+        max_decode_extra=max_decode_extra,
+        sentence_ids=[first_id + i for i in keep], batch_size=batch_size)
+    for i, (ids, log_prob) in zip(keep, found):
+      out[i] = Sample(self._text(ids), log_prob)
+    return out if with_log_probs else [s.text for s in out]
+
+  def score(self, sources: Sequence[str], targets: Sequence[str],
+            batch_size: int = 64) -> list[Score]:
+    """The model's log-probability of each (source, target) pair.
+
+    Teacher forcing: the target is tokenized with the workdir's vocabulary,
+    EOS appended, and fed to the decoder's step function behind the start
+    symbol; each token's log-probability is read from the model's
+    prediction before it.
+
+    Args:
+      sources, targets: plain sentences, as many targets as sources.
+      batch_size: pairs per batch.
+
+    Returns:
+      One `Score(log_prob, token_log_probs, pieces)` per pair.
+
+    Raises:
+      ConfigError: not as many targets as sources.
+      DataError: a target longer than the model's max_len - 1 tokens.
+    """
+    sources = _check_sentences("sources", sources)
+    targets = _check_sentences("targets", targets)
+    if len(sources) != len(targets):
+      raise ConfigError(f"{len(sources)} sources but {len(targets)} "
+                        "targets: give one target per source.")
+    _check_int("batch_size", batch_size, 1)
+    out = []
+    for ids, log_probs in translate.score_ids(
+        self.model_config, self.params, self.tokenizer, sources, targets,
+        batch_size=batch_size):
+      pieces = ["</s>" if i == data.EOS_ID else self.tokenizer.id_to_piece(i)
+                for i in ids.tolist()]
+      out.append(Score(float(np.sum(log_probs, dtype=np.float64)),
+                       np.asarray(log_probs, np.float32), pieces))
+    return out
+
+
+def load(workdir: str, step: int | None = None,
+         average_last: int | None = None) -> Translator:
+  """The model of a training workdir, ready to translate.
+
+  Reads the workdir's config.json, spm.model and checkpoint(s) without
+  modifying anything (the evaluator's loading).
+
+  Args:
+    workdir: a training workdir (local or gs://).
+    step: the checkpoint step; None = the latest.
+    average_last: use the element-wise mean of the last N checkpoints up to
+      `step` (the paper averages the last 5 or 20).
+
+  Returns:
+    A `Translator`.
+
+  Raises:
+    mha.errors.UserError: a missing workdir, config.json, spm.model or
+      checkpoint, a step that does not exist, fewer than `average_last`
+      checkpoints, or a bad argument; one line naming it.
+  """
+  from mha import evaluator  # pylint: disable=import-outside-toplevel
+  if step is not None:
+    _check_int("step", step, 0)
+  if average_last is not None:
+    _check_int("average_last", average_last, 1)
+  config, tokenizer = evaluator.load_workdir(workdir)
+  params, last, steps = evaluator.load_params(workdir, step, average_last)
+  return Translator(config, tokenizer, params, last, steps)
+
+
+# ---------------------------------------------------------- line by line
+
+# What `line_translator` returns: (lines, position of the first in the whole
+# input) -> the output text of those lines, each output line ending with a
+# newline.
+LineFunction = Callable[[list[str], int], str]
+
+
+def format_nbest(line_number: int, hypotheses: Sequence[Hypothesis]) -> str:
+  """The n-best lines of one source line, without a final newline.
+
+  One line per hypothesis, best first, tab-separated: the source's line
+  number (1 = the first), the rank (1 = the best), the length-penalised
+  score, log P(Y | X), the translation (last: it may hold tabs), each line
+  ending with a newline. A blank source line has none ("").
+  """
+  return "".join(f"{line_number}\t{rank}\t{h.score:.6f}\t{h.log_prob:.6f}"
+                 f"\t{h.text}\n" for rank, h in enumerate(hypotheses, 1))
+
+
+def line_translator(translator: Translator, *, nbest: int = 0,
+                    sample: bool = False, temperature: float = 1.0,
+                    top_k: int = 0, seed: int = 0,
+                    beam_size: int | None = None, alpha: float | None = None,
+                    max_decode_extra: int | None = None,
+                    batch_size: int = 64) -> LineFunction:
+  """The function that turns input lines into output lines.
+
+  Beam search (`Translator.translate`) by default, a translation per line
+  (a blank line for a blank line); `nbest=n`: the n best of each line in
+  `format_nbest`'s format (none for a blank line); `sample`: one sample of
+  each line, the line's position in the whole input choosing its key (so
+  the samples do not depend on how the input was cut into batches).
+
+  Raises:
+    ConfigError: sampling and n-best together, or a bad setting (checked
+      now, on an empty input).
+  """
+  search = dict(beam_size=beam_size, alpha=alpha,
+                max_decode_extra=max_decode_extra, batch_size=batch_size)
+  if sample and nbest:
+    raise ConfigError("Sampling gives one output per line: give n-best or "
+                      "sampling, not both.")
+  if sample:
+    if beam_size is not None or alpha is not None:
+      raise ConfigError("beam_size and alpha are beam search settings: "
+                        "sampling takes temperature, top_k and seed.")
+    options = dict(temperature=temperature, top_k=top_k, seed=seed,
+                   max_decode_extra=max_decode_extra, batch_size=batch_size)
+    translator.sample([], **options)
+    return lambda lines, first: _lines(translator.sample(
+        lines, first_id=first, **options))
+  if nbest:
+    translator.nbest([], nbest, **search)
+    return lambda lines, first: "".join(
+        format_nbest(first + i + 1, hyps) for i, hyps in
+        enumerate(translator.nbest(lines, nbest, **search)))
+  translator.translate([], **search)
+  return lambda lines, first: _lines(translator.translate(lines, **search))
+
+
+def _lines(texts: Sequence[str]) -> str:
+  return "".join(text + "\n" for text in texts)
+
+
+def read_batches(fd: int, max_lines: int, what: str = "standard input"
+                 ) -> Iterator[list[str]]:
+  """The lines of a file descriptor in batches, without waiting for more.
+
+  Each batch holds the complete lines that have arrived (at least one, at
+  most `max_lines`): the reader waits for the first, then takes only what
+  can be read without blocking. A last line without a newline counts; line
+  endings ('\n', '\r\n') and a byte order mark at the start are dropped.
+
+  Raises:
+    DataError: a line that is not valid UTF-8, naming `what` and the line.
+  """
+  pending, lines, number, eof = b"", [], 0, False
+
+  def take(chunk: bytes) -> None:
+    nonlocal pending
+    pending += chunk
+    *complete, pending = pending.split(b"\n")
+    lines.extend(complete)
+
+  while lines or not eof:
+    while not lines and not eof:
+      chunk = os.read(fd, 1 << 16)  # waits for input
+      eof = not chunk
+      take(chunk)
+    while (not eof and len(lines) < max_lines
+           and select.select([fd], [], [], 0)[0]):
+      chunk = os.read(fd, 1 << 16)  # ready: does not wait
+      eof = not chunk
+      take(chunk)
+    if eof and pending:
+      lines.append(pending)
+      pending = b""
+    batch, lines = lines[:max_lines], lines[max_lines:]
+    if batch:
+      yield [_decode_line(raw, number + i + 1, what)
+             for i, raw in enumerate(batch)]
+      number += len(batch)
+
+
+def _decode_line(raw: bytes, number: int, what: str) -> str:
+  if number == 1 and raw.startswith(codecs.BOM_UTF8):
+    raw = raw[len(codecs.BOM_UTF8):]
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise data.DataError(f"{what}, line {number}: invalid UTF-8 ({e.reason} "
+                         f"at byte {e.start} of the line).") from None
+  return text[:-1] if text.endswith("\r") else text
+
+
+def translate_stream(function: LineFunction, batches: Iterator[list[str]],
+                     write: Callable[[str], None]) -> int:
+  """Translates each batch as it comes and writes its outputs at once.
+
+  Args:
+    function: a `line_translator`.
+    batches: lists of input lines (`read_batches`).
+    write: called with each batch's output text; it should flush.
+
+  Returns:
+    The number of input lines.
+  """
+  count = 0
+  for lines in batches:
+    write(function(lines, count))
+    count += len(lines)
+  return count
+
+
+__all__ = ["Hypothesis", "LineFunction", "Sample", "Score", "SearchSettings",
+           "Translator", "format_nbest", "line_translator", "load",
+           "read_batches", "translate_stream"]

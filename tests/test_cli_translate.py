@@ -1,0 +1,93 @@
+"""mha-translate (`python -m mha.cli.translate`) in a subprocess: line by
+line with standard input held open, files, and bad input as one line. The
+expected outputs come from `mha.load` in this process (the same layer; one
+sentence at a time where the command gets one at a time). n-best lines and
+samples of the command's line functions: tests/test_translator.py."""
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import mha
+from configs import quickstart
+from mha import data
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 300  # generous: the first translation compiles the search
+
+
+@pytest.fixture(scope="module")
+def translator(random_workdir):
+  return mha.load(str(random_workdir))
+
+
+@pytest.fixture(scope="module")
+def sources():
+  return data.load_text_pairs(quickstart.get_config(), "test[:6]")[0]
+
+
+def command(workdir, *args):
+  return [sys.executable, "-m", "mha.cli.translate", f"--workdir={workdir}",
+          *args]
+
+
+def test_prints_each_translation_before_more_input_comes(
+    random_workdir, translator, sources):
+  inputs = [sources[0], "", sources[1]]
+  # Computed first: the command then finds the compiled searches in the
+  # session's compilation cache (tests/conftest.py).
+  want = [translator.translate([text])[0] for text in inputs + sources[2:3]]
+  assert all(want[:1] + want[2:]) and not want[1]
+  process = subprocess.Popen(command(random_workdir), cwd=REPO,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+  lines = queue.Queue()
+  threading.Thread(target=lambda: [lines.put(l) for l in process.stdout],
+                   daemon=True).start()
+  try:
+    for i, text in enumerate(inputs):
+      # Stdin stays open: the answer must come before any more input.
+      process.stdin.write(text.encode("utf-8") + b"\n")
+      process.stdin.flush()
+      assert lines.get(timeout=TIMEOUT).decode("utf-8") == want[i] + "\n"
+    process.stdin.write(sources[2].encode("utf-8"))  # no final newline
+    process.stdin.close()
+    assert lines.get(timeout=TIMEOUT).decode("utf-8") == want[3] + "\n"
+    assert process.wait(timeout=TIMEOUT) == 0
+  finally:
+    process.kill()
+    process.wait()
+  assert lines.empty()
+  stderr = process.stderr.read().decode("utf-8")
+  assert "Loaded" in stderr and "Translated 4 line(s)" in stderr
+
+
+def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):
+  lines = sources[:2] + [""] + sources[2:]
+  want = translator.translate(lines)
+  source = tmp_path / "src.txt"
+  source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  output = tmp_path / "out.txt"
+  result = subprocess.run(
+      command(random_workdir, f"--input={source}", f"--output={output}"),
+      cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == ""
+  assert output.read_text(encoding="utf-8").split("\n") == want + [""]
+  # Bad input: one line, status 1, the output file left as it was.
+  before = output.read_bytes()
+  for args, message in [
+      ([f"--input={tmp_path / 'none.txt'}", f"--output={output}"],
+       "--input=.*none.txt: no such"),
+      ([f"--input={source}", f"--output={source}"], "is the input file")]:
+    result = subprocess.run(command(random_workdir, *args), cwd=REPO,
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().split("\n")[-1:]
+    assert re.fullmatch(f"mha-translate: .*{message}.*", line), line
+  assert output.read_bytes() == before
+  assert sorted(os.listdir(tmp_path)) == ["out.txt", "src.txt"]

@@ -1,0 +1,217 @@
+"""mha.load and the Translator: the same translations as eval.py's path,
+n-best lists, samples and forced scores through the translation layer (their
+numbers are tested against independent computations in
+tests/test_translate_outputs.py; here the text around them), blank lines,
+line-by-line reading, and bad input as one-line UserErrors.
+
+Most tests use `random_workdir` (long, varied translations); the checkpoint
+averaging and the workdir errors `tiny_workdir` (three checkpoints). The
+tests share a few search settings (beam 4 or 1, n = 2) and batch shapes (the
+6 sentences of `sources`, blank lines added), so that the searches compile
+once for the whole file."""
+import os
+import queue
+import shutil
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mha
+from configs import quickstart
+from mha import checkpoints
+from mha import data
+from mha import evaluator
+from mha import translator as translator_lib
+from mha.errors import UserError
+from mha.transformer import Transformer
+
+
+@pytest.fixture(scope="module")
+def translator(random_workdir):
+  return mha.load(str(random_workdir))
+
+
+@pytest.fixture(scope="module")
+def pairs():
+  return data.load_text_pairs(quickstart.get_config(), "test[:6]")
+
+
+@pytest.fixture(scope="module")
+def sources(pairs):
+  return pairs[0]
+
+
+def with_blanks(sources):
+  return sources[:2] + ["", "   "] + sources[2:]
+
+
+def test_translate_equals_eval_py_path(random_workdir, translator, sources,
+                                       tmp_path):
+  assert translator.step == 1 and translator.steps == [1]
+  assert translator.defaults == translator_lib.SearchSettings(4, 0.6, 8)
+  source = tmp_path / "src.txt"
+  source.write_text("\n".join(sources) + "\n", encoding="utf-8")
+  result = evaluator.evaluate(str(random_workdir), source_file=str(source),
+                              write=False)
+  out = translator.translate(sources)
+  assert out == result["translations"]
+  assert len(set(out)) == 6 and min(len(t) for t in out) > 10
+
+
+def test_blank_lines_give_empty_outputs(translator, sources):
+  lines = with_blanks(sources)
+  out = translator.translate(lines)
+  assert out[2:4] == ["", ""]
+  assert out[:2] + out[4:] == translator.translate(sources)
+  nbest = translator.nbest(lines, 2)
+  assert nbest[2:4] == [[], []]
+  assert nbest[:2] + nbest[4:] == translator.nbest(sources, 2)
+  samples = translator.sample(lines)
+  assert samples[2:4] == ["", ""] and all(samples[:2] + samples[4:])
+
+
+def test_nbest_and_samples(translator, sources):
+  best = translator.translate(sources)
+  lists = translator.nbest(sources, 2)
+  assert [hyps[0].text for hyps in lists] == best
+  for hyps in lists:
+    assert len(hyps) == 2 and hyps[0].text != hyps[1].text
+    assert hyps[0].score >= hyps[1].score
+    assert all(h.log_prob < 0 for h in hyps)
+  # Samples: reproducible, per sentence (tests/test_translate_outputs.py:
+  # their distribution, temperature 0 = greedy).
+  first = translator.sample(sources, seed=5, with_log_probs=True)
+  assert all(s.log_prob < 0 for s in first)
+  assert translator.sample(sources, seed=5, with_log_probs=True) == first
+  assert translator.sample(sources[:3], seed=5) == [
+      s.text for s in first[:3]]
+  assert translator.sample(sources[3:], seed=5, first_id=3) == [
+      s.text for s in first[3:]]
+  assert translator.sample(sources, seed=6) != [s.text for s in first]
+
+
+def test_score_equals_the_full_forward_pass_on_the_text(translator, pairs):
+  sources, targets = pairs
+  tokenizer, model_config = translator.tokenizer, translator.model_config
+  scores = translator.score(sources, targets, batch_size=4)
+  # Teacher forcing in one pass of the model (no cache), all pairs at once:
+  # it shifts the targets right behind the start symbol 0 itself; padding
+  # is masked (sources as keys, targets causally).
+  x = [tokenizer.encode(s) + [data.EOS_ID] for s in sources]
+  y = [tokenizer.encode(t) + [data.EOS_ID] for t in targets]
+  pad = lambda rows: np.array([r + [0] * (32 - len(r)) for r in rows],
+                              np.int32)
+  logits = jax.jit(Transformer(model_config).apply)(
+      {"params": translator.params.params}, pad(x), pad(y))
+  full = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
+  for b, (ids, scored) in enumerate(zip(y, scores)):
+    want = full[b, np.arange(len(ids)), ids]
+    np.testing.assert_allclose(scored.token_log_probs, want, rtol=1e-4,
+                               atol=1e-4)
+    assert scored.log_prob == pytest.approx(want.sum(), rel=1e-4, abs=1e-3)
+    assert scored.pieces == [tokenizer.id_to_piece(i) for i in ids[:-1]] + [
+        "</s>"]
+
+
+def test_average_last_loads_the_mean(tiny_workdir):
+  averaged = mha.load(str(tiny_workdir), step=4, average_last=2)
+  assert (averaged.step, averaged.steps) == (4, [2, 4])
+  want, _ = checkpoints.average_checkpoints(str(tiny_workdir), steps=[2, 4])
+  got = averaged.params.params
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t: t.nbest(["a"], 5), "n = 5 .* beam of 4"),
+    (lambda t: t.translate(["a"], beam_size=0), "beam_size must be"),
+    (lambda t: t.translate(["a"], alpha=float("nan")), "alpha must be"),
+    (lambda t: t.translate("a sentence"), "list of strings"),
+    (lambda t: t.sample(["a"], temperature=-1), "temperature must be"),
+    (lambda t: t.sample(["a"], top_k=-2), "top_k must be"),
+    (lambda t: t.score(["a", "b"], ["c"]), "2 sources but 1 targets"),
+    (lambda t: t.score(["a"], ["b " * 200]), "Target 1 has"),
+])
+def test_bad_arguments_are_user_errors(translator, call, message):
+  with pytest.raises(UserError, match=message):
+    call(translator)
+
+
+def test_bad_workdirs_and_steps_are_user_errors(tiny_workdir, tmp_path):
+  with pytest.raises(UserError, match="does not exist"):
+    mha.load(str(tmp_path / "nowhere"))
+  with pytest.raises(UserError, match="3"):
+    mha.load(str(tiny_workdir), step=3)
+  with pytest.raises(UserError, match="average_last"):
+    mha.load(str(tiny_workdir), average_last=4)
+  with pytest.raises(UserError, match="step must be"):
+    mha.load(str(tiny_workdir), step=-1)
+  empty = tmp_path / "empty"
+  shutil.copytree(tiny_workdir, empty,
+                  ignore=shutil.ignore_patterns("checkpoints"))
+  with pytest.raises(UserError, match="checkpoint"):
+    mha.load(str(empty))
+
+
+def test_read_batches_takes_only_lines_already_there():
+  read, write = os.pipe()
+  batches = translator_lib.read_batches(read, max_lines=2)
+  got = queue.Queue()
+
+  def next_batch():
+    threading.Thread(target=lambda: got.put(next(batches, None)),
+                     daemon=True).start()
+    return got.get(timeout=60)  # never reached if the reader waited for more
+
+  try:
+    os.write(write, "\ufeffeins\r\nzwei\ndrei\nvi".encode("utf-8"))
+    assert next_batch() == ["eins", "zwei"]  # at most max_lines
+    assert next_batch() == ["drei"]  # the pipe is open: no waiting for "vi"
+    os.write(write, b"er\n\n")
+    assert next_batch() == ["vier", ""]
+    os.write(write, "f\u00fcnf".encode("utf-8"))
+  finally:
+    os.close(write)
+  assert next_batch() == ["f\u00fcnf"]  # the last line without a newline
+  assert next_batch() is None
+  os.close(read)
+  read, write = os.pipe()
+  os.write(write, b"ok\n\xff\n")
+  os.close(write)
+  with pytest.raises(data.DataError, match="standard input, line 2: invalid"):
+    list(translator_lib.read_batches(read, 8))
+  os.close(read)
+
+
+def test_line_translator_nbest_lines_and_samples(translator, sources):
+  lines = with_blanks(sources)
+  nbest = translator_lib.line_translator(translator, nbest=2)
+  text = nbest(lines, 10)
+  want = translator.nbest(lines, 2)
+  assert text == "".join(
+      f"{11 + i}\t{k + 1}\t{h.score:.6f}\t{h.log_prob:.6f}\t{h.text}\n"
+      for i, hyps in enumerate(want) for k, h in enumerate(hyps))
+  assert [line.split("\t")[:2] for line in text.split("\n")[:-1]] == [
+      [str(i), str(k)] for i in (11, 12, 15, 16, 17, 18) for k in (1, 2)]
+  # Samples: a line's key is its position in the whole input, so the
+  # batches the input arrives in do not matter.
+  sample = translator_lib.line_translator(translator, sample=True, seed=4,
+                                          temperature=0.7)
+  whole = []
+  translator_lib.translate_stream(sample, iter([lines]), whole.append)
+  pieces = []
+  # (The pieces' sentences are those of test_nbest_and_samples' calls: the
+  # same compiled shapes.)
+  count = translator_lib.translate_stream(
+      sample, iter([lines[:5], lines[5:]]), pieces.append)
+  assert count == 8 and len(pieces) == 2
+  assert "".join(pieces) == whole[0] == "".join(
+      t + "\n" for t in translator.sample(lines, seed=4, temperature=0.7))
+  for bad in [dict(nbest=2, sample=True), dict(sample=True, beam_size=2),
+              dict(nbest=5)]:
+    with pytest.raises(UserError):
+      translator_lib.line_translator(translator, **bad)
