@@ -9,8 +9,9 @@ Every row trains with the whole `configs/multi30k.py` recipe (3+3 layers,
 d_model 256, 4 heads, d_ff 1024, P_drop 0.2, ε_ls 0.1, one shared
 8,000-piece vocabulary, packed rows of 4,096 tokens per side and update,
 1,200 steps, warmup 400, scale 0.7, the last 5 checkpoints kept): only the
-row's change differs, so each row is measured at convergence, as the paper's
-table. One departure that changes no update: no BLEU during training
+row's change differs, so each row is measured at the end of the whole
+recipe (10 epochs), as the paper's table measures each row at the end of
+its training. One departure that changes no update: no BLEU during training
 (`eval_bleu_sentences=0`); scripts/table3.py decodes the dev split after
 training (beam 4, α 0.6, the last checkpoint as the paper's Table 3, and
 the average of the last 5).

@@ -210,7 +210,12 @@ def row_config(row: str, seed: int = 0, config_args: Sequence[str] = (),
 
 def count_params(config: ml_collections.ConfigDict) -> int:
   """The model's parameter count, from shapes only (`jax.eval_shape`)."""
-  model = Transformer(TransformerConfig.from_config(config))
+  return _count_params(TransformerConfig.from_config(config))
+
+
+@functools.cache
+def _count_params(model_config: TransformerConfig) -> int:
+  model = Transformer(model_config)
   ids = jnp.ones((1, 8), jnp.int32)
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.key(0), ids, ids))["params"]

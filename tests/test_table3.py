@@ -387,26 +387,29 @@ def slice_args(data_dir, root: pathlib.Path, rows="base"):
 def mean_nll_by_hand(workdir: pathlib.Path, data_dir: pathlib.Path,
                      count: int) -> float:
   """The dev split's per-token NLL, computed here: the first `count` raw
-  lines of val.{de,en}.gz, each pair alone, targets ending with EOS."""
+  lines of val.{de,en}.gz, targets ending with EOS, one batch padded with 0
+  (masked on the source side; after each target, so causal attention keeps
+  it out of the real positions), log-softmax in float64."""
   config, tokenizer = evaluator.load_workdir(str(workdir))
   params, _, _ = evaluator.load_params(str(workdir))
   model = Transformer(TransformerConfig.from_config(config,
                                                     deterministic=True))
-  def lines(lang):
+  def ids(lang):
     with gzip.open(data_dir / f"val.{lang}.gz", "rt", encoding="utf-8") as f:
-      return [next(f).rstrip("\n") for _ in range(count)]
-  total, tokens = 0.0, 0
-  for source, target in zip(lines("de"), lines("en")):
-    src = np.asarray([tokenizer.encode(source) + [data.EOS_ID]], np.int32)
-    tgt = np.asarray([tokenizer.encode(target) + [data.EOS_ID]], np.int32)
-    logits = np.asarray(model.apply({"params": params}, src, tgt),
-                        np.float64)[0]
-    top = logits.max(-1, keepdims=True)
-    log_probs = logits - top - np.log(np.exp(logits - top).sum(-1,
-                                                                keepdims=True))
-    total -= log_probs[np.arange(tgt.shape[1]), tgt[0]].sum()
-    tokens += tgt.shape[1]
-  return total / tokens
+      rows = [tokenizer.encode(next(f).rstrip("\n")) + [data.EOS_ID]
+              for _ in range(count)]
+    out = np.zeros((count, max(map(len, rows))), np.int32)
+    for i, row in enumerate(rows):
+      out[i, :len(row)] = row
+    return out
+  src, tgt = ids("de"), ids("en")
+  logits = np.asarray(model.apply({"params": params}, src, tgt), np.float64)
+  top = logits.max(-1, keepdims=True)
+  log_probs = logits - top - np.log(np.exp(logits - top).sum(-1,
+                                                             keepdims=True))
+  picked = np.take_along_axis(log_probs, tgt[..., None], -1)[..., 0]
+  real = tgt > 0
+  return -picked[real].sum() / real.sum()
 
 
 @pytest.mark.slow
