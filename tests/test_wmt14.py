@@ -230,13 +230,14 @@ def test_real_token_rows_of_a_bucket_and_of_packed_rows():
                                inputs_cap=24, targets_cap=24, num_devices=2,
                                seed=0)
   assert [s.rows for s in padded.shapes] == [16]  # 400 // 24 = 16
-  # Packed: rows of 32 tokens; pairs of 10 + 10 and 12 pack two per row.
+  # Packed: rows of 32 tokens, two or three examples each; the targets
+  # (48 tokens in all) are the longer side.
   packed = batching.PackPlan(ids, np.array([10, 10, 12, 12]),
-                             np.array([10, 10, 12, 12]), max_tokens=400,
+                             np.array([11, 11, 13, 13]), max_tokens=400,
                              inputs_length=32, targets_length=32,
                              num_devices=1, seed=0, count="real")
-  per_row = 44 / packed.num_rows  # 44 real tokens on each side in all
-  assert packed.shapes[0].rows == int(400 // per_row)
+  assert packed.num_rows == 2
+  assert packed.shapes[0].rows == 16  # 400 // (48 / 2)
   with pytest.raises(DataError, match="max_tokens_counts must be one of"):
     batching.BucketPlan(ids, np.ones(4, int), np.ones(4, int),
                         max_tokens=400, inputs_cap=8, targets_cap=8,
