@@ -921,11 +921,17 @@ def list_rows() -> str:
                    for r in table3_config.ROWS.values())
 
 
-def status(results: dict[tuple[str, int], dict[str, Any]]) -> str:
+def status(results: dict[tuple[str, int], dict[str, Any]],
+           workdir_root: str = "") -> str:
   """The measured runs, the seed spread, the rows that need a second seed
-  and the runs still planned."""
+  and the runs still planned (with the step of their latest checkpoint
+  under `workdir_root`, if any)."""
   spread = seed_spread(results)
   decision = needs_second_seed(results)
+  def planned(run):
+    step = (checkpoints.latest_step(os.path.join(workdir_root, run_name(*run)))
+            if workdir_root else None)
+    return run_name(*run) + (f" (at step {step})" if step else "")
   lines = ["measured: " + (", ".join(run_name(*k) for k in results)
                            or "none"),
            "seed spread: " + (f"{spread:.3f}" if spread is not None
@@ -935,7 +941,7 @@ def status(results: dict[tuple[str, int], dict[str, Any]]) -> str:
            "undecided: " + (", ".join(
                r for r, n in decision.items() if n is None) or "none"),
            "planned next: " + (", ".join(
-               run_name(*k) for k in planned_runs(results)) or "none")]
+               planned(k) for k in planned_runs(results)) or "none")]
   return "\n".join(lines)
 
 
@@ -1004,7 +1010,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     return ""
   setup = _setup(args)
   if args.status:
-    text = status(load_results(setup.results_dir))
+    text = status(load_results(setup.results_dir), setup.workdir_root)
     print(text)
     return text
   if not args.table_only and not args.workdir_root:

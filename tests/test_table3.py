@@ -223,6 +223,11 @@ def test_plan_order_and_what_it_skips():
   plan = script.planned_runs(runs)
   assert plan[:len(rest)] == [(r, 0) for r in rest]
   assert plan[len(rest):] == [("B1", 1), ("D1", 1)]
+  text = script.status(runs)
+  assert "seed spread: 0.300" in text
+  assert "second seed needed: B1, D1" in text
+  assert f"planned next: {rest[0]}_seed0, " in text
+  assert text.endswith("multires_seed0, B1_seed1, D1_seed1")
   runs[("B1", 1)] = result("B1", 1, 29.9)
   assert ("B1", 1) not in script.planned_runs(runs)
   assert script.planned_runs(runs, rows=["D1", "E"]) == [("E", 0), ("D1", 1)]
