@@ -361,7 +361,11 @@ def test_docs_page_has_one_table_section_and_every_row():
   assert list(rows) == list(table3.ROW_NAMES)
   measured = script.load_results(str(REPO / "docs" / "table3"))
   for (row, seed), record in measured.items():
-    assert record["steps"] == record["num_train_steps"] == 1200, (row, seed)
+    assert record["num_train_steps"] == 1200, (row, seed)
+    if record["status"] == "done":  # else diverged, at the step it names
+      assert record["steps"] == 1200, (row, seed)
+    else:
+      assert record["status"] == "failed" and record["error"], (row, seed)
     # The run's config is the row's today (fields added since aside; the
     # data folder is the machine's).
     stored = dict(record["config"], data_dir=None)
