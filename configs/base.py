@@ -129,6 +129,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.max_source_length = 256
   c.max_target_length = 256
   c.max_tokens = 25_000           # per batch, source and target each (§5.1)
+  # What max_tokens counts: padded positions ('padded', rows * padded length
+  # <= max_tokens) or real tokens ('real', the paper's count; rows chosen so
+  # that the expected real tokens fill it; mha/data/batching.py).
+  c.max_tokens_counts = "padded"
   c.pack_examples = False
   c.seed = 0                      # init, dropout and data order
   c.synthetic_seed = 0            # the language of dataset_name='synthetic'

@@ -54,7 +54,7 @@ _POSITIVE_REAL = ("learning_rate_scale", "adam_eps")
 _CHOICES = {
     "attention_type": ATTENTION_TYPES, "attention_impl": ATTENTION_IMPLS,
     "position_encoding": POSITION_ENCODINGS, "layer_norm": LAYER_NORMS,
-    "dtype": _DTYPES,
+    "dtype": _DTYPES, "max_tokens_counts": batching.TOKEN_COUNTS,
 }
 _BOOLS = ("share_embeddings", "pack_examples")
 _NAMES = ("dataset_name", "source_lang", "target_lang", "train_split",

@@ -747,6 +747,12 @@ class MetricsWindow:
                for k in ("loss", "nll", "accuracy", "learning_rate",
                          "grad_norm")}
     summary["tokens_per_sec"] = sum(w["tokens"] for w in window) / elapsed
+    # Real (non-padding) tokens per update and side, what the paper's
+    # "25000 source and 25000 target tokens" per batch count.
+    summary["target_tokens_per_update"] = float(np.mean(
+        [w["target_tokens"] for w in window]))
+    summary["source_tokens_per_update"] = float(np.mean(
+        [w["tokens"] - w["target_tokens"] for w in window]))
     summary["steps_per_sec"] = len(window) / elapsed
     summary["perplexity"] = float(np.exp(summary["nll"]))
     self.write(step, summary)

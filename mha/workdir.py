@@ -53,7 +53,8 @@ LOCATION_FIELDS = ("location_filter_sizes", "location_num_filters")
 # replay the batches an uninterrupted run would have seen.
 DATA_ORDER_FIELDS = (
     "dataset_name", "data_dir", "source_lang", "target_lang", "train_split",
-    "max_source_length", "max_target_length", "max_tokens", "pack_examples",
+    "max_source_length", "max_target_length", "max_tokens",
+    "max_tokens_counts", "pack_examples",
     "grad_accum_steps", "seed",
 )
 CONFIG_FILE = "config.json"

@@ -1,30 +1,42 @@
-"""configs/table3.py (the Table 3 rows at small scale) and scripts/table3.py
-(train each row, measure dev perplexity and BLEU, write the README table)."""
+"""configs/table3.py (the Table 3 rows at small scale, at the Multi30k
+budget) and scripts/table3.py (runs by row and seed, their JSON files, the
+seed-spread rule, the rebuilt docs/table3.md)."""
+import gzip
 import json
 import math
 import pathlib
-import re
 
 import jax
 import numpy as np
 import pytest
 
 import paper_reference as ref
-from scripts import table3 as script
 from configs import multi30k
 from configs import table3
+from mha import data
 from mha import evaluator
+from mha.transformer import Transformer
+from mha.transformer import TransformerConfig
+from scripts import table3 as script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # What each row must change relative to the `base` row, written out here
-# independently of configs/table3.py (d_model 256, 4 heads, d_k = d_v = 64).
+# independently of configs/table3.py (N 3, d_model 256, d_ff 1024, 4 heads,
+# d_k = d_v = 64).
 EXPECTED_CHANGES = {
     "base": {},
     "A1": dict(num_heads=1, d_k=256, d_v=256),
     "A3": dict(num_heads=16, d_k=16, d_v=16),
+    "A4": dict(num_heads=32, d_k=8, d_v=8),
     "B1": dict(d_k=16),
     "B2": dict(d_k=32),
+    "N2": dict(num_layers=2),
+    "N4": dict(num_layers=4),
+    "dff512": dict(d_ff=512),
+    "dff2048": dict(d_ff=2048),
+    "dmodel128": dict(d_model=128, d_k=32, d_v=32),
+    "dmodel512": dict(d_model=512, d_k=128, d_v=128),
     "D1": dict(dropout_rate=0.0),
     "D3": dict(label_smoothing=0.0),
     "E": dict(position_encoding="learned"),
@@ -34,7 +46,9 @@ EXPECTED_CHANGES = {
     "multires": dict(attention_type="location",
                      location_filter_sizes=[1, 3, 5, 7]),
 }
-EXPECTED_PAPER = {"base": "base", "A1": "A", "A3": "A", "B1": "B", "B2": "B",
+EXPECTED_PAPER = {"base": "base", "A1": "A", "A3": "A", "A4": "A", "B1": "B",
+                  "B2": "B", "N2": "C", "N4": "C", "dff512": "C",
+                  "dff2048": "C", "dmodel128": "C", "dmodel512": "C",
                   "D1": "D", "D3": "D", "E": "E", "dot": "§3.2.1",
                   "additive": "§3.2.1", "location": "location",
                   "multires": "location"}
@@ -49,6 +63,9 @@ def diff(a: dict, b: dict) -> dict:
   return {k: b[k] for k in a if a[k] != b[k]}
 
 
+# ------------------------------------------------------------------ configs
+
+
 def test_row_names_order_and_metadata():
   assert list(table3.ROW_NAMES) == list(EXPECTED_CHANGES)
   for name, row in table3.ROWS.items():
@@ -59,26 +76,16 @@ def test_row_names_order_and_metadata():
   assert [line.split()[0] for line in listing] == list(table3.ROW_NAMES)
 
 
-def test_base_row_is_multi30k_with_the_fixed_budget():
+def test_base_row_is_the_whole_multi30k_recipe():
+  # Only the in-training BLEU goes (decoded after training instead): the
+  # steps, schedule, batch and checkpoints are configs/multi30k.py's.
   changed = diff(as_dict(multi30k.get_config()), as_dict(table3.get_config()))
-  assert changed == dict(
-      pack_examples=False,  # length buckets, as the table was measured
-      max_tokens=4096, grad_accum_steps=1,  # one micro-batch, as measured
-      num_train_steps=200, warmup_steps=100, learning_rate_scale=0.35,
-      checkpoint_every_steps=200, keep_checkpoints=1, eval_every_steps=200,
-      eval_bleu_sentences=0)  # log_every_steps is multi30k's 50 already
-  assert table3.get_config().log_every_steps == 50
+  assert changed == dict(eval_bleu_sentences=0)
   assert as_dict(table3.get_config("base")) == as_dict(table3.get_config())
-  # The noam peak, scale · d^-0.5 · warmup^-0.5, equals multi30k's (~2.2e-3).
-  def peak(c):
-    return c.learning_rate_scale * c.d_model ** -0.5 * c.warmup_steps ** -0.5
-  assert peak(table3.get_config()) == pytest.approx(
-      peak(multi30k.get_config()))
-  assert peak(table3.get_config()) == pytest.approx(2.1875e-3)
   c = table3.get_config()
-  assert (c.d_model, c.num_heads, c.num_layers, c.d_ff, c.vocab_size,
-          c.max_tokens, c.dropout_rate, c.label_smoothing, c.eval_split) == (
-              256, 4, 3, 1024, 8000, 4096, 0.2, 0.1, "val")
+  assert (c.num_train_steps, c.keep_checkpoints, c.checkpoint_every_steps,
+          c.max_tokens * c.grad_accum_steps, c.pack_examples, c.seed) == (
+              1200, 5, 100, 4096, True, 0)
 
 
 @pytest.mark.parametrize("row", list(EXPECTED_CHANGES))
@@ -87,30 +94,37 @@ def test_row_changes_exactly_its_fields(row):
   assert diff(base, as_dict(table3.get_config(row))) == EXPECTED_CHANGES[row]
 
 
+def test_seed_argument_changes_only_the_seed():
+  a1 = as_dict(table3.get_config("A1"))
+  assert diff(a1, as_dict(table3.get_config("A1,seed=2"))) == {"seed": 2}
+  assert as_dict(script.row_config("A1", 2)) == as_dict(
+      table3.get_config("seed=2,A1"))
+  with pytest.raises(ValueError, match="seed=-1 must be >= 0"):
+    table3.get_config("A1,seed=-1")
+  with pytest.raises(script.Table3Error, match="must not name a row or a "
+                     "seed"):
+    script.parse_config_args("tiny,seed=1")
+
+
 def test_rows_a_keep_heads_times_key_size_at_d_model_also_when_tiny():
-  for arg in ("A1", "A3", "A1,tiny", "tiny,A3"):
+  for arg in ("A1", "A3", "A4", "A1,tiny", "tiny,A3"):
     c = table3.get_config(arg)
     assert c.num_heads * c.d_k == c.d_model == c.num_heads * c.d_v, arg
+  assert table3.get_config("A4").d_k == 8
   tiny_a1 = table3.get_config("A1,tiny")
   assert (tiny_a1.d_model, tiny_a1.num_heads, tiny_a1.d_k) == (32, 1, 32)
-  assert as_dict(tiny_a1) == as_dict(table3.get_config("tiny,A1"))
-  # tiny keeps the row's change and shrinks the rest.
-  assert table3.get_config("B1,tiny").d_k == 16
-  assert table3.get_config("multires,tiny").location_filter_sizes == (
-      1, 3, 5, 7)
 
 
-def test_unknown_config_argument_lists_the_rows():
-  with pytest.raises(ValueError, match=r"A4.*known: base, A1.*multires.*tiny"):
-    table3.get_config("A4")
-  with pytest.raises(script.Table3Error, match=r"C1.*known rows: base"):
-    script.parse_rows("base,C1")
-  with pytest.raises(script.Table3Error, match="must not name a row"):
-    script.parse_config_args("tiny,A1")
+def test_unknown_rows_and_seeds_are_named():
+  with pytest.raises(ValueError, match=r"C1.*known: base, A1"):
+    table3.get_config("C1")
+  with pytest.raises(script.Table3Error, match=r"nope.*known rows: base"):
+    script.parse_rows("base,nope")
+  with pytest.raises(script.Table3Error, match="--seeds takes"):
+    script.parse_seeds("0,x")
   with pytest.raises(script.Table3Error, match="no field 'nope'"):
     script.row_config("base", overrides={"nope": 1})
   assert script.parse_rows("E,base") == ["base", "E"]  # the table's order
-  assert script.parse_rows("all") == list(table3.ROW_NAMES)
 
 
 def expected_params(c: dict) -> int:
@@ -132,212 +146,338 @@ def test_parameter_counts_from_eval_shape():
   assert counts["base"] == 7_568_384
   for row, count in counts.items():
     assert count == expected_params(as_dict(table3.get_config(row))), row
-  same = ["A1", "A3", "D1", "D3", "dot"]
-  assert {counts[r] for r in same} == {counts["base"]}
-  assert counts["B1"] < counts["B2"] < counts["base"]
-  for row in ("E", "additive", "location", "multires"):
-    assert counts[row] > counts["base"], row
-  assert counts["location"] != counts["multires"]
+  assert {counts[r] for r in ("A1", "A3", "A4", "D1", "D3", "dot")} == {
+      counts["base"]}
+  for smaller, larger in (("N2", "N4"), ("dff512", "dff2048"),
+                          ("dmodel128", "dmodel512"), ("B1", "B2")):
+    assert counts[smaller] < counts["base"], smaller
+    assert counts[larger] > counts["base"] or larger == "B2", larger
+  assert counts["B2"] < counts["base"]
 
 
-def readme_parts(text: str) -> tuple[str, str, str]:
-  start = text.index(script.START_MARKER) + len(script.START_MARKER)
-  end = text.index(script.END_MARKER)
-  return text[:start], text[start:end], text[end:]
+# ------------------------------------------------- seed rule and the plan
 
 
-def table_rows(section: str) -> dict[str, dict[str, str]]:
-  """The Markdown table of a table3 section: {row name: {column: cell}}."""
-  lines = [line for line in section.splitlines() if line.startswith("|")]
-  header = [c.strip() for c in lines[0].strip("|").split("|")]
-  assert tuple(header) == script.COLUMNS
-  rows = {}
-  for line in lines[2:]:
-    cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-    assert len(cells) == len(header), line
-    row = dict(zip(header, cells))
-    rows[row["row"].split()[0]] = row
-  return rows
-
-
-def test_readme_has_the_table3_section_with_every_row():
-  text = (REPO / "README.md").read_text()
-  headings = re.findall(r"^## .+$", text, re.MULTILINE)
-  assert "## Table 3 at small scale" in headings
-  assert headings[headings.index("## Results") + 1] == (
-      "## Table 3 at small scale")
-  assert text.count(script.START_MARKER) == text.count(script.END_MARKER) == 1
-  _, section, _ = readme_parts(text)
-  rows = table_rows(section)
-  assert list(rows) == list(table3.ROW_NAMES)
-  for name, row in rows.items():
-    assert f"--config=configs/table3.py:{name} " in row["reproduce"]
-    assert "python eval.py --workdir=" in row["reproduce"]
-    assert "--split=val`" in row["reproduce"]
-    measured = [row[c] for c in ("dev PPL", "dev BLEU", "train min")]
-    if measured[0] == script.NOT_RUN:
-      assert measured == [script.NOT_RUN] * 3, name
-    else:
-      for cell in measured:
-        assert math.isfinite(float(cell.split()[0])), name
-
-
-def slice_args(data_dir, workdir_root, readme, rows):
-  """scripts/table3.py on a Multi30k slice (as tests/test_configs.py's), with
-  the tiny model cut to one layer and short outputs, to compile fast."""
-  return [
-      f"--workdir_root={workdir_root}", f"--rows={rows}", "--config_args=tiny",
-      f"--readme={readme}", f"--data_dir={data_dir}",
-      "--train_split=train[:1000]", "--eval_split=val[:40]",
-      "--set=vocab_size=600", "--set=max_source_length=40",
-      "--set=max_target_length=40", "--set=max_tokens=1024",
-      "--set=num_train_steps=2", "--set=checkpoint_every_steps=2",
-      "--set=eval_every_steps=2", "--set=log_every_steps=1",
-      "--set=eval_bleu_sentences=0", "--set=max_decode_extra=8",
-      "--set=num_layers=1",
-  ]
-
-
-def logged_eval(workdir: pathlib.Path, step: int) -> dict:
-  lines = (workdir / "metrics.jsonl").read_text().splitlines()
-  records = [json.loads(line) for line in lines if line.strip()]
-  (record,) = [r for r in records if r["step"] == step and "eval_nll" in r]
+def result(row, seed, bleu=None, *, status="done", **fields):
+  """A hand-written run record, as load_results returns it."""
+  config = as_dict(script.row_config(row, seed))
+  record = {
+      "row": row, "seed": seed, "status": status, "steps": 1200,
+      "num_train_steps": 1200, "params": 7_568_384, "config": config,
+      "train": {"seconds": 600.0 + seed * 60, "timing_complete": True,
+                "steps_per_sec": 1.5},
+      "load": {"seconds": 600.0, "samples": 20, "load_average_mean": 2.5,
+               "load_average_max": 3.0, "other_busy_cores": 0.25},
+      "machine": {"cpu": "Test CPU", "cores": 2},
+      "measured": {"finished": "2026-11-25 11:00 UTC"}, "code": "abc",
+  }
+  if status == "done":
+    record.update(dev_perplexity=5.0 + seed, dev_bleu_last=bleu,
+                  dev_bleu_avg5=bleu + 0.5, test_bleu_avg5=bleu + 1.0,
+                  sacrebleu_signature="sig")
+  record.update(fields)
   return record
 
 
-@pytest.mark.slow
-def test_script_runs_rows_in_stages_and_writes_the_readme(multi30k, tmp_path):
-  readme = tmp_path / "README.md"
-  original = (REPO / "README.md").read_text()
-  readme.write_text(original)
-  root = tmp_path / "table3"
+def results_of(*records):
+  return {(r["row"], r["seed"]): r for r in records}
 
-  table = script.main(slice_args(multi30k, root, readme, "base"))
 
-  assert [p.parent.name for p in root.glob("*/table3.json")] == ["base"]
-  results = {}
-  for row in ("base",):
-    workdir = root / row
-    result = json.loads((workdir / "table3.json").read_text())
-    results[row] = result
-    assert result["status"] == "done" and result["step"] == 2
-    assert result["config"]["num_heads"] == 4
-    # Perplexity: exp of the dev NLL the trainer logged at the last step.
-    record = logged_eval(workdir, 2)
-    assert result["dev_perplexity"] == pytest.approx(
-        math.exp(record["eval_nll"]), rel=1e-12)
-    # ... and the same NLL recomputed from the checkpoint.
-    recomputed = script.computed_dev_loss(str(workdir))
-    assert recomputed["eval_nll"] == pytest.approx(record["eval_nll"],
-                                                   rel=1e-5)
-    # BLEU: the evaluator's output for the last checkpoint, beam 4, α 0.6.
-    (metrics_file,) = (workdir / "eval").glob("*/metrics.json")
-    scored = json.loads(metrics_file.read_text())
-    assert (scored["beam_size"], scored["alpha"], scored["averaged_steps"],
-            scored["num_sentences"]) == (4, 0.6, [2], 40)
-    assert result["dev_bleu"] == scored["bleu"]
-    # Parameters: the trained checkpoint's.
-    params, _, _ = evaluator.load_params(str(workdir))
-    assert result["params"] == sum(
-        np.size(x) for x in jax.tree_util.tree_leaves(params))
-    assert result["train"]["seconds"] > 0
-    assert result["train"]["steps_per_sec"] > 0
+def test_seed_spread_is_the_sample_deviation_of_the_three_base_seeds():
+  base = [result("base", 0, 30.0), result("base", 1, 30.6)]
+  assert script.seed_spread(results_of(*base)) is None  # 2 of 3 seeds
+  three = results_of(*base, result("base", 2, 30.3))
+  # Mean 30.3, deviations -0.3, 0.3, 0: variance 0.18 / 2 = 0.09.
+  assert script.seed_spread(three) == pytest.approx(0.3)
 
-  text = readme.read_text()
-  head, section, tail = readme_parts(text)
-  old_head, _, old_tail = readme_parts(original)
-  assert (head, tail) == (old_head, old_tail)  # nothing else rewritten
-  assert section.strip() == table.strip()
-  rows = table_rows(section)
+
+def test_second_seed_for_rows_within_twice_the_spread():
+  runs = results_of(
+      result("base", 0, 30.0), result("base", 1, 30.6),
+      result("base", 2, 30.3),  # mean 30.3, spread 0.3: 2s = 0.6
+      result("A1", 0, 29.0),    # Δ -1.3: beyond 2s
+      result("B1", 0, 29.8),    # Δ -0.5: within
+      result("D1", 0, 30.89),   # Δ +0.59: within
+      result("E", 0, 30.91),    # Δ +0.61: beyond
+      result("dot", 0, status="failed", error="loss nan at step 9"))
+  decision = script.needs_second_seed(runs)
+  assert {r for r, need in decision.items() if need} == {"B1", "D1"}
+  assert decision["A1"] is False and decision["E"] is False
+  assert decision["dot"] is False  # diverged: no BLEU to compare
+  assert decision["A3"] is None    # not measured yet
+  # Until the base's three seeds are in, nothing is decided.
+  early = {k: v for k, v in runs.items() if k != ("base", 2)}
+  assert set(script.needs_second_seed(early).values()) == {None}
+
+
+def test_plan_order_and_what_it_skips():
+  plan = script.planned_runs({})
+  assert plan[:6] == [("base", 0), ("A1", 0), ("B1", 0), ("D1", 0),
+                      ("base", 1), ("base", 2)]
+  rest = [r for r in table3.ROW_NAMES if r not in ("base", "A1", "B1", "D1")]
+  assert plan[6:] == [(r, 0) for r in rest]  # no second seed decided yet
+  runs = results_of(
+      result("base", 0, 30.0), result("base", 1, 30.6),
+      result("base", 2, 30.3), result("A1", 0, 29.0), result("B1", 0, 29.8),
+      result("D1", 0, 30.2))
+  plan = script.planned_runs(runs)
+  assert plan[:len(rest)] == [(r, 0) for r in rest]
+  assert plan[len(rest):] == [("B1", 1), ("D1", 1)]
+  text = script.status(runs)
+  assert "seed spread: 0.300" in text
+  assert "second seed needed: B1, D1" in text
+  assert f"planned next: {rest[0]}_seed0, " in text
+  assert text.endswith("multires_seed0, B1_seed1, D1_seed1")
+  runs[("B1", 1)] = result("B1", 1, 29.9)
+  assert ("B1", 1) not in script.planned_runs(runs)
+  assert script.planned_runs(runs, rows=["D1", "E"]) == [("E", 0), ("D1", 1)]
+
+
+# ------------------------------------------------------ files and the table
+
+
+def write_results(folder: pathlib.Path, *records) -> None:
+  folder.mkdir(parents=True, exist_ok=True)
+  for r in records:
+    (folder / f"{r['row']}_seed{r['seed']}.json").write_text(json.dumps(r))
+
+
+def table_rows(section: str, first_column: str = "row"
+               ) -> dict[str, dict[str, str]]:
+  """The Markdown table whose header starts with `first_column`."""
+  lines = section.splitlines()
+  start = next(i for i, line in enumerate(lines)
+               if line.startswith(f"| {first_column} |"))
+  header = [c.strip() for c in lines[start].strip("|").split("|")]
+  rows = {}
+  for line in lines[start + 2:]:
+    if not line.startswith("|"):
+      break
+    cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+    assert len(cells) == len(header), line
+    rows[cells[0]] = dict(zip(header, cells))
+  return rows
+
+
+def test_table_rebuilt_from_hand_written_files(tmp_path):
+  results_dir = tmp_path / "table3"
+  write_results(
+      results_dir, result("base", 0, 30.0), result("base", 1, 30.6),
+      result("base", 2, 30.3), result("A1", 0, 29.0),
+      result("B1", 0, 29.8), result("B1", 1, 30.2),
+      result("dot", 0, status="failed", error="loss nan at step 9"))
+  (results_dir / "notes.json").write_text("{}")  # not a run's file: ignored
+  page = tmp_path / "table3.md"
+  page.write_text("# Title\n\nintro\n\n<!-- table3:start -->\nold\n"
+                  "<!-- table3:end -->\n\n## Conclusions\ntext\n")
+  table = script.main([f"--results_dir={results_dir}", f"--page={page}",
+                       "--table_only"])
+  text = page.read_text()
+  assert text.startswith("# Title\n\nintro\n\n<!-- table3:start -->\n")
+  assert text.endswith("<!-- table3:end -->\n\n## Conclusions\ntext\n")
+  assert "old" not in text and table.strip() in text
+  rows = table_rows(table)
   assert list(rows) == list(table3.ROW_NAMES)
-  for name, row in rows.items():
-    assert f"--config=configs/table3.py:{name},tiny " in row["reproduce"]
-    if name in results:
-      assert row["dev PPL"] == f"{results[name]['dev_perplexity']:.2f}"
-      assert row["dev BLEU"] == f"{results[name]['dev_bleu']:.2f}"
-      assert row["params"] == f"{results[name]['params']:,}"
-      assert all(math.isfinite(float(row[c].split()[0]))
-                 for c in ("dev PPL", "dev BLEU", "train min", "steps/s"))
-    else:
-      assert [row[c] for c in ("dev PPL", "dev BLEU", "train min",
-                               "steps/s")] == [script.NOT_RUN] * 4
-  assert rows["A1"]["h"] == "1" and rows["A1"]["d_k"] == "32"
-  assert rows["base"]["h"] == "4" and rows["B1"]["h"] == ""
-  assert "1 of 12 rows measured" in section
-
-  # Second stage: `base` is not run again, `multires` is added, A1 stays
-  # "not run".
-  base_json = (root / "base" / "table3.json").read_text()
-  base_metrics = (root / "base" / "metrics.jsonl").read_text()
-  script.main(slice_args(multi30k, root, readme, "base,multires"))
-  assert (root / "base" / "table3.json").read_text() == base_json
-  assert (root / "base" / "metrics.jsonl").read_text() == base_metrics
-  head2, section2, tail2 = readme_parts(readme.read_text())
-  assert (head2, tail2) == (old_head, old_tail)
-  rows2 = table_rows(section2)
-  for name in ("base", "A1"):
-    assert rows2[name] == rows[name]
-  multires = json.loads((root / "multires" / "table3.json").read_text())
-  assert multires["config"]["attention_type"] == "location"
-  assert multires["config"]["location_filter_sizes"] == [1, 3, 5, 7]
-  assert rows2["multires"]["dev PPL"] == f"{multires['dev_perplexity']:.2f}"
-  nll = logged_eval(root / "multires", 2)["eval_nll"]
-  assert rows2["multires"]["dev PPL"] == f"{math.exp(nll):.2f}"
-  assert rows2["multires"]["attention"] == "location (1,3,5,7)"
-  assert "2 of 12 rows measured" in section2
-
-  # --table_only runs nothing and rebuilds the same table from table3.json.
-  only = script.main(slice_args(multi30k, root, "", "base") + ["--table_only"])
-  assert only.strip() == section2.strip()
-  assert (root / "base" / "table3.json").read_text() == base_json
-  assert sorted(p.name for p in root.iterdir()) == ["base", "multires"]
+  base, a1, b1 = rows["base"], rows["A1"], rows["B1"]
+  assert (base["seeds"], base["dev BLEU"], base["dev BLEU avg 5"],
+          base["test BLEU avg 5"], base["dev PPL"]) == (
+              "3", "30.30", "30.80", "31.30", "6.00")
+  assert base["Δ dev BLEU"] == "s = 0.30"
+  assert base["train min"] == "11.0"  # (600 + 660 + 720) / 3 s
+  assert a1["Δ dev BLEU"] == "-1.30 (> 2s)"
+  assert (b1["seeds"], b1["dev BLEU"]) == ("2", "30.00")
+  assert b1["Δ dev BLEU"] == "-0.30 (≤ 2s)"
+  assert (a1["h"], a1["d_k"], base["h"], b1["h"], b1["d_k"]) == (
+      "1", "256", "4", "", "16")
+  assert rows["dot"]["dev PPL"] == "diverged (seed 0)"
+  assert rows["dot"]["dev BLEU"] == "—"
+  assert rows["E"]["dev BLEU"] == script.NOT_RUN
+  assert rows["E"]["params"] == "7,699,456" and rows["E"]["seeds"] == ""
+  assert "Seed spread s: the sample standard deviation" in table
+  assert "Rows that need a second seed: B1 (measured)." in table
+  assert "4 of 19 rows measured (7 runs)" in table
+  runs = table_rows(table, "run")
+  assert list(runs) == ["base_seed0", "base_seed1", "base_seed2",
+                        "A1_seed0", "B1_seed0", "B1_seed1", "dot_seed0"]
+  assert runs["B1_seed1"]["dev BLEU"] == "30.20"
+  assert runs["base_seed1"]["load avg (mean / max)"] == "2.5 / 3.0"
 
 
-def test_a_measured_row_stands_until_one_of_its_fields_changes():
-  current = as_dict(script.row_config("B1", ["tiny"]))
-  # As run_row sees it: the table3.json written for the row, read back.
-  assert script.same_config(json.loads(json.dumps(current)), current)
-  older = {k: v for k, v in current.items() if k != "attention_impl"}
-  assert script.same_config(older, current)  # a field added since
-  assert not script.same_config(dict(current, d_k=current["d_k"] + 1),
-                                current)
-  assert not script.same_config(dict(current, gone_field=1), current)
-  assert not script.same_config(None, current)
+def test_a_file_that_disagrees_with_its_name_is_refused(tmp_path):
+  record = result("A1", 0, 29.0)
+  (tmp_path / "A3_seed0.json").write_text(json.dumps(record))
+  with pytest.raises(script.Table3Error, match="A3_seed0.json holds row "
+                     "'A1' seed 0"):
+    script.load_results(str(tmp_path))
+  (tmp_path / "A3_seed0.json").unlink()
+  (tmp_path / "C9_seed0.json").write_text(json.dumps(record))
+  with pytest.raises(script.Table3Error, match="no row 'C9'"):
+    script.load_results(str(tmp_path))
+
+
+def test_other_busy_cores_from_two_snapshots():
+  # 100 ticks a second, 10 s: 1,500 busy ticks of which 600 are ours.
+  assert script.other_busy_cores((1000.0, 200.0), (2500.0, 800.0), 10.0,
+                                 100.0) == pytest.approx(0.9)
+  assert script.other_busy_cores((0.0, 0.0), (100.0, 100.0), 1.0,
+                                 100.0) == 0.0
+  loads = [dict(seconds=100.0, samples=3, load_average_mean=2.0,
+                load_average_max=2.5, other_busy_cores=0.5),
+           dict(seconds=300.0, samples=9, load_average_mean=4.0,
+                load_average_max=6.0, other_busy_cores=None)]
+  combined = script.combine_loads(loads)
+  assert combined == dict(seconds=400.0, samples=12, load_average_mean=3.5,
+                          load_average_max=6.0, other_busy_cores=0.5)
+
+
+def test_load_sampler_reads_this_machine():
+  with script.LoadSampler(interval=0.01) as sampler:
+    sum(i * i for i in range(200_000))  # some work of this process
+  s = sampler.summary
+  assert s["samples"] >= 2 and s["seconds"] > 0
+  assert s["load_average_max"] >= s["load_average_mean"] >= 0
+  # Over a span this short the clock ticks make the figure coarse: only
+  # its presence and sign are checked (the formula is, above).
+  assert math.isfinite(s["other_busy_cores"]) and s["other_busy_cores"] >= 0
 
 
 def test_unknown_row_fails_before_anything_runs(tmp_path):
   with pytest.raises(script.Table3Error, match=r"nope.*known rows: base, A1"):
     script.main([f"--workdir_root={tmp_path / 'r'}", "--rows=base,nope",
-                 "--readme="])
-  assert not (tmp_path / "r").exists()
-  readme = tmp_path / "README.md"
-  readme.write_text("# no markers\n")
+                 "--page=", f"--results_dir={tmp_path / 'res'}"])
+  page = tmp_path / "table3.md"
+  page.write_text("# no markers\n")
   with pytest.raises(script.Table3Error, match="no <!-- table3:start -->"):
     script.main([f"--workdir_root={tmp_path / 'r'}", "--rows=base",
-                 f"--readme={readme}"])
-  assert not (tmp_path / "r").exists()
+                 f"--page={page}", f"--results_dir={tmp_path / 'res'}"])
+  assert not (tmp_path / "r").exists() and not (tmp_path / "res").exists()
 
 
-def test_a_diverged_row_is_shown_as_such_not_as_a_number(tmp_path):
-  config = script.row_config("dot", ["tiny"])
-  result = {
-      "row": "dot", "paper": "§3.2.1", "status": "failed",
-      "config": as_dict(config), "params": script.count_params(config),
-      "error": "Training loss is nan at step 7; stopping. The checkpoints "
-               "saved before this step are intact.",
-      "train": {"seconds": 30.0, "start_step": 0},
-      "train_command": "python train.py ...", "eval_command": "python eval.py",
-      "measured": "2026-11-22 12:00 UTC", "machine": "test machine",
-      "load_average": 1.0,
-  }
-  (tmp_path / "dot").mkdir()
-  (tmp_path / "dot" / "table3.json").write_text(json.dumps(result))
-  (tmp_path / "E").mkdir()  # a started row without a result: "not run"
-  (tmp_path / "E" / "table3.json").write_text(json.dumps(
-      dict(result, row="E", status="trained")))
-  results = script.collect_results(str(tmp_path))
-  assert list(results) == ["dot"]
-  rows = table_rows(script.build_table(results, str(tmp_path), ["tiny"]))
-  assert rows["dot"]["dev PPL"] == "diverged (step 7)"
-  assert rows["dot"]["dev BLEU"] == "—"
-  assert rows["E"]["dev PPL"] == script.NOT_RUN
+def test_docs_page_has_one_table_section_and_every_row():
+  text = (REPO / "docs" / "table3.md").read_text()
+  assert text.count(script.START_MARKER) == text.count(script.END_MARKER) == 1
+  start = text.index(script.START_MARKER)
+  rows = table_rows(text[start:text.index(script.END_MARKER)])
+  assert list(rows) == list(table3.ROW_NAMES)
+  measured = script.load_results(str(REPO / "docs" / "table3"))
+  for (row, seed), record in measured.items():
+    assert record["num_train_steps"] == 1200, (row, seed)
+    if record["status"] == "done":  # else diverged, at the step it names
+      assert record["steps"] == 1200, (row, seed)
+    else:
+      assert record["status"] == "failed" and record["error"], (row, seed)
+    # The run's config is the row's today (fields added since aside; the
+    # data folder is the machine's).
+    stored = dict(record["config"], data_dir=None)
+    assert script.same_config(
+        stored, dict(as_dict(script.row_config(row, seed)), data_dir=None)
+    ), (row, seed)
+
+
+# ------------------------------------------------------- one run, end to end
+
+
+def slice_args(data_dir, root: pathlib.Path, rows="base"):
+  """scripts/table3.py on a Multi30k slice with the tiny model cut to one
+  layer, 5 steps and a checkpoint at each (the average of the last 5)."""
+  return [
+      f"--workdir_root={root / 'runs'}", f"--results_dir={root / 'results'}",
+      f"--rows={rows}", "--config_args=tiny", "--page=",
+      f"--data_dir={data_dir}", "--train_split=train[:1000]",
+      "--eval_split=val[:40]", "--test_split=test_2016_flickr[:40]",
+      "--set=vocab_size=600", "--set=max_source_length=40",
+      "--set=max_target_length=40", "--set=max_tokens=1024",
+      "--set=num_train_steps=5", "--set=checkpoint_every_steps=1",
+      "--set=eval_every_steps=5", "--set=log_every_steps=1",
+      "--set=max_decode_extra=8", "--set=num_layers=1",
+  ]
+
+
+def mean_nll_by_hand(workdir: pathlib.Path, data_dir: pathlib.Path,
+                     count: int) -> float:
+  """The dev split's per-token NLL, computed here: the first `count` raw
+  lines of val.{de,en}.gz, targets ending with EOS, one batch padded with 0
+  (masked on the source side; after each target, so causal attention keeps
+  it out of the real positions), log-softmax in float64."""
+  config, tokenizer = evaluator.load_workdir(str(workdir))
+  params, _, _ = evaluator.load_params(str(workdir))
+  model = Transformer(TransformerConfig.from_config(config,
+                                                    deterministic=True))
+  def ids(lang):
+    with gzip.open(data_dir / f"val.{lang}.gz", "rt", encoding="utf-8") as f:
+      rows = [tokenizer.encode(next(f).rstrip("\n")) + [data.EOS_ID]
+              for _ in range(count)]
+    out = np.zeros((count, max(map(len, rows))), np.int32)
+    for i, row in enumerate(rows):
+      out[i, :len(row)] = row
+    return out
+  src, tgt = ids("de"), ids("en")
+  logits = np.asarray(model.apply({"params": params}, src, tgt), np.float64)
+  top = logits.max(-1, keepdims=True)
+  log_probs = logits - top - np.log(np.exp(logits - top).sum(-1,
+                                                             keepdims=True))
+  picked = np.take_along_axis(log_probs, tgt[..., None], -1)[..., 0]
+  real = tgt > 0
+  return -picked[real].sum() / real.sum()
+
+
+@pytest.mark.slow
+def test_one_run_end_to_end_its_json_and_resume(multi30k, tmp_path):
+  args = slice_args(multi30k, tmp_path)
+  # A run interrupted after step 3: its workdir resumes from there.
+  workdir = tmp_path / "runs" / "base_seed0"
+  from mha import trainer  # pylint: disable=import-outside-toplevel
+  setup = script._setup(script.parse_args(args))  # pylint: disable=protected-access
+  config = setup.config("base", 0)
+  config.num_train_steps = 3
+  trainer.train_and_evaluate(config, str(workdir))
+
+  script.main(args)
+
+  record = json.loads((tmp_path / "results" / "base_seed0.json").read_text())
+  assert record["status"] == "done" and (record["row"], record["seed"]) == (
+      "base", 0)
+  assert record["steps"] == record["num_train_steps"] == 5
+  assert record["train"]["sessions"] == 1
+  assert not record["train"]["timing_complete"]  # steps 0-3 not timed here
+  # Perplexity: exp of the mean NLL per SentencePiece token, by hand.
+  assert record["dev_perplexity"] == pytest.approx(
+      math.exp(mean_nll_by_hand(workdir, multi30k, 40)), rel=2e-4)
+  assert record["dev_nll"] < record["dev_loss_smoothed"] + 1.0
+  # BLEU: the evaluator's files, last checkpoint and the average of 1..5.
+  scored = {p.parent.name: json.loads(p.read_text())
+            for p in (workdir / "eval").glob("*/metrics.json")}
+  assert scored["val_40_5"]["averaged_steps"] == [5]
+  assert record["dev_bleu_last"] == scored["val_40_5"]["bleu"]
+  assert scored["val_40_avg5_5"]["averaged_steps"] == [1, 2, 3, 4, 5]
+  assert record["dev_bleu_avg5"] == scored["val_40_avg5_5"]["bleu"]
+  assert record["test_bleu_avg5"] == scored[
+      "test_2016_flickr_40_avg5_5"]["bleu"]
+  assert scored["test_2016_flickr_40_avg5_5"]["num_sentences"] == 40
+  params, _, _ = evaluator.load_params(str(workdir))
+  assert record["params"] == sum(
+      np.size(x) for x in jax.tree_util.tree_leaves(params))
+  assert record["machine"]["cores"] > 0 and record["load"]["samples"] >= 2
+  assert record["commands"][0].startswith(
+      "python train.py --config=configs/table3.py:base,seed=0,tiny ")
+
+  # Measured: not run again. Forced: measured again from the workdir,
+  # without training or decoding (its progress file holds both).
+  before = (workdir / "metrics.jsonl").read_text()
+  path = tmp_path / "results" / "base_seed0.json"
+  path.write_text(path.read_text().replace('"seed": 0', '"seed": 0, '
+                                           '"marker": 1'))
+  script.main(args)
+  assert json.loads(path.read_text())["marker"] == 1
+  progress = json.loads((workdir / script.PROGRESS_FILE).read_text())
+  progress["evaluations"]["dev_last"]["bleu"] = 99.0
+  (workdir / script.PROGRESS_FILE).write_text(json.dumps(progress))
+  script.main(args + ["--force"])
+  again = json.loads(path.read_text())
+  assert "marker" not in again and again["dev_bleu_last"] == 99.0
+  assert again["dev_bleu_avg5"] == record["dev_bleu_avg5"]
+  assert (workdir / "metrics.jsonl").read_text() == before
+  # Another config in the same workdir is refused, nothing written.
+  with pytest.raises(script.Table3Error, match="of another config"):
+    script.main(args + ["--force", "--set=d_ff=32"])
+  assert json.loads(path.read_text()) == again

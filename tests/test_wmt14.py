@@ -105,13 +105,25 @@ def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path, eval_py,
   config.update(vocab_size=40, max_len=64, max_source_length=64,
                 max_target_length=64, max_tokens=1024, num_train_steps=2,
                 checkpoint_every_steps=2, eval_every_steps=2,
-                eval_bleu_sentences=4, max_decode_extra=4)
+                eval_bleu_sentences=4, max_decode_extra=4, log_every_steps=1)
   workdir = str(tmp_path / "wmt14")
   with tfds.testing.mock_data(num_examples=24,
                               policy=tfds.testing.MockPolicy.USE_CODE):
     last = trainer.train_and_evaluate(config, workdir)
     capsys.readouterr()
     assert eval_py(f"--workdir={workdir}", "--paper_bleu") == 0
+    # The real tokens of each update are logged: those of its batch.
+    from mha import data
+    from mha import metrics as metrics_lib
+    batches = data.train_batches(config, data.get_tokenizer(config, workdir))
+    logged = {r["step"]: r for r in metrics_lib.read_metrics(workdir)
+              if "source_tokens_per_update" in r}
+    for step in (1, 2):
+      batch = next(batches)
+      assert logged[step]["source_tokens_per_update"] == (
+          batch["inputs"] > 0).sum()
+      assert logged[step]["target_tokens_per_update"] == (
+          batch["targets"] > 0).sum()
   printed = capsys.readouterr().out
   assert last["step"] == 2 and np.isfinite(last["eval_loss"])
   assert "eval_bleu" in last
@@ -123,3 +135,110 @@ def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path, eval_py,
   assert 0 <= metrics["bleu_paper"] <= 100
   assert "moses-tok(lang:de)" in metrics["bleu_paper_signature"]
   assert "tok:13a" in metrics["sacrebleu_signature"]
+
+
+def wmt_like_split(n: int = 60_000, seed: int = 0):
+  """A tokenized split of `n` pairs with WMT14 en-de-like lengths.
+
+  Source lengths (SentencePiece pieces, EOS included) log-normal with a
+  median of ~25 and a long tail (mean ~29, a few beyond 100), targets a
+  correlated ~5% longer (German after English), clipped to 1..256: the shape
+  of newstest-like sentences under a 37k shared vocabulary. Token ids are
+  arbitrary non-zero values: only their count matters here.
+  """
+  from mha.data.tokenized import TokenizedSplit
+  rng = np.random.default_rng(seed)
+  source = np.clip(np.round(rng.lognormal(np.log(25), 0.55, n)), 1, 256)
+  target = np.clip(np.round(source * rng.lognormal(0.05, 0.15, n)), 1, 256)
+  def side(lengths):
+    lengths = lengths.astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return rng.integers(3, 37_000, offsets[-1]).astype(np.int32), offsets
+  inputs, inputs_offsets = side(source)
+  targets, targets_offsets = side(target)
+  return TokenizedSplit(inputs, inputs_offsets, targets, targets_offsets)
+
+
+def real_tokens_per_update(config, split, devices: int):
+  """(source, target) real tokens of the updates of epoch 0 whose batches
+  are all full, counted on the materialized batches (non-zero ids), each
+  update `grad_accum_steps` consecutive global batches; and the plan.
+
+  A bucket's last batch is completed with empty rows: one such batch per
+  bucket and epoch, a few in 5,000 batches of WMT14's 4.5M pairs, but many
+  among this small split's, so only full updates are averaged.
+  """
+  from mha.data import batching
+  from mha.data import pipeline
+  plan = pipeline.make_train_plan(config, split, devices)
+  batches = plan.epoch(0)
+  accum = config.grad_accum_steps
+  counts = []
+  for k in range(len(batches) // accum):
+    group = batches[k * accum:(k + 1) * accum]
+    if any((entries < 0).any() for _, entries in group):
+      continue
+    sums = np.zeros(2)
+    for shape, entries in group:
+      batch = batching.materialize(split, shape, len(entries),
+                                   *plan.row_examples(entries), plan.packed)
+      sums += [(batch["inputs"] > 0).sum(), (batch["targets"] > 0).sum()]
+    counts.append(sums)
+  assert len(counts) >= 20
+  return np.asarray(counts), plan
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_wmt14_updates_hold_25k_real_tokens_per_side(devices):
+  """§5.1's "approximately 25000 source tokens and 25000 target tokens" per
+  update, counted on the batches the pipeline builds from WMT-like lengths
+  (8 devices: one batch per update; 1 device: 8 micro-batches)."""
+  split = wmt_like_split()
+  config = wmt14.get_config(f"devices={devices}")
+  assert config.max_tokens_counts == "real"
+  counts, plan = real_tokens_per_update(config, split, devices)
+  source, target = counts.mean(0)
+  # The longer side (targets here) fills the budget; the shorter is ~5% under.
+  assert 0.95 * 25_000 <= target <= 1.03 * 25_000, target
+  assert 0.90 * 25_000 <= source <= target, source
+  assert all(shape.rows % devices == 0 for shape in plan.shapes)
+
+  # Counted as padded positions, the same budget holds a fifth fewer.
+  padded = config.copy_and_resolve_references()
+  padded.max_tokens_counts = "padded"
+  padded_counts, padded_plan = real_tokens_per_update(padded, split, devices)
+  fill = padded_counts.mean(0)[1] / 25_000
+  assert 0.70 <= fill <= 0.88, fill
+  for shape in padded_plan.shapes:  # rows · padded length <= the budget
+    assert shape.rows * max(shape.inputs_length,
+                            shape.targets_length) <= config.max_tokens
+
+
+def test_real_token_rows_of_a_bucket_and_of_packed_rows():
+  """The rows formula against lengths written by hand."""
+  from mha.data import batching
+  from mha.data.errors import DataError
+  # One bucket (all lengths 17..20 fall in the 24 bucket): mean target 19.5.
+  ids = np.arange(4)
+  plan = batching.BucketPlan(ids, np.array([17, 18, 17, 18]),
+                             np.array([19, 20, 19, 20]), max_tokens=400,
+                             inputs_cap=24, targets_cap=24, num_devices=2,
+                             seed=0, count="real")
+  assert [s.rows for s in plan.shapes] == [20]  # 400 // 19.5 = 20
+  padded = batching.BucketPlan(ids, np.array([17, 18, 17, 18]),
+                               np.array([19, 20, 19, 20]), max_tokens=400,
+                               inputs_cap=24, targets_cap=24, num_devices=2,
+                               seed=0)
+  assert [s.rows for s in padded.shapes] == [16]  # 400 // 24 = 16
+  # Packed: rows of 32 tokens, two or three examples each; the targets
+  # (48 tokens in all) are the longer side.
+  packed = batching.PackPlan(ids, np.array([10, 10, 12, 12]),
+                             np.array([11, 11, 13, 13]), max_tokens=400,
+                             inputs_length=32, targets_length=32,
+                             num_devices=1, seed=0, count="real")
+  assert packed.num_rows == 2
+  assert packed.shapes[0].rows == 16  # 400 // (48 / 2)
+  with pytest.raises(DataError, match="max_tokens_counts must be one of"):
+    batching.BucketPlan(ids, np.ones(4, int), np.ones(4, int),
+                        max_tokens=400, inputs_cap=8, targets_cap=8,
+                        num_devices=1, seed=0, count="all")

@@ -21,6 +21,19 @@ batch of B rows.
   batches from (seed, epoch). The number of batches per epoch is therefore
   fixed too, which makes resuming at any step cheap.
 
+What `max_tokens` counts (`count`, config.max_tokens_counts):
+
+* "padded" (default): padded positions, rows * padded_len <= max_tokens on
+  each side; a bucketed batch of Multi30k is ~77% real tokens, so the
+  update holds fewer real tokens than the budget says.
+* "real": real (non-padding) tokens, as the paper's "approximately 25000
+  source tokens and 25000 target tokens" count them: a bucket (or, packed,
+  the plan) gets the rows whose expected real tokens on its longer side
+  fill the budget, max_tokens // mean real length (per example of the
+  bucket, or per packed row), rounded down to a multiple of the device
+  count. Batch shapes stay fixed; a batch's real count varies around the
+  budget with the examples drawn, and its padded size exceeds it.
+
 Rows are lists of example ids; `materialize` gathers their tokens with
 vectorized numpy indexing.
 """
@@ -33,6 +46,7 @@ from mha.data.tokenized import TokenizedSplit
 
 LENGTH_MULTIPLE = 8
 BUCKET_RATIO = 1.25
+TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
 _PACK_WINDOW = 8  # Open rows a new example may join when packing.
 
 
@@ -89,6 +103,27 @@ def rows_for(max_tokens: int, length: int, num_devices: int) -> int:
   return rows
 
 
+def real_rows_for(max_tokens: int, inputs_lengths: np.ndarray,
+                  targets_lengths: np.ndarray, num_devices: int) -> int:
+  """Rows whose expected real tokens fill `max_tokens` on the longer side:
+  max_tokens // max(mean source length, mean target length), rounded down
+  to a multiple of num_devices (the lengths are of one row each)."""
+  mean = max(float(np.mean(inputs_lengths)), float(np.mean(targets_lengths)))
+  rows = int(max_tokens // mean) // num_devices * num_devices
+  if rows == 0:
+    raise DataError(
+        f"config.max_tokens={max_tokens} real tokens cannot hold one row of "
+        f"{mean:.0f} tokens on average per device on {num_devices} devices; "
+        f"raise max_tokens to at least {int(np.ceil(mean)) * num_devices}.")
+  return rows
+
+
+def _check_count(count: str) -> None:
+  if count not in TOKEN_COUNTS:
+    raise DataError(f"config.max_tokens_counts must be one of "
+                    f"{TOKEN_COUNTS}, got {count!r}.")
+
+
 def one_per_row(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """(row index, example id) of rows holding one example id each (-1 =
   empty row)."""
@@ -116,7 +151,7 @@ class BucketPlan:
   def __init__(self, example_ids: np.ndarray, inputs_lengths: np.ndarray,
                targets_lengths: np.ndarray, *, max_tokens: int,
                inputs_cap: int, targets_cap: int, num_devices: int,
-               seed: int):
+               seed: int, count: str = "padded"):
     """Groups examples by length.
 
     Args:
@@ -128,19 +163,24 @@ class BucketPlan:
       targets_cap: padded length of the longest targets.
       num_devices: global device count; rows are a multiple of it.
       seed: shuffling seed.
+      count: what max_tokens counts, "padded" or "real" (module doc).
     """
+    _check_count(count)
     self.seed = seed
     grid = length_grid(max(inputs_cap, targets_cap))
     bucket = np.searchsorted(grid, np.maximum(inputs_lengths,
                                               targets_lengths))
-    if len(bucket):  # the longest bucket names the real minimum, once
+    if len(bucket) and count == "padded":  # the real minimum, named once
       rows_for(max_tokens, grid[int(bucket.max())], num_devices)
     self.shapes, self._members = [], []
     for b in np.unique(bucket):
-      g = grid[b]
-      self.shapes.append(BatchShape(rows_for(max_tokens, g, num_devices),
-                                    min(g, inputs_cap), min(g, targets_cap)))
-      self._members.append(np.asarray(example_ids)[bucket == b])
+      g, members = grid[b], bucket == b
+      rows = (rows_for(max_tokens, g, num_devices) if count == "padded" else
+              real_rows_for(max_tokens, inputs_lengths[members],
+                            targets_lengths[members], num_devices))
+      self.shapes.append(BatchShape(rows, min(g, inputs_cap),
+                                    min(g, targets_cap)))
+      self._members.append(np.asarray(example_ids)[members])
     self._num_batches = [ceil_div(len(m), s.rows)
                          for m, s in zip(self._members, self.shapes)]
     self.batches_per_epoch = sum(self._num_batches)
@@ -208,16 +248,22 @@ class PackPlan:
   def __init__(self, example_ids: np.ndarray, inputs_lengths: np.ndarray,
                targets_lengths: np.ndarray, *, max_tokens: int,
                inputs_length: int, targets_length: int, num_devices: int,
-               seed: int):
+               seed: int, count: str = "padded"):
     """Packs the examples (same arguments as `BucketPlan`; the row lengths
     `inputs_length`, `targets_length` replace the caps)."""
+    _check_count(count)
     self.seed = seed
-    rows = rows_for(max_tokens, max(inputs_length, targets_length),
-                    num_devices)
-    self.shapes = [BatchShape(rows, inputs_length, targets_length)]
     order = np.random.default_rng([seed, 1]).permutation(len(example_ids))
     packed = pack(inputs_lengths, targets_lengths, order, inputs_length,
                   targets_length)
+    if count == "padded":
+      rows = rows_for(max_tokens, max(inputs_length, targets_length),
+                      num_devices)
+    else:  # the real tokens of each packed row
+      rows = real_rows_for(
+          max_tokens, [sum(inputs_lengths[i] for i in r) for r in packed],
+          [sum(targets_lengths[i] for i in r) for r in packed], num_devices)
+    self.shapes = [BatchShape(rows, inputs_length, targets_length)]
     self._row_offsets = np.cumsum([0] + [len(r) for r in packed])
     self._row_members = np.asarray(example_ids)[
         np.fromiter((i for r in packed for i in r), np.int64,

@@ -77,7 +77,7 @@ def make_train_plan(config: ml_collections.ConfigDict, data: TokenizedSplit,
         f"config.max_source_length={config.max_source_length} and "
         f"config.max_target_length={config.max_target_length}.")
   kwargs = dict(max_tokens=config.max_tokens, num_devices=num_global_devices,
-                seed=config.seed)
+                seed=config.seed, count=config.max_tokens_counts)
   lengths = (ids, data.inputs_lengths[ids], data.targets_lengths[ids])
   if config.pack_examples:
     return batching.PackPlan(*lengths, inputs_length=inputs_cap,
