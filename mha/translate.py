@@ -909,12 +909,17 @@ def translate_texts(model_config: TransformerConfig, params: Any,
       max_decode_extra, batch_size, devices: as in `translate_ids`.
 
   Returns:
-    One translation per source, without newlines.
+    One translation per source, without newlines; a blank source (empty or
+    white space only) is not translated: its translation is "".
   """
-  return [detokenize(tokenizer, output) for _, output in translate_ids(
-      model_config, params, tokenizer, sources, beam_size=beam_size,
-      alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size,
-      devices=devices)]
+  keep = [i for i, s in enumerate(sources) if s.strip()]
+  texts = [""] * len(sources)
+  for i, (_, output) in zip(keep, translate_ids(
+      model_config, params, tokenizer, [sources[i] for i in keep],
+      beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
+      batch_size=batch_size, devices=devices)):
+    texts[i] = detokenize(tokenizer, output)
+  return texts
 
 
 __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",

@@ -176,14 +176,11 @@ class Translator:
     """
     sentences = _check_sentences("sentences", sentences)
     search = self._search(beam_size, alpha, max_decode_extra)
-    keep, texts = self._nonempty(sentences, batch_size)
-    out = [""] * len(sentences)
-    for i, (_, ids) in zip(keep, translate.translate_ids(
-        self.model_config, self.params, self.tokenizer, texts,
+    _check_int("batch_size", batch_size, 1)
+    return translate.translate_texts(
+        self.model_config, self.params, self.tokenizer, sentences,
         beam_size=search.beam_size, alpha=search.alpha,
-        max_decode_extra=search.max_decode_extra, batch_size=batch_size)):
-      out[i] = self._text(ids)
-    return out
+        max_decode_extra=search.max_decode_extra, batch_size=batch_size)
 
   def nbest(self, sentences: Sequence[str], n: int,
             beam_size: int | None = None, alpha: float | None = None,

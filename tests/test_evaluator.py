@@ -286,3 +286,20 @@ def test_workdir_unchanged_except_eval(trained):
   written = (sorted(p.name for p in eval_dir.iterdir())
              if eval_dir.exists() else [])
   assert set(written) <= {"test_12_6", "test_12_avg2_6", "file_6"}
+
+
+def test_blank_source_lines_give_blank_translations(random_workdir,
+                                                     tmp_path):
+  # eval.py --source_file: a blank line in is a blank line out, in its
+  # place; the other lines translate as without it (a model with long,
+  # varied outputs: random parameters).
+  def translations(lines):
+    path = tmp_path / f"source_{len(lines)}.txt"
+    path.write_text("".join(line + "\n" for line in lines))
+    return evaluator.evaluate(str(random_workdir), source_file=str(path),
+                              beam_size=1, write=False)["translations"]
+  sentences = ["guno duma ri moge", "nigo ri ponoru pabo"]
+  plain = translations(sentences)
+  assert all(plain)
+  assert translations([sentences[0], "", "  ", sentences[1]]) == [
+      plain[0], "", "", plain[1]]
