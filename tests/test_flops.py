@@ -34,8 +34,9 @@ def test_training_flops_are_three_forward_passes_of_the_trees_kernels(changes):
   cfg = TransformerConfig.from_config(config)
   rows, s, t = 3, 7, 5
   ids = jnp.ones((rows, s), jnp.int32)
-  params = mha.create_model(config).init(
-      jax.random.key(0), ids, jnp.ones((rows, t), jnp.int32))["params"]
+  params = jax.eval_shape(  # shapes only: nothing to compute
+      mha.create_model(config).init, jax.random.key(0), ids,
+      jnp.ones((rows, t), jnp.int32))["params"]
   d_k = cfg.d_k or cfg.d_model // cfg.num_heads
   d_v = cfg.d_v or cfg.d_model // cfg.num_heads
   # QKᵀ and AV of every attention: per head q_len·k_len·(d_k + d_v) MACs.
