@@ -74,9 +74,9 @@ LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROW_MULTIPLE = 8
 # The fewest rows (sentences x beam) the search shrinks a batch to as its
 # sentences finish (`shrink_sizes`): XLA:CPU's matrix products gave a row
-# the same bits at 64 rows and more as at 256, but not at 32 or fewer
-# (measured 2026-11-23, AMD EPYC), and outputs must not depend on which
-# sentences share a batch.
+# the same bits at 64 rows and more as at 256, but not at 32 or fewer (on
+# the CPU of bench/README.md's decoding figures), and outputs must not
+# depend on which sentences share a batch.
 MIN_SEARCH_ROWS = 64
 _AXIS = "sentences"  # the mesh axis the sharded search splits rows over
 # The first stage of the search: outputs up to the padded input length + 10
