@@ -64,16 +64,9 @@ from absl import flags
 
 from mha.cli import startup
 
-flags.DEFINE_string("workdir", None, "A training workdir.")
+startup.define_search_flags()
 flags.DEFINE_string("split", None, "Dataset split (default: test_split).")
 flags.DEFINE_integer("checkpoint_step", None, "Step (default: the latest).")
-flags.DEFINE_integer("average_last", None,
-                     "Average the last N checkpoints' parameters.")
-flags.DEFINE_integer("beam_size", None, "Beam size (default: config).")
-flags.DEFINE_float("alpha", None, "Length penalty (default: config).")
-flags.DEFINE_integer("max_decode_extra", None,
-                     "Output length limit = input length + this.")
-flags.DEFINE_integer("batch_size", 64, "Sentences per decoding batch.")
 flags.DEFINE_string("source_file", None,
                     "Plain text to translate, one sentence a line; '-' = "
                     "standard input to standard output.")

@@ -62,6 +62,25 @@ def define_flags() -> None:
     library_logs.define_flag()
 
 
+def define_search_flags() -> None:
+  """Defines the flags of the commands that read a trained workdir and
+  search (mha-eval, mha-translate): --workdir, --average_last, --beam_size,
+  --alpha, --max_decode_extra, --batch_size; once, as `define_flags`."""
+  for define, name, default, help_text in (
+      (flags.DEFINE_string, "workdir", None, "A training workdir."),
+      (flags.DEFINE_integer, "average_last", None,
+       "Average the last N checkpoints' parameters."),
+      (flags.DEFINE_integer, "beam_size", None,
+       "Beam size (default: config)."),
+      (flags.DEFINE_float, "alpha", None, "Length penalty (default: config)."),
+      (flags.DEFINE_integer, "max_decode_extra", None,
+       "Output length limit = input length + this (default: config)."),
+      (flags.DEFINE_integer, "batch_size", 64,
+       "Sentences per decoding batch.")):
+    if name not in FLAGS:
+      define(name, default, help_text)
+
+
 def command_name(argv0: str | None = None) -> str:
   """The name messages start with: `train.py`, `mha-train`, ...
 

@@ -38,16 +38,8 @@ from absl import logging
 from mha.cli import startup
 from mha.errors import ConfigError
 
-flags.DEFINE_string("workdir", None, "A training workdir.")
+startup.define_search_flags()
 flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
-flags.DEFINE_integer("average_last", None,
-                     "Average the last N checkpoints' parameters.")
-flags.DEFINE_integer("beam_size", None, "Beam size (default: config).")
-flags.DEFINE_float("alpha", None, "Length penalty (default: config).")
-flags.DEFINE_integer("max_decode_extra", None,
-                     "Output length limit = input length + this "
-                     "(default: config).")
-flags.DEFINE_integer("batch_size", 64, "Sentences per decoding batch.")
 flags.DEFINE_integer("nbest", 0, "Write the N best hypotheses of each line "
                      "with their scores (0 = the best only, no scores).")
 flags.DEFINE_bool("sample", False, "Sample each translation from the model "
