@@ -57,8 +57,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from mha import files
 from mha import workdir as workdir_lib
-from mha.data import files
 from mha.errors import CheckpointError
 from mha.errors import DiskError
 from mha.errors import os_errno

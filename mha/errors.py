@@ -32,6 +32,14 @@ class WorkdirError(UserError):
   written for another model, or holding an unreadable file."""
 
 
+class DataError(UserError, ValueError):
+  """Bad input data or a data config that cannot be served.
+
+  The message names the file, split, line or config field at fault, so that a
+  user can fix the input without reading the code.
+  """
+
+
 class CheckpointError(UserError):
   """A checkpoint that is missing or cannot be restored."""
 

@@ -10,7 +10,7 @@ other settings (`SETTINGS_FIELDS`) is refused, never replaced, and so is an
 existing folder that holds other files but no metrics.json (a user's
 folder). The files are written into a local temporary folder first (beside
 the folder, when that is local) and then moved into place by renames, or on
-gs:// uploaded one by one through `mha.data.files`; metrics.json last, so
+gs:// uploaded one by one through `mha.files`; metrics.json last, so
 that a failed evaluation leaves earlier results as they were.
 
 One evaluation writes a folder at a time: `claim` holds the lock
@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
 
+from mha import files
 from mha import workdir as workdir_lib
-from mha.data import files
 from mha.data import sources
 from mha.errors import UserError
 from mha.errors import os_reason

@@ -30,6 +30,7 @@ from mha import attention_maps
 from mha import checkpoints
 from mha import data
 from mha import eval_output
+from mha import files
 from mha import paper_bleu as paper_bleu_lib
 from mha import translate
 from mha import workdir as workdir_lib
@@ -37,8 +38,6 @@ from mha.errors import Interrupted
 from mha.errors import UserError
 from mha.errors import os_reason
 from mha.eval_output import EvalError
-from mha.data import files
-from mha.data import parallel_text
 from mha.scoring import score
 from mha.transformer import TransformerConfig
 
@@ -54,7 +53,7 @@ def read_lines(path: str, what: str = "File") -> list[str]:
   """Lines of a UTF-8 text file, plain or gzip, without line endings ('-' =
   standard input, read as /dev/stdin).
 
-  The reader of local parallel text (`parallel_text.read_lines`): only
+  The reader of local parallel text (`files.read_lines`): only
   '\n' (and a '\r' before it) ends a line, so line numbers agree with
   `wc -l`; a last line without a newline counts; a byte order mark at the
   start is dropped (it would stay in the first sentence and its score).
@@ -65,10 +64,10 @@ def read_lines(path: str, what: str = "File") -> list[str]:
       damaged gzip file.
   """
   if path == "-":
-    return parallel_text.read_lines("/dev/stdin")
+    return files.read_lines("/dev/stdin")
   if not os.path.lexists(path):
     raise EvalError(f"{what} {path} does not exist.")
-  return parallel_text.read_lines(path)
+  return files.read_lines(path)
 
 
 def choose_steps(workdir: str, checkpoint_step: int | None = None,

@@ -57,7 +57,7 @@ from absl import logging
 import numpy as np
 
 from mha import evaluator
-from mha.data import files
+from mha import files
 from mha.data import tokenizer as tokenizer_lib
 from mha.errors import UserError
 from mha.positional import sinusoidal_encoding

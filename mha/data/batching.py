@@ -41,8 +41,8 @@ import dataclasses
 
 import numpy as np
 
-from mha.data.errors import DataError
 from mha.data.tokenized import TokenizedSplit
+from mha.errors import DataError
 
 LENGTH_MULTIPLE = 8
 BUCKET_RATIO = 1.25

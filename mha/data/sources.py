@@ -11,7 +11,7 @@
   `'wmt14_translate/de-en'`, read from the TFDS data dir `config.data_dir`
   (None: the TFDS default), downloaded and prepared first if needed, and
   read with `tf.data` (TensorFlow is imported then, through
-  `library_logs.import_tensorflow`).
+  `tensorflow_loader.import_tensorflow`).
 
 `config.source_lang` and `config.target_lang` choose the direction. Splits
 of TFDS datasets (and of parallel_text folders) accept TFDS slicing, e.g.
@@ -25,10 +25,10 @@ from typing import Callable, Iterator
 from absl import logging
 import ml_collections
 
-from mha import library_logs
+from mha import tensorflow_loader
 from mha.data import multihost
 from mha.data import synthetic
-from mha.data.errors import DataError
+from mha.errors import DataError
 
 Chunk = tuple[list[str], list[str]]
 
@@ -156,7 +156,7 @@ def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
   # Preparing and reading (tf.data) a dataset by name may import TensorFlow:
   # imported first, with its start-up lines hidden when asked.
   name = config.dataset_name
-  library_logs.import_tensorflow(
+  tensorflow_loader.import_tensorflow(
       f"config.dataset_name={name!r} (a TFDS dataset by name)")
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
