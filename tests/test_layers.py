@@ -74,3 +74,18 @@ def test_only_the_pipelines_consumers_import_the_data_package():
   # The layers below the search import nothing of data either (the search
   # reads PAD_ID from mha.token_ids).
   assert "mha.decoding" not in importers
+
+
+def test_no_module_of_mha_imports_matplotlib_when_imported():
+  importers = [_module_name(path) for path in _mha_modules()
+               if any(name.split(".")[0] == "matplotlib"
+                      for name in _imports(path, top_level_only=True))]
+  assert not importers, importers
+
+
+def test_scripts_import_no_benchmark():
+  for path in sorted((REPO / "scripts").glob("*.py")):
+    benches = {name for name in _imports(path)
+               if name.split(".")[0] == "bench"}
+    assert not benches, f"scripts/{path.name} imports {sorted(benches)}"
+
