@@ -33,6 +33,7 @@ import ml_collections
 from mha import files
 from mha import workdir as workdir_lib
 from mha.data import sources
+from mha.errors import EvalError
 from mha.errors import UserError
 from mha.errors import os_reason
 
@@ -42,10 +43,6 @@ METRICS_FILE = "metrics.json"
 SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
                    "alpha", "max_decode_extra", "source_file",
                    "reference_file")
-
-
-class EvalError(UserError, ValueError):
-  """Bad input to an evaluation: the message names the workdir, file or step."""
 
 
 def settings_suffix(config: ml_collections.ConfigDict, beam_size: int,

@@ -34,10 +34,10 @@ from mha import files
 from mha import paper_bleu as paper_bleu_lib
 from mha import translate
 from mha import workdir as workdir_lib
+from mha.errors import EvalError
 from mha.errors import Interrupted
 from mha.errors import UserError
 from mha.errors import os_reason
-from mha.eval_output import EvalError
 from mha.scoring import score
 from mha.transformer import TransformerConfig
 

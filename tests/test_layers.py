@@ -89,3 +89,21 @@ def test_scripts_import_no_benchmark():
                if name.split(".")[0] == "bench"}
     assert not benches, f"scripts/{path.name} imports {sorted(benches)}"
 
+
+def test_every_error_class_is_defined_in_mha_errors_and_is_a_user_error():
+  from mha import errors  # pylint: disable=import-outside-toplevel
+  defined = {name for name, value in vars(errors).items()
+             if isinstance(value, type) and issubclass(value, Exception)}
+  elsewhere = []
+  for path in _mha_modules():
+    if path == MHA / "errors.py":
+      continue
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.ClassDef) and any(
+          ast.unparse(base).split(".")[-1] in defined
+          or ast.unparse(base).endswith(("Error", "Exception"))
+          for base in node.bases):
+        elsewhere.append(f"{_module_name(path)}.{node.name}")
+  assert not elsewhere, elsewhere
+  assert {name for name in defined
+          if not issubclass(getattr(errors, name), errors.UserError)} == set()
