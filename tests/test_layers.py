@@ -13,7 +13,7 @@ MHA = REPO / "mha"
 
 # What mha/data/ may import of the rest of mha: the layers below it.
 BELOW_DATA = {"mha.errors", "mha.files", "mha.tensorflow_loader",
-              "mha.token_ids"}
+              "mha.token_ids", "mha.validation"}
 # The modules outside mha/data/ that may import it: the data pipeline's
 # consumers (training, evaluation, translation set-up) and their checks.
 DATA_CONSUMERS = {
