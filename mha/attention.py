@@ -12,8 +12,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-ATTENTION_TYPES = ("scaled_dot", "dot", "additive", "location")
-ATTENTION_IMPLS = ("einsum", "xla")
+from mha.validation import ATTENTION_IMPLS
+from mha.validation import ATTENTION_TYPES
+
 # The self-attention decode cache is stored as [B, H, D, L]: the axes of a
 # [B, L, H, D] key or value in this order (`_append_to_cache`).
 _CACHE_LAYOUT = (0, 2, 3, 1)

@@ -26,25 +26,30 @@ reads: cell (i, i) pairs the token predicted at i with the one before it.
 
 The weights are those the model sows (`MultiHeadAttention`, post-softmax,
 before attention dropout) with `attention_impl='einsum'`; the figures are
-drawn by matplotlib on its Agg canvas (no pyplot, no global state).
+drawn by matplotlib on its Agg canvas (no pyplot, no global state),
+imported when the first figure is drawn: an evaluation without plots never
+imports it.
 """
+from __future__ import annotations
+
 import functools
 import math
 import numbers
 import os
-from typing import Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from mha import translate
 from mha.data import tokenizer as tokenizer_lib
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 KINDS = ("encoder_self", "decoder_self", "encoder_decoder")
 TITLES = {"encoder_self": "Encoder self-attention",
@@ -262,6 +267,9 @@ def plot_attention(weights: np.ndarray, query_labels: Sequence[str],
 def _panels(num_heads: int, num_q: int, num_k: int,
             dpi: int) -> tuple[Figure, list[Any], int]:
   """(figure on an Agg canvas, one Axes per head, tick font size)."""
+  # matplotlib is imported here, at the first figure (module docstring).
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top,redefined-outer-name
   rows, cols = _grid(num_heads)
   # ~0.17 inch per token keeps 7-point labels apart for ~30-token sentences;
   # longer ones get 5-point labels and smaller cells.

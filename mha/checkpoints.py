@@ -57,12 +57,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from mha import files
 from mha import workdir as workdir_lib
-from mha.data import files
 from mha.errors import CheckpointError
-from mha.errors import DiskError
+from mha.errors import CheckpointNotFound
+from mha.errors import CheckpointSaveError
+from mha.errors import DamagedCheckpointError
 from mha.errors import os_errno
 from mha.errors import os_reason
+from mha.errors import TooFewCheckpoints
 
 PyTree = Any
 
@@ -78,59 +81,6 @@ REQUIRED_FILES = {
 _CHECK_BATCH = 64
 # Who reads: the fix a damaged-checkpoint message gives.
 Purpose = Literal['train', 'eval']
-
-
-class CheckpointNotFound(CheckpointError, FileNotFoundError):
-  """No checkpoint, no checkpoint of the step asked for, or a step deleted
-  while it was read."""
-
-
-class CheckpointSaveError(CheckpointError, DiskError):
-  """A checkpoint the machine would not let Orbax write (a full disk, a
-  read-only folder); earlier checkpoints are intact.
-
-  Attributes:
-    step: the step that could not be saved.
-    last_step: the newest finalised checkpoint, or None.
-  """
-
-  def __init__(self, message: str, step: int, last_step: int | None):
-    super().__init__(message)
-    self.step, self.last_step = step, last_step
-
-
-class TooFewCheckpoints(CheckpointError, ValueError):
-  """Fewer checkpoints up to a step than the number to average.
-
-  Attributes:
-    directory: the checkpoints folder.
-    step: the last step asked for.
-    steps: the steps up to it.
-    needed: the number to average.
-  """
-
-  def __init__(self, directory: epath.Path, step: int, steps: list[int],
-               needed: int):
-    super().__init__(
-        f'{directory} holds {len(steps)} checkpoint(s) up to step {step}: '
-        f'{steps}, fewer than the {needed} to average.')
-    self.directory, self.step, self.steps, self.needed = (directory, step,
-                                                          steps, needed)
-
-
-class DamagedCheckpointError(CheckpointError):
-  """A step folder whose files are missing or cannot be read.
-
-  Attributes:
-    path: the step folder.
-    step: its step.
-    intact_step: the newest earlier step that can be read, or None.
-  """
-
-  def __init__(self, message: str, path: epath.Path, step: int,
-               intact_step: int | None):
-    super().__init__(message)
-    self.path, self.step, self.intact_step = path, step, intact_step
 
 
 def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:

@@ -22,7 +22,7 @@ import os
 from absl import flags
 from absl import logging
 
-from mha.data import files
+from mha import files
 
 ENV = "MHA_COMPILATION_CACHE_DIR"
 

@@ -74,7 +74,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from mha.data import PAD_ID
+from mha.token_ids import PAD_ID
 
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]

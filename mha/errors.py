@@ -8,9 +8,13 @@ that names the file, field or line at fault and what to do. `train.py` and
 `exit_code` (1, or 130 for a Ctrl-C); any other exception is a bug and keeps
 its stack.
 
-This module imports nothing of the project, so every layer may raise these.
+Every error class of the project is defined here (the modules that raise
+them import them from here; `checkpoints.CheckpointNotFound`,
+`evaluator.EvalError` and the like are the same classes). This module
+imports nothing of the project, so every layer may raise these.
 """
 import errno
+import os
 import re
 
 
@@ -32,8 +36,63 @@ class WorkdirError(UserError):
   written for another model, or holding an unreadable file."""
 
 
+class DataError(UserError, ValueError):
+  """Bad input data or a data config that cannot be served.
+
+  The message names the file, split, line or config field at fault, so that a
+  user can fix the input without reading the code.
+  """
+
+
 class CheckpointError(UserError):
   """A checkpoint that is missing or cannot be restored."""
+
+
+class CheckpointNotFound(CheckpointError, FileNotFoundError):
+  """No checkpoint, no checkpoint of the step asked for, or a step deleted
+  while it was read."""
+
+
+class TooFewCheckpoints(CheckpointError, ValueError):
+  """Fewer checkpoints up to a step than the number to average.
+
+  Attributes:
+    directory: the checkpoints folder.
+    step: the last step asked for.
+    steps: the steps up to it.
+    needed: the number to average.
+  """
+
+  def __init__(self, directory: str | os.PathLike[str], step: int,
+               steps: list[int], needed: int):
+    super().__init__(
+        f"{directory} holds {len(steps)} checkpoint(s) up to step {step}: "
+        f"{steps}, fewer than the {needed} to average.")
+    self.directory, self.step, self.steps, self.needed = (directory, step,
+                                                          steps, needed)
+
+
+class DamagedCheckpointError(CheckpointError):
+  """A step folder whose files are missing or cannot be read.
+
+  Attributes:
+    path: the step folder.
+    step: its step.
+    intact_step: the newest earlier step that can be read, or None.
+  """
+
+  def __init__(self, message: str, path: str | os.PathLike[str], step: int,
+               intact_step: int | None):
+    super().__init__(message)
+    self.path, self.step, self.intact_step = path, step, intact_step
+
+
+class EvalError(UserError, ValueError):
+  """Bad input to an evaluation: the message names the workdir, file or step."""
+
+
+class ExportError(UserError, ValueError):
+  """A model, flag or output folder the export cannot use."""
 
 
 class TrainingDiverged(UserError, FloatingPointError):
@@ -44,6 +103,20 @@ class DiskError(UserError):
   """A file or folder the run must write that the machine refuses: a full
   disk, a read-only folder, no permission. The message names it, what was
   lost (nothing) and where to resume from."""
+
+
+class CheckpointSaveError(CheckpointError, DiskError):
+  """A checkpoint the machine would not let Orbax write (a full disk, a
+  read-only folder); earlier checkpoints are intact.
+
+  Attributes:
+    step: the step that could not be saved.
+    last_step: the newest finalised checkpoint, or None.
+  """
+
+  def __init__(self, message: str, step: int, last_step: int | None):
+    super().__init__(message)
+    self.step, self.last_step = step, last_step
 
 
 class Interrupted(UserError):

@@ -10,7 +10,7 @@ other settings (`SETTINGS_FIELDS`) is refused, never replaced, and so is an
 existing folder that holds other files but no metrics.json (a user's
 folder). The files are written into a local temporary folder first (beside
 the folder, when that is local) and then moved into place by renames, or on
-gs:// uploaded one by one through `mha.data.files`; metrics.json last, so
+gs:// uploaded one by one through `mha.files`; metrics.json last, so
 that a failed evaluation leaves earlier results as they were.
 
 One evaluation writes a folder at a time: `claim` holds the lock
@@ -30,9 +30,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import ml_collections
 
+from mha import files
 from mha import workdir as workdir_lib
-from mha.data import files
 from mha.data import sources
+from mha.errors import EvalError
 from mha.errors import UserError
 from mha.errors import os_reason
 
@@ -42,10 +43,6 @@ METRICS_FILE = "metrics.json"
 SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
                    "alpha", "max_decode_extra", "source_file",
                    "reference_file")
-
-
-class EvalError(UserError, ValueError):
-  """Bad input to an evaluation: the message names the workdir, file or step."""
 
 
 def settings_suffix(config: ml_collections.ConfigDict, beam_size: int,

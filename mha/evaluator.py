@@ -18,8 +18,6 @@ beam search of `mha.decoding`), the scores from `mha.scoring` and
 import contextlib
 import dataclasses
 import functools
-import math
-import numbers
 import os
 import time
 from typing import Any, Sequence
@@ -30,15 +28,15 @@ from mha import attention_maps
 from mha import checkpoints
 from mha import data
 from mha import eval_output
+from mha import files
 from mha import paper_bleu as paper_bleu_lib
 from mha import translate
+from mha import validation
 from mha import workdir as workdir_lib
+from mha.errors import EvalError
 from mha.errors import Interrupted
 from mha.errors import UserError
 from mha.errors import os_reason
-from mha.eval_output import EvalError
-from mha.data import files
-from mha.data import parallel_text
 from mha.scoring import score
 from mha.transformer import TransformerConfig
 
@@ -54,7 +52,7 @@ def read_lines(path: str, what: str = "File") -> list[str]:
   """Lines of a UTF-8 text file, plain or gzip, without line endings ('-' =
   standard input, read as /dev/stdin).
 
-  The reader of local parallel text (`parallel_text.read_lines`): only
+  The reader of local parallel text (`files.read_lines`): only
   '\n' (and a '\r' before it) ends a line, so line numbers agree with
   `wc -l`; a last line without a newline counts; a byte order mark at the
   start is dropped (it would stay in the first sentence and its score).
@@ -65,10 +63,10 @@ def read_lines(path: str, what: str = "File") -> list[str]:
       damaged gzip file.
   """
   if path == "-":
-    return parallel_text.read_lines("/dev/stdin")
+    return files.read_lines("/dev/stdin")
   if not os.path.lexists(path):
     raise EvalError(f"{what} {path} does not exist.")
-  return parallel_text.read_lines(path)
+  return files.read_lines(path)
 
 
 def choose_steps(workdir: str, checkpoint_step: int | None = None,
@@ -168,10 +166,6 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
 # ------------------------------------------------------------------ evaluate
 
 
-def _is_int(value: Any) -> bool:
-  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def check_flags(*, checkpoint_step: int | None = None,
                 average_last: int | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
@@ -179,25 +173,18 @@ def check_flags(*, checkpoint_step: int | None = None,
                 plot_attention: int = 0) -> None:
   """Checks the numeric flags that need no workdir; None = the default.
 
+  Each by its rule in the one table of rules (`mha.validation`).
+
   Raises:
     EvalError: naming the first flag out of range (α must be finite).
   """
-  minimum = {"checkpoint_step": (checkpoint_step, 0),
-             "average_last": (average_last, 1),
-             "beam_size": (beam_size, 1),
-             "max_decode_extra": (max_decode_extra, 0),
-             "batch_size": (batch_size, 1),
-             "plot_attention": (plot_attention, 0)}
-  for name, (value, low) in minimum.items():
-    if value is not None and not _is_int(value):
-      raise EvalError(f"--{name} must be an integer, got {value!r}.")
-    if value is not None and value < low:
-      raise EvalError(f"--{name} must be >= {low}, got {value}.")
-  if alpha is not None and (
-      not isinstance(alpha, numbers.Real) or isinstance(alpha, bool)
-      or not math.isfinite(alpha) or alpha < 0):
-    raise EvalError(f"--alpha must be a finite number >= 0 (the length "
-                    f"penalty; the paper: 0.6), got {alpha!r}.")
+  given = {"checkpoint_step": checkpoint_step, "average_last": average_last,
+           "beam_size": beam_size, "max_decode_extra": max_decode_extra,
+           "batch_size": batch_size, "plot_attention": plot_attention,
+           "alpha": alpha}
+  for name, value in given.items():
+    if value is not None:
+      validation.check_flag(name, value, EvalError)
 
 
 def _search_settings(config: Any, workdir: str, beam_size: int | None,

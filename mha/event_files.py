@@ -8,7 +8,7 @@ written as TensorFlow 2's `tf.summary.scalar` writes them (a 0-d float
 tensor, the `scalars` plugin) and hyperparameters as the HParams tab reads
 them (TensorBoard's own `hparams_pb`).
 
-Files go through the file layer (`mha/data/files.py`), so a gs:// log dir
+Files go through the file layer (`mha/files.py`), so a gs:// log dir
 works: locally each record is appended and flushed to the file at once; an
 object cannot be appended to, so on gs:// the writer keeps the file's bytes
 and uploads them whole at a write at least `UPLOAD_SECONDS` after the last
@@ -35,7 +35,7 @@ from tensorboard.compat.proto import types_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
-from mha.data import files
+from mha import files
 
 FILE_VERSION = "brain.Event:2"
 UPLOAD_SECONDS = 120.0

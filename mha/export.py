@@ -57,9 +57,9 @@ from absl import logging
 import numpy as np
 
 from mha import evaluator
-from mha.data import files
+from mha import files
 from mha.data import tokenizer as tokenizer_lib
-from mha.errors import UserError
+from mha.errors import ExportError
 from mha.positional import sinusoidal_encoding
 from mha.transformer import TransformerConfig
 
@@ -70,10 +70,6 @@ MANIFEST_FILE = "mha_export.json"  # marks a folder written by this module
 VOCABULARY_FILE = "spm.model"
 # flax.linen.LayerNorm's default epsilon, which every norm of the model uses.
 LAYER_NORM_EPSILON = 1e-6
-
-
-class ExportError(UserError, ValueError):
-  """A model, flag or output folder the export cannot use."""
 
 
 def check_exportable(model_config: TransformerConfig) -> None:

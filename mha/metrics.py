@@ -6,7 +6,7 @@ digits: the line clu's LoggingWriter wrote) on every process; only process
 0 writes files. Each JSONL line is `{"step": k, "name": value, ...}`, one
 line per `write` call.
 
-metrics.jsonl is written through the file layer (`mha/data/files.py`), so a
+metrics.jsonl is written through the file layer (`mha/files.py`), so a
 gs:// workdir works: there each `write` rewrites the object with the new
 line added (object stores do not append; the upload is conditioned on the
 object being unchanged since it was read), which costs one download and one
@@ -22,8 +22,8 @@ import time
 from absl import logging
 
 from mha import event_files
+from mha import files
 from mha import workdir as workdir_lib
-from mha.data import files
 
 METRICS_FILE = workdir_lib.METRICS_FILE  # the name: mha/workdir.py
 

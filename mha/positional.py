@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-POSITION_ENCODINGS = ("sinusoidal", "learned")
+from mha.validation import POSITION_ENCODINGS
+
 
 
 def sinusoidal_encoding(length: int, d_model: int,

@@ -35,6 +35,7 @@ from mha import config_check
 from mha import data
 from mha import errors
 from mha import event_files
+from mha import files
 from mha import host_memory
 from mha import losses
 from mha import metrics as metrics_lib
@@ -43,7 +44,6 @@ from mha import scoring
 from mha import translate
 from mha import warm_start
 from mha import workdir as workdir_lib
-from mha.data import files
 from mha.data import sources
 from mha.errors import TrainingDiverged
 from mha.errors import UserError

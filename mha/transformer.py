@@ -15,12 +15,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mha import validation
 from mha.attention import MultiHeadAttention
 from mha.positional import AddPositionEncoding
 
-LAYER_NORMS = ("post", "pre")
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-           "float16": jnp.float16}
+_DTYPES = {name: getattr(jnp, name) for name in validation.DTYPES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +81,7 @@ class TransformerConfig:
     return model_config
 
   def validate(self) -> None:
-    if self.layer_norm not in LAYER_NORMS:
-      raise ValueError(f"config.layer_norm must be one of {LAYER_NORMS}, got "
-                       f"{self.layer_norm!r}.")
+    validation.check_field("layer_norm", self.layer_norm)
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
       raise ValueError(f"config.d_model={self.d_model} is not divisible by "
                        f"config.num_heads={self.num_heads}; set d_k and d_v.")

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from mha import checkpoints
-from mha.data import files
+from mha import files
 from mha.data import tokenizer
 from mha.errors import CheckpointError
 from mha.errors import ConfigError

@@ -16,7 +16,7 @@ lowest layer and imports nothing above it, so they are defined there and
 read from there.
 
 A workdir may be a local folder or a `gs://bucket/...` URL: every file here
-is read and written through the one file layer (`mha/data/files.py`), and
+is read and written through the one file layer (`mha/files.py`), and
 the lock is an atomic create-if-absent on either.
 """
 import contextlib
@@ -29,7 +29,7 @@ from typing import Iterator
 from absl import logging
 import ml_collections
 
-from mha.data import files
+from mha import files
 from mha.data import tokenized
 from mha.data import tokenizer
 from mha.errors import ConfigError

@@ -48,6 +48,7 @@ import glob
 import json
 import math
 import os
+import platform
 import re
 import shlex
 import statistics
@@ -65,7 +66,6 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import table3 as table3_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -219,7 +219,8 @@ def _count_params(model_config: TransformerConfig) -> int:
   ids = jnp.ones((1, 8), jnp.int32)
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.key(0), ids, ids))["params"]
-  return common.count_params(shapes)
+  return sum(math.prod(leaf.shape)
+             for leaf in jax.tree_util.tree_leaves(shapes))
 
 
 def _quote(value: Any) -> str:
@@ -465,10 +466,22 @@ def combine_loads(loads: Sequence[dict[str, Any]]) -> dict[str, Any]:
           "other_busy_cores": mean("other_busy_cores")}
 
 
+def cpu_model() -> str:
+  """The CPU's model name (from /proc/cpuinfo), or the platform's."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"
+
+
 def machine() -> dict[str, Any]:
   """The host and its devices."""
   devices = jax.local_devices()
-  return {"cpu": common.cpu_model(), "cores": os.cpu_count(),
+  return {"cpu": cpu_model(), "cores": os.cpu_count(),
           "jax": jax.__version__, "devices": len(devices),
           "platform": devices[0].platform}
 

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from mha.data import files
+from mha import files
 
 BUCKET = "mha-test"
 

@@ -24,7 +24,7 @@ from absl import logging
 from configs import quickstart
 from mha import distributed
 from mha import data
-from mha.data import files
+from mha import files
 from mha.data import sources
 from mha.data import parallel_text
 from mha.data import tokenizer

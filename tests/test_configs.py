@@ -2,6 +2,7 @@
 test_table3.py's end-to-end run of its base row)."""
 import jax
 import jax.numpy as jnp
+import ml_collections
 import pytest
 
 import mha
@@ -111,3 +112,37 @@ def test_location_fields_matter_only_for_location_attention(tmp_path):
   other = base.get_config("tiny")  # scaled_dot now, location before
   with pytest.raises(ValueError, match=r"attention_type='location'"):
     workdir_lib.check_config(other, workdir)
+
+
+@pytest.mark.parametrize("field, bad", [
+    ("beam_size", 0), ("beam_size", 2.5), ("beam_size", True),
+    ("alpha", -0.5), ("alpha", float("nan")),
+    ("max_decode_extra", -1)])
+def test_a_config_field_and_its_flag_are_refused_in_the_same_words(field,
+                                                                   bad):
+  # One rule in mha.validation serves config.beam_size (train.py) and
+  # --beam_size (eval.py): the two messages differ in the name alone.
+  from mha import config_check  # pylint: disable=g-import-not-at-top
+  from mha import evaluator  # pylint: disable=g-import-not-at-top
+  from mha import errors  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({**base.get_config().to_dict(),
+                                      field: bad})  # any type
+  with pytest.raises(errors.ConfigError) as as_field:
+    config_check.validate(config)
+  with pytest.raises(errors.EvalError) as as_flag:
+    evaluator.check_flags(**{field: bad})
+  field_words = str(as_field.value)
+  assert field_words.startswith(f"config.{field} must be ")
+  assert "\n" not in field_words
+  assert str(as_flag.value) == field_words.replace(f"config.{field}",
+                                                   f"--{field}", 1)
+
+
+def test_every_rule_names_a_field_of_the_base_config():
+  from mha import validation  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  assert not [f for f in validation.FIELDS if f not in config]
+  assert not [f for f in validation.FLAGS if f in config]
+  # A value the base config holds passes its own rule.
+  assert not [f for f, rule in validation.FIELDS.items()
+              if rule(config[f]) is not None]

@@ -9,6 +9,7 @@ from etils import epath
 import pytest
 import tensorflow_datasets as tfds
 
+from conftest import tiny_config
 from configs import base
 from mha import data
 from mha.data import parallel_text
@@ -82,6 +83,47 @@ def test_parallel_text_plain_and_gz_files(tmp_path):
                                           "train")
   assert sources == ["eins", "zwei", "drei"]
   assert targets == ["one", "two", "three"]
+
+
+def test_a_slice_beyond_a_parallel_text_split_is_one_line(tmp_path):
+  # TFDS raised its own ValueError ('Requested slice [5000:3] incompatible
+  # with 3 examples') when the split was read: now one DataError naming the
+  # slice, the split and its size, before anything is read.
+  folder = tmp_path / "corpus"
+  _write(folder, "val.de", ["eins", "zwei", "drei"])
+  _write(folder, "val.en", ["one", "two", "three"])
+  config = _config(data_dir=str(folder))
+  for split, what in (("val[5000:]", "reaches beyond"),
+                      ("val[:4]", "reaches beyond"),
+                      ("val[-4:]", "reaches beyond"),
+                      ("val[:1]+val[4:]", "reaches beyond"),
+                      ("val[3:]", "selects nothing of")):
+    part = split.split("+")[-1]
+    with pytest.raises(data.DataError) as refused:
+      data.load_text_pairs(config, split)
+    assert str(refused.value) == (
+        f"Split {part!r} of {folder} {what} split 'val', which has 3 "
+        "sentence pairs: slice within it (e.g. 'val[:3]').")
+  # Slices inside the split read as TFDS reads them.
+  assert data.load_text_pairs(config, "val[-2:]")[0] == ["zwei", "drei"]
+  assert data.load_text_pairs(config, "val[:1]+val[2:]")[1] == ["one",
+                                                                  "three"]
+
+
+@pytest.mark.parametrize("dataset", ["synthetic", "parallel_text"])
+def test_a_missing_split_is_one_line_without_leading_spaces(tmp_path,
+                                                             dataset):
+  folder = tmp_path / "corpus"
+  _write(folder, "val.de", ["eins"])
+  _write(folder, "val.en", ["one"])
+  config = (tiny_config() if dataset == "synthetic"
+            else _config(data_dir=str(folder)))
+  assert config.dataset_name == dataset
+  with pytest.raises(data.DataError) as refused:
+    data.load_text_pairs(config, "nosuch")
+  message = str(refused.value)
+  assert message == " ".join(message.split()), repr(message)
+  assert "'nosuch'" in message and ("val" in message or "test" in message)
 
 
 def test_cache_keyed_by_folder_and_contents(tmp_path):

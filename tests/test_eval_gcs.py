@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 from mha import eval_output
-from mha.data import files
+from mha import files
 
 
 def test_outputs_in_a_bucket(gcs_dir, tmp_path, monkeypatch):

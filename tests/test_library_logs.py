@@ -11,6 +11,7 @@ import pytest
 
 from mha import checkpoints
 from mha import library_logs
+from mha import tensorflow_loader
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -57,9 +58,9 @@ def test_tensorflow_start_up_lines_are_hidden(tmp_path):
   # One process asks for quiet start-up lines (as train.py does), imports
   # TensorFlow as a dataset by name does and reports how many lines it hid;
   # none reach its stderr.
-  script = ("import sys; from mha import library_logs; "
+  script = ("import sys; from mha import library_logs, tensorflow_loader; "
             "library_logs.quiet_native(sys.argv); "
-            "hidden = library_logs.import_tensorflow(); "
+            "hidden = tensorflow_loader.import_tensorflow(); "
             "import tensorflow; print(hidden)")
   result = subprocess.run([sys.executable, "-c", script], cwd=REPO,
                           capture_output=True, text=True, timeout=120,
@@ -68,25 +69,25 @@ def test_tensorflow_start_up_lines_are_hidden(tmp_path):
   if hidden == 0:
     pytest.skip("this TensorFlow prints no native INFO line when it loads")
   assert not [line for line in result.stderr.splitlines()
-              if library_logs.is_native_info(line)], result.stderr
+              if tensorflow_loader.is_native_info(line)], result.stderr
   assert "oneDNN" not in result.stderr
 
 
 def test_verbose_flag_in_argv_leaves_tensorflow_alone(monkeypatch, capfd):
   monkeypatch.delenv(library_logs.NATIVE_LEVEL_ENV, raising=False)
   monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
-  monkeypatch.setattr(library_logs, "_hide_native", False)
+  monkeypatch.setattr(tensorflow_loader, "_hide_native", False)
 
   def import_loudly():
     os.write(2, b"I1124 10:00:00.000000 1 port.cc:153] oneDNN ...\n")
-  monkeypatch.setattr(library_logs, "_import_tensorflow", import_loudly)
+  monkeypatch.setattr(tensorflow_loader, "_import_tensorflow", import_loudly)
   library_logs.quiet_native(["train.py", "--verbose_libraries"])
   assert library_logs.NATIVE_LEVEL_ENV not in library_logs.os.environ
-  assert library_logs.import_tensorflow() == 0
+  assert tensorflow_loader.import_tensorflow() == 0
   assert "oneDNN" in capfd.readouterr().err
   # Without the flag, the same line is hidden and counted.
   library_logs.quiet_native(["train.py"])
-  assert library_logs.import_tensorflow() == 1
+  assert tensorflow_loader.import_tensorflow() == 1
   assert "oneDNN" not in capfd.readouterr().err
 
 
@@ -117,7 +118,7 @@ def test_tensorflow_missing_is_one_line_naming_the_install(monkeypatch):
   from mha.errors import UserError  # pylint: disable=import-outside-toplevel
   monkeypatch.setitem(sys.modules, "tensorflow", None)
   with pytest.raises(UserError) as error:
-    library_logs.import_tensorflow("WMT14")
+    tensorflow_loader.import_tensorflow("WMT14")
   assert str(error.value) == (
       "WMT14 needs TensorFlow, which the core install leaves out: pip "
       "install -r requirements-tfds.txt (or pip install 'mha[tfds]').")

@@ -217,7 +217,7 @@ def test_wmt14_updates_hold_25k_real_tokens_per_side(devices):
 def test_real_token_rows_of_a_bucket_and_of_packed_rows():
   """The rows formula against lengths written by hand."""
   from mha.data import batching
-  from mha.data.errors import DataError
+  from mha.errors import DataError
   # One bucket (all lengths 17..20 fall in the 24 bucket): mean target 19.5.
   ids = np.arange(4)
   plan = batching.BucketPlan(ids, np.array([17, 18, 17, 18]),

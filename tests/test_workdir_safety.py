@@ -25,6 +25,7 @@ from mha import errors
 from mha import metrics as metrics_lib
 from mha.data import batching
 from mha import trainer
+from mha import validation
 from mha import workdir as workdir_lib
 from conftest import TINY_OVERRIDES
 from conftest import tiny_config
@@ -99,13 +100,13 @@ BAD_FIELDS = [
     (dict(attention_dropout_rate=1.0), r"attention_dropout_rate must be in"),
     (dict(label_smoothing=-0.1), r"config.label_smoothing must be in"),
     (dict(learning_rate_scale=-1.0), r"config.learning_rate_scale must be "
-     r"finite and > 0, got -1.0\."),
+     r"a finite number > 0, got -1.0\."),
     (dict(warmup_steps=0), r"config.warmup_steps must be >= 1"),
     (dict(adam_b1=1.0), r"config.adam_b1 must be in \[0, 1\)"),
     (dict(adam_b2=math.nan), r"config.adam_b2 must be in \[0, 1\), got nan"),
-    (dict(adam_eps=0.0), r"config.adam_eps must be finite and > 0"),
-    (dict(grad_clip_norm=-1.0), r"config.grad_clip_norm must be finite and "
-     r">= 0"),
+    (dict(adam_eps=0.0), r"config.adam_eps must be a finite number > 0"),
+    (dict(grad_clip_norm=-1.0), r"config.grad_clip_norm must be a finite "
+     r"number >= 0"),
     (dict(vocab_size=3), r"config.vocab_size must be >= 4"),
     (dict(num_layers=0), r"config.num_layers must be >= 1"),
     (dict(num_decoder_layers=0), r"config.num_decoder_layers must be an "
@@ -116,8 +117,10 @@ BAD_FIELDS = [
     (dict(max_target_length=72), r"config.max_target_length must be <= "
      r"config.max_len=64"),
     (dict(beam_size=0), r"config.beam_size must be >= 1"),
-    (dict(alpha=math.inf), r"config.alpha must be finite and >= 0, got inf"),
-    (dict(alpha=-5.0), r"config.alpha must be finite and >= 0, got -5.0"),
+    (dict(alpha=math.inf), r"config.alpha must be a finite number >= 0 "
+     r"\(the length penalty; the paper: 0.6\), got inf"),
+    (dict(alpha=-5.0), r"config.alpha must be a finite number >= 0 .*, "
+     r"got -5.0"),
     (dict(max_decode_extra=-1), r"config.max_decode_extra must be >= 0"),
     (dict(eval_bleu_sentences=-1), r"config.eval_bleu_sentences must be >= 0"),
     (dict(keep_checkpoints=0), r"config.keep_checkpoints must be >= 1"),
@@ -144,12 +147,12 @@ def test_bad_field_is_refused_before_anything_is_written(
 
 def test_every_numeric_field_of_base_has_a_range():
   config = base.base_config()
-  ranged = (set(config_check._MIN_INT) | set(config_check._OPTIONAL_INT) |
-            set(config_check._REAL) | set(config_check._POSITIVE_REAL))
+  # Every numeric field, and the optional sizes (None here), has a rule in
+  # the one table.
   numeric = {k for k, v in config.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool)}
-  numeric |= set(config_check._OPTIONAL_INT)  # placeholders: None here
-  assert numeric - ranged == set()
+  numeric |= {"d_k", "d_v", "num_encoder_layers", "num_decoder_layers"}
+  assert numeric - set(validation.FIELDS) == set()
   config_check.validate(config, 8)  # the paper's config on 8 devices passes
   for arg in ("tiny", "A1", "B2", "C4", "location", "multires"):
     config_check.validate(base.get_config(arg))

@@ -12,14 +12,14 @@ builder of local text folders), `synthetic` (the made-up language pair),
 `batching` (token-budget and packed batch plans), `pipeline` (the batch
 iterators).
 """
-from mha.data.errors import DataError
 from mha.data.pipeline import eval_batches
 from mha.data.pipeline import train_batches
 from mha.data.sources import load_text_pairs
-from mha.data.tokenizer import EOS_ID
 from mha.data.tokenizer import get_tokenizer
-from mha.data.tokenizer import PAD_ID
 from mha.data.tokenizer import Tokenizer
+from mha.errors import DataError
+from mha.token_ids import EOS_ID
+from mha.token_ids import PAD_ID
 
 __all__ = [
     "DataError", "EOS_ID", "PAD_ID", "Tokenizer", "eval_batches",

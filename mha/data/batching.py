@@ -41,12 +41,12 @@ import dataclasses
 
 import numpy as np
 
-from mha.data.errors import DataError
 from mha.data.tokenized import TokenizedSplit
+from mha.errors import DataError
+from mha.validation import TOKEN_COUNTS
 
 LENGTH_MULTIPLE = 8
 BUCKET_RATIO = 1.25
-TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
 _PACK_WINDOW = 8  # Open rows a new example may join when packing.
 
 

@@ -31,7 +31,7 @@ from typing import Callable, TypeVar
 
 from absl import logging
 
-from mha.data.errors import DataError
+from mha.errors import DataError
 
 T = TypeVar("T")
 

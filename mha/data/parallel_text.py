@@ -23,18 +23,16 @@ where a file should be, different line counts, empty split, invalid UTF-8, a
 damaged gzip file). A UTF-8 byte order mark at the start of a file is
 dropped.
 """
-import codecs
 import dataclasses
-import gzip
 import hashlib
 import os
 import re
-import zlib
 
 import tensorflow_datasets as tfds
 
 from mha.data import multihost
-from mha.data.errors import DataError
+from mha.errors import DataError
+from mha.files import read_lines
 
 _FILE_RE = re.compile(r"^(?P<split>.+?)\.(?P<lang>[A-Za-z][A-Za-z0-9_-]{0,15})"
                       r"(?P<gz>\.gz)?$")
@@ -109,39 +107,6 @@ def split_files(folder: str, split: str, languages: tuple[str, ...]
           f"split {split!r}; splits with files for {'-'.join(languages)}: "
           f"{', '.join(pair_splits) or 'none'}.")
   return {lang: files[lang] for lang in languages}
-
-
-def read_lines(path: str) -> list[str]:
-  """The lines of a UTF-8 text file (plain or gzip), without line endings.
-
-  A byte order mark (U+FEFF) at the start of the file is dropped.
-
-  Raises:
-    DataError: the file is a directory, not valid UTF-8 (naming the line), or
-      not a readable gzip file (a damaged deflate stream included).
-  """
-  opener = gzip.open if path.endswith(".gz") else open
-  try:
-    with opener(path, "rb") as f:
-      data = f.read()
-  except IsADirectoryError:
-    raise DataError(f"{path} is a directory, not a text file.") from None
-  except (OSError, EOFError, zlib.error) as e:
-    damaged = (" The gzip file is damaged or cut short: copy or download it "
-               "again." if path.endswith(".gz") and not isinstance(
-                   e, (FileNotFoundError, PermissionError)) else "")
-    raise DataError(f"Cannot read {path}: {e}.{damaged}") from None
-  start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-  try:
-    text = data[start:].decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, start + e.start) + 1
-    raise DataError(f"{path}, line {line}: invalid UTF-8 "
-                    f"({e.reason} at byte {start + e.start}).") from None
-  lines = text.split("\n")
-  if lines and lines[-1] == "":
-    lines.pop()
-  return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def check_split(split: str, files: dict[str, str]) -> int:

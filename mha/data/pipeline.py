@@ -14,9 +14,9 @@ import ml_collections
 import numpy as np
 
 from mha.data import batching
-from mha.data.errors import DataError
 from mha.data.tokenized import TokenizedSplit, tokenize_split
 from mha.data.tokenizer import Tokenizer
+from mha.errors import DataError
 
 
 def _process_defaults(process_index: int | None, process_count: int | None,

@@ -11,7 +11,7 @@
   `'wmt14_translate/de-en'`, read from the TFDS data dir `config.data_dir`
   (None: the TFDS default), downloaded and prepared first if needed, and
   read with `tf.data` (TensorFlow is imported then, through
-  `library_logs.import_tensorflow`).
+  `tensorflow_loader.import_tensorflow`).
 
 `config.source_lang` and `config.target_lang` choose the direction. Splits
 of TFDS datasets (and of parallel_text folders) accept TFDS slicing, e.g.
@@ -20,15 +20,15 @@ of TFDS datasets (and of parallel_text folders) accept TFDS slicing, e.g.
 import dataclasses
 import hashlib
 import re
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from absl import logging
 import ml_collections
 
-from mha import library_logs
+from mha import tensorflow_loader
 from mha.data import multihost
 from mha.data import synthetic
-from mha.data.errors import DataError
+from mha.errors import DataError
 
 Chunk = tuple[list[str], list[str]]
 
@@ -77,6 +77,38 @@ def _split_names(split: str) -> list[str]:
         "sliced and joined, e.g. 'train', 'val[:40]', 'train[:10%]+val' "
         "(https://www.tensorflow.org/datasets/splits).") from None
   return [part.split("[")[0].strip() for part in split.split("+")]
+
+
+def _check_slices(split: str, splits: Mapping[str, Any], where: str) -> None:
+  """Refuses a slice of `split` (a TFDS split spec) that reaches beyond its
+  split (TFDS would raise a ValueError when the split is read) or selects
+  nothing.
+
+  Args:
+    split: e.g. 'val[5000:]' or 'train[:10]+val'.
+    splits: the dataset's splits (a TFDS builder's `info.splits`).
+    where: the dataset, for the message.
+
+  Raises:
+    DataError: naming the slice, its split and the split's size.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  for part in split.split("+"):
+    name = part.split("[")[0].strip()
+    if name not in splits:
+      continue
+    size = splits[name].num_examples
+    try:
+      (rows,) = tfds.core.ReadInstruction.from_spec(part).to_absolute(splits)
+      inside = range(size)[rows.from_:rows.to]
+    except ValueError:
+      inside = None
+    if not inside:
+      what = "reaches beyond" if inside is None else "selects nothing of"
+      raise DataError(
+          f"Split {part.strip()!r} of {where} {what} split {name!r}, which "
+          f"has {size} sentence pairs: slice within it (e.g. "
+          f"'{name}[:{min(size, 100)}]').")
 
 
 def _synthetic_split(config: ml_collections.ConfigDict, split: str
@@ -144,6 +176,8 @@ def _parallel_text_split(config: ml_collections.ConfigDict, split: str
   for name in _split_names(split):
     parallel_text.split_files(config.data_dir, name, languages)
   builder = parallel_text.make_builder(config.data_dir, languages)
+  _check_slices(split, builder.info.splits,
+                config.data_dir)
   direction = f"{config.source_lang}-{config.target_lang}"
   return TextSplit(
       key=f"parallel_text/{builder.builder_config.name}/{direction}/{split}",
@@ -156,7 +190,7 @@ def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
   # Preparing and reading (tf.data) a dataset by name may import TensorFlow:
   # imported first, with its start-up lines hidden when asked.
   name = config.dataset_name
-  library_logs.import_tensorflow(
+  tensorflow_loader.import_tensorflow(
       f"config.dataset_name={name!r} (a TFDS dataset by name)")
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
@@ -180,6 +214,8 @@ def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
     if known and split_name not in known:
       raise DataError(f"TFDS dataset {name!r} has no split {split_name!r} "
                       f"(from {split!r}); its splits: {', '.join(known)}.")
+  _check_slices(split, builder.info.splits,
+                f"TFDS dataset {name!r}")
   direction = f"{config.source_lang}-{config.target_lang}"
   return TextSplit(
       key=(f"tfds/{name}/{builder.version}/{config.data_dir}/{direction}/"

@@ -19,11 +19,12 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from mha.data import files
+from mha import files
 from mha.data import multihost
 from mha.data import sources
-from mha.data.errors import DataError
-from mha.data.tokenizer import EOS_ID, Tokenizer
+from mha.data.tokenizer import Tokenizer
+from mha.errors import DataError
+from mha.token_ids import EOS_ID
 
 # The cache folder beside the vocabulary (mha.workdir.Workdir's layout).
 TOKENIZED_DIR = "tokenized"

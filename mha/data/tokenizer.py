@@ -24,14 +24,14 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from mha.data import files
+from mha import files
 from mha.data import multihost
 from mha.data import sources
-from mha.data.errors import DataError
+from mha.errors import DataError
+from mha.token_ids import EOS_ID
+from mha.token_ids import PAD_ID
+from mha.token_ids import UNK_ID
 
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
 MODEL_FILENAME = "spm.model"  # in the workdir (mha.workdir.Workdir's layout)
 # Fixed so that training gives the same model on every machine.
 _TRAIN_THREADS = 4

@@ -24,14 +24,21 @@ What an object store changes, and what this layer does about it:
   of several writers exactly one succeeds. `replace_if_unchanged` swaps the
   content only if the object is still the one read (its generation): the
   workdir lock is built on these two.
+
+`read_lines` reads a local text file (plain or gzip) as the data layer and
+the evaluation's source and reference files need it.
 """
+import codecs
 import contextlib
 import functools
+import gzip
 import os
 import shutil
 import uuid
+import zlib
 
 from mha.errors import ConfigError
+from mha.errors import DataError
 
 GCS_SCHEME = "gs://"
 
@@ -426,3 +433,39 @@ def remove_if_unchanged(path: str, expected: bytes) -> bool:
   except FileNotFoundError:
     return False
   return True
+
+
+# ------------------------------------------------------------ local text
+
+
+def read_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 text file (plain or gzip), without line endings.
+
+  A byte order mark (U+FEFF) at the start of the file is dropped.
+
+  Raises:
+    DataError: the file is a directory, not valid UTF-8 (naming the line), or
+      not a readable gzip file (a damaged deflate stream included).
+  """
+  opener = gzip.open if path.endswith(".gz") else open
+  try:
+    with opener(path, "rb") as f:
+      data = f.read()
+  except IsADirectoryError:
+    raise DataError(f"{path} is a directory, not a text file.") from None
+  except (OSError, EOFError, zlib.error) as e:
+    damaged = (" The gzip file is damaged or cut short: copy or download it "
+               "again." if path.endswith(".gz") and not isinstance(
+                   e, (FileNotFoundError, PermissionError)) else "")
+    raise DataError(f"Cannot read {path}: {e}.{damaged}") from None
+  start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+  try:
+    text = data[start:].decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, start + e.start) + 1
+    raise DataError(f"{path}, line {line}: invalid UTF-8 "
+                    f"({e.reason} at byte {start + e.start}).") from None
+  lines = text.split("\n")
+  if lines and lines[-1] == "":
+    lines.pop()
+  return [line[:-1] if line.endswith("\r") else line for line in lines]
