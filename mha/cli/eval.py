@@ -42,7 +42,10 @@ run it once, on one host that reads the workdir.
 tokenization with compound splitting, as tensor2tensor's get_ende_bleu.sh
 (mha/paper_bleu.py), written as bleu_paper beside sacreBLEU's bleu. It reads
 higher than sacreBLEU; quote sacreBLEU, with its signature, to compare with
-other work.
+other work. As the script does, only the translations get Moses' Unicode
+punctuation replacement; a raw reference is Moses-tokenized without it, and
+one that is tokenized already (the script's newstest2014.tok.de) is given
+with --reference_file and --reference_tokenized and only compound-split.
 
 --plot_attention=N (default 0, off) also draws the attention maps of the
 first N sentences of the split or source file (the paper's Figures 3-5):
@@ -85,6 +88,10 @@ flags.DEFINE_bool("paper_bleu", False,
                   "Also score the paper's BLEU: tokenized (Moses) with "
                   "compound splitting, as tensor2tensor's get_ende_bleu.sh, "
                   "written as bleu_paper beside sacreBLEU's bleu.")
+flags.DEFINE_bool("reference_tokenized", False,
+                  "With --paper_bleu and --reference_file: the references "
+                  "are Moses-tokenized already (as get_ende_bleu.sh's "
+                  "newstest2014.tok.de), so they are only compound-split.")
 startup.define_flags()
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
@@ -109,7 +116,8 @@ def main(argv: list[str]) -> int:
       reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
       write=not piped or FLAGS.output_dir is not None,
       plot_attention=FLAGS.plot_attention, plot_layer=FLAGS.plot_layer,
-      paper_bleu=FLAGS.paper_bleu)
+      paper_bleu=FLAGS.paper_bleu,
+      reference_tokenized=FLAGS.reference_tokenized)
   # With --source_file=- standard output holds the translations only.
   if piped:
     sys.stdout.buffer.write(
