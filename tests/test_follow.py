@@ -50,6 +50,8 @@ class Trainer:
     self.now += seconds
     if self.actions:
       self.actions.pop(0)()
+    elif self.sleeps > 50:  # a follower that would never stop
+      raise AssertionError(f"still polling after {self.sleeps} polls")
 
 
 def save(path, saved, step):
