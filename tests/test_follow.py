@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 from mha import evaluator
 from mha import follow
 from mha import metrics as metrics_lib
+from mha.data import files
 
 SPLIT = "test[:4]"  # the split (and settings) of test_eval_safety.py
 NAME = "test_4"
@@ -201,3 +202,35 @@ def test_bad_follow_flags_are_one_line_before_anything_is_read(
       "evaluates each checkpoint of --workdir on --split into its default "
       "folder.\n")
   assert not (path / "eval").exists()
+
+
+def test_a_follower_of_a_bucket(gcs_dir, tiny_workdir, tmp_path, monkeypatch):
+  # The follower's own files on gs:// (lock, record, metrics.jsonl, event
+  # file) through the file layer; the checkpoints and their evaluation,
+  # tested above, are stood in for.
+  monkeypatch.chdir(tmp_path)
+  for name in ("config.json", "spm.model"):
+    files.write_bytes_atomic(f"{gcs_dir}/{name}",
+                             (tiny_workdir / name).read_bytes())
+  present = [2]
+  monkeypatch.setattr(follow, "_present", lambda workdir: list(present))
+  monkeypatch.setattr(follow, "_readable",
+                      lambda workdir, step, count: step in present)
+
+  def evaluate(workdir, *, checkpoint_step, average_last, **kwargs):
+    assert workdir == gcs_dir and average_last is None, kwargs
+    return {"bleu": float(checkpoint_step), "chrf": 2.0 * checkpoint_step,
+            "checkpoint_step": checkpoint_step}
+
+  monkeypatch.setattr(evaluator, "evaluate", evaluate)
+  trainer = Trainer([lambda: present.append(4), lambda: present.append(6)])
+  results = _follow(gcs_dir, trainer, timeout_seconds=0)
+  assert [r["checkpoint_step"] for r in results] == [2, 4, 6]
+  assert [(r["step"], r[f"{NAME}/bleu"], r[f"{NAME}/chrf"])
+          for r in metrics_lib.read_metrics(gcs_dir)] == [
+              (2, 2.0, 4.0), (4, 4.0, 8.0), (6, 6.0, 12.0)]
+  assert json.loads(files.read_bytes(f"{gcs_dir}/eval/follow_{NAME}.json")) == {
+      "evaluated": {NAME: [2, 4, 6]}}
+  assert files.listdir(f"{gcs_dir}/eval") == [f"follow_{NAME}.json"]
+  assert [n for n in files.listdir(gcs_dir) if n.startswith("events.")]
+  assert not list(tmp_path.iterdir())  # nothing local: no 'gs:' folder
