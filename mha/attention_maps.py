@@ -9,9 +9,10 @@
         path="/tmp/cross.png")
 
 `eval.py --plot_attention=N --plot_layer=L` calls `write_attention_maps`:
-for each of the first N sentences it translates the source (the same search
-as the evaluation), feeds the translation back teacher-forced and draws the
-weights of layer L (a Python index: 0 = first, -1 = last) of
+for each of the first N sentences it feeds the translation the evaluation
+wrote (its ids, from the same search call: `translate.translate_with_ids`)
+back teacher-forced and draws the weights of layer L (a Python index: 0 =
+first, -1 = last) of
 
 - `encoder_self`: encoder self-attention, source × source;
 - `decoder_self`: decoder self-attention, output token × decoder input;
@@ -317,70 +318,42 @@ def sentence_figures(model_config: TransformerConfig, params: Any, tokenizer,
   return figures
 
 
-def translate_ids(model_config: TransformerConfig, params: Any, tokenizer,
-                  sources: Sequence[str], *, beam_size: int, alpha: float,
-                  max_decode_extra: int, batch_size: int = 64
-                  ) -> list[tuple[np.ndarray, np.ndarray]]:
-  """(source ids, output ids) of each source, by the evaluation's search.
-
-  `mha.translate.translate_ids` (the encoding, truncation included,
-  bucketing and search of `translate.translate_texts`), with the outputs
-  cropped at their EOS: the ids the decoder produced, not a re-tokenization
-  of the detokenized text.
-  """
-  return [(source, crop_target(output)) for source, output in
-          translate.translate_ids(model_config, params, tokenizer, sources,
-                                  beam_size=beam_size, alpha=alpha,
-                                  max_decode_extra=max_decode_extra,
-                                  batch_size=batch_size)]
-
-
 def write_attention_maps(model_config: TransformerConfig, params: Any,
-                         tokenizer, sources: Sequence[str], output_dir: str,
-                         *, beam_size: int, alpha: float,
-                         max_decode_extra: int, batch_size: int = 64,
-                         layer: int = -1,
-                         translations: Sequence[str] | None = None,
+                         tokenizer,
+                         pairs: Sequence[tuple[Sequence[int], Sequence[int]]
+                                         | None],
+                         output_dir: str, *, layer: int = -1,
                          dpi: int = 100) -> list[str]:
-  """Translates `sources` and saves the three figures of each.
+  """Saves the three figures of each translated sentence.
 
   Writes `<output_dir>/sentence_<i>_<kind>.png`, i = 1, 2, ... the position
-  of the sentence in `sources` (its line number in a source file).
+  of the pair in `pairs` (its line number in a source file).
 
   Args:
     model_config: the model's `TransformerConfig`.
     params: its parameters.
     tokenizer: the workdir's vocabulary.
-    sources: the sentences to draw.
+    pairs: per sentence, (source ids, output ids) as the evaluation's search
+      made them (`translate.Translations`' `source_ids`, `output_ids`): the
+      maps show the translation that was written, with no second search.
+      None for a blank source, which was not translated: no figures.
     output_dir: created if missing.
-    beam_size, alpha, max_decode_extra, batch_size: the search, as in the
-      evaluation.
     layer: encoder and decoder layer index, negative = from the end.
-    translations: the evaluation's translations of `sources`, if known: a
-      drawn output whose text differs is logged as a warning (the same
-      search on the same parameters, but batched differently: only a
-      rounding-level tie in the beam could flip).
     dpi: resolution of the PNGs.
 
   Returns:
     The paths written, sentence by sentence in `KINDS` order.
   """
-  pairs = translate_ids(model_config, params, tokenizer, sources,
-                        beam_size=beam_size, alpha=alpha,
-                        max_decode_extra=max_decode_extra,
-                        batch_size=batch_size)
   os.makedirs(output_dir, exist_ok=True)
   paths = []
-  for i, (source_ids, target_ids) in enumerate(pairs, start=1):
-    if translations is not None:
-      text = translate.detokenize(tokenizer, target_ids)
-      if text != translations[i - 1]:
-        logging.warning(
-            "Sentence %d: the attention maps show the translation %r, the "
-            "evaluation wrote %r.", i, text, translations[i - 1])
+  for i, pair in enumerate(pairs, start=1):
+    if pair is None:
+      logging.info("Sentence %d is blank (not translated): no attention "
+                   "maps.", i)
+      continue
     prefix = os.path.join(output_dir, f"sentence_{i}")
-    sentence_figures(model_config, params, tokenizer, source_ids, target_ids,
-                     layer=layer, prefix=prefix, dpi=dpi)
+    sentence_figures(model_config, params, tokenizer, *pair, layer=layer,
+                     prefix=prefix, dpi=dpi)
     paths.extend(f"{prefix}_{kind}.png" for kind in KINDS)
   return paths
 
@@ -393,4 +366,4 @@ def count_panels(figure: Figure) -> int:
 __all__ = ["ATTENTION_DIR", "KINDS", "attention_weights", "axis_labels",
            "count_panels", "crop_source", "crop_target", "pieces",
            "plot_attention", "resolve_layer", "sentence_figures",
-           "translate_ids", "write_attention_maps"]
+           "write_attention_maps"]

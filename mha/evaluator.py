@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import time
 from typing import Any, Sequence
 
 from absl import logging
@@ -272,13 +271,19 @@ class _Plan:
 
 
 def _check_arguments(split: str | None, source_file: str | None,
-                     reference_file: str | None, **flags: Any) -> None:
+                     reference_file: str | None, paper_bleu: bool = False,
+                     reference_tokenized: bool = False, **flags: Any
+                     ) -> None:
   """Check: the flags (`check_flags`) and the choice of inputs."""
   check_flags(**flags)
   if reference_file and not source_file:
     raise EvalError("--reference_file needs --source_file.")
   if source_file and split:
     raise EvalError("Give --split or --source_file, not both.")
+  if reference_tokenized and not (paper_bleu and reference_file):
+    raise EvalError("--reference_tokenized says how --paper_bleu reads "
+                    "--reference_file: give both (a dataset split's "
+                    "references are raw text).")
 
 
 def _plan(workdir: str, split: str | None, source_file: str | None,
@@ -320,22 +325,85 @@ def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
   return folder
 
 
-def _attention_drawer(model_config: TransformerConfig, params: Any,
-                      plan: _Plan, translations: Sequence[str], *,
-                      batch_size: int, plot_attention: int, plot_layer: int):
-  """`eval_output.write_outputs`' draw function for --plot_attention (None if 0)."""
+@dataclasses.dataclass(frozen=True)
+class _Decoded:
+  """A checkpoint's translations of a plan's sources, and their scores.
+
+  Attributes:
+    output: the folder of the results (claimed if they are written).
+    result: `_score`'s metrics, and `translations`.
+    model_config: the model that translated, deterministic.
+    params: its parameters (NumPy).
+    translations: the texts with their ids (`translate.Translations`).
+  """
+  output: str
+  result: dict[str, Any]
+  model_config: TransformerConfig
+  params: Any
+  translations: translate.Translations
+
+
+class _Claims(contextlib.ExitStack):
+  """The output folders an evaluation holds (`eval_output.claim`) until its
+  results are written; calling it claims a folder once (nothing without
+  `write`). A folder another evaluation writes, or one that cannot be
+  written (a read-only workdir), is refused before any checkpoint is read
+  or anything decoded."""
+
+  def __init__(self, write: bool, workdir: str | None):
+    super().__init__()
+    self._write = write
+    self._workdir = workdir  # None: the folder is the user's --output_dir
+    self._claimed: set[str] = set()
+
+  def __call__(self, path: str) -> None:
+    if self._write and path not in self._claimed:
+      self.enter_context(eval_output.claim(path, self._workdir))
+      self._claimed.add(path)
+
+
+def _decode(workdir: str, plan: _Plan, folder, claim: _Claims, *,
+            checkpoint_step: int | None, average_last: int | None,
+            batch_size: int, paper_bleu: bool, reference_tokenized: bool
+            ) -> _Decoded:
+  """Read the checkpoint(s), claim their folder, translate and score.
+
+  Raises:
+    Interrupted: a Ctrl-C (nothing has been written).
+  """
+  try:
+    params, step, averaged = load_params(workdir, checkpoint_step,
+                                         average_last)
+    output = folder(averaged)  # the steps may have changed meanwhile
+    claim(output)
+    model_config = TransformerConfig.from_config(plan.config,
+                                                 deterministic=True)
+    settings = dict(plan.settings, checkpoint_step=step,
+                    averaged_steps=averaged, batch_size=batch_size)
+    translations = _translate(model_config, params, plan, settings)
+    result = _score(plan, translations, settings, paper_bleu,
+                    reference_tokenized)
+  except KeyboardInterrupt:  # Ctrl-C before anything is written
+    raise Interrupted("Interrupted (Ctrl-C) before the results were "
+                      "written: nothing was written.") from None
+  return _Decoded(output, result, model_config, params, translations)
+
+
+def _attention_drawer(decoded: _Decoded, plan: _Plan, plot_attention: int,
+                      plot_layer: int):
+  """`eval_output.write_outputs`' draw function for --plot_attention (None
+  if 0): the maps of the first sentences' translations, from their ids."""
   if not plot_attention:
     return None
   n = min(plot_attention, len(plan.sources))
-  settings = plan.settings
+  found = decoded.translations
+  pairs = [None if source is None else (source, output) for source, output
+           in zip(found.source_ids[:n], found.output_ids[:n])]
 
   def draw(staging: str) -> list[str]:
     return attention_maps.write_attention_maps(
-        model_config, params, plan.tokenizer, plan.sources[:n],
-        os.path.join(staging, attention_maps.ATTENTION_DIR),
-        beam_size=settings["beam_size"], alpha=settings["alpha"],
-        max_decode_extra=settings["max_decode_extra"], batch_size=batch_size,
-        layer=plot_layer, translations=translations[:n])
+        decoded.model_config, decoded.params, plan.tokenizer, pairs,
+        os.path.join(staging, attention_maps.ATTENTION_DIR), layer=plot_layer)
 
   return draw
 
@@ -366,17 +434,15 @@ def evaluate(workdir: str, *, split: str | None = None,
              average_last: int | None = None, beam_size: int | None = None,
              alpha: float | None = None, max_decode_extra: int | None = None,
              batch_size: int = 64, source_file: str | None = None,
-             reference_file: str | None = None,
-             output_dir: str | None = None,
+             reference_file: str | None = None, output_dir: str | None = None,
              write: bool = True, plot_attention: int = 0,
-             plot_layer: int = -1, paper_bleu: bool = False
-             ) -> dict[str, Any]:
+             plot_layer: int = -1, paper_bleu: bool = False,
+             reference_tokenized: bool = False) -> dict[str, Any]:
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
-  Steps: check the flags and inputs; load the workdir, choose the steps,
-  read the sentences, check the output folder
-  (`eval_output.check_output_dir`); read the checkpoint(s); translate;
-  score; write (`eval_output.write_outputs`).
+  Checks the flags; loads the workdir, chooses the steps, reads the
+  sentences, checks the output folder (`_plan`) and claims it; reads the
+  checkpoint(s), translates, scores (`_decode`); writes (`_write_results`).
 
   Args:
     workdir: a training workdir (config.json, spm.model, checkpoints/).
@@ -384,20 +450,16 @@ def evaluate(workdir: str, *, split: str | None = None,
     checkpoint_step: default the latest; average_last: average the last N
       checkpoints up to it.
     beam_size, alpha, max_decode_extra: the search (1 = greedy; α finite,
-      >= 0; output limit = input length + max_decode_extra); default the
-      config's (the paper: 4, 0.6, 50).
-    batch_size: sentences per decoding batch.
+      >= 0; outputs up to input length + max_decode_extra); default the
+      config's (the paper: 4, 0.6, 50). batch_size: sentences per batch.
     source_file, reference_file: one sentence a line, instead of a split
       ('-' = stdin); without references, no scores.
-    output_dir: default `eval_output.default_output_dir`
-      (`<workdir>/eval/<split>_<step>`, and a `settings_suffix` for settings
-      other than the config's).
-    write: write `translations.txt` and `metrics.json` into `output_dir`.
-    plot_attention: draw the first N sentences' attention maps into
-      `<output_dir>/attention/` (`attention_maps.write_attention_maps`).
-    plot_layer: the layer drawn (0 = first, negative from the end).
-    paper_bleu: also `bleu_paper`, `bleu_paper_signature` (`mha.paper_bleu`)
-      in the config's target language.
+    output_dir: default `eval_output.default_output_dir`; write: write
+      translations.txt and metrics.json there.
+    plot_attention, plot_layer: draw the first N sentences' attention maps
+      of a layer (0 = first, -1 = last) into `<output_dir>/attention/`.
+    paper_bleu: also `bleu_paper` (`mha.paper_bleu`); reference_tokenized:
+      `reference_file` is Moses-tokenized already (only compound-split).
 
   Returns:
     The metrics written to metrics.json (`_score`), plus `translations`,
@@ -412,68 +474,42 @@ def evaluate(workdir: str, *, split: str | None = None,
                beam_size=beam_size, alpha=alpha,
                max_decode_extra=max_decode_extra,
                plot_attention=plot_attention)
-  _check_arguments(split, source_file, reference_file, batch_size=batch_size,
-                   **flags)
+  _check_arguments(split, source_file, reference_file, paper_bleu,
+                   reference_tokenized, batch_size=batch_size, **flags)
   plan = _plan(workdir, split, source_file, reference_file,
                plot_layer=plot_layer, write=write, **flags)
   folder = functools.partial(_output_folder, workdir, plan, output_dir, write)
-  claimed: list[str] = []
-  with contextlib.ExitStack() as claims:
-
-    def claim(path: str) -> None:
-      # Refused before any checkpoint is read, or anything decoded: a
-      # folder another evaluation writes, or one that cannot be written
-      # (a read-only workdir). Held until the results are written.
-      if write and path not in claimed:
-        claims.enter_context(eval_output.claim(
-            path, None if output_dir else workdir))
-        claimed.append(path)
-
+  with _Claims(write, None if output_dir else workdir) as claim:
     claim(folder(plan.steps))
-    try:
-      params, step, averaged = load_params(workdir, checkpoint_step,
-                                           average_last)
-      output = folder(averaged)  # the steps may have changed meanwhile
-      claim(output)
-      model_config = TransformerConfig.from_config(plan.config,
-                                                   deterministic=True)
-      settings = dict(plan.settings, checkpoint_step=step,
-                      averaged_steps=averaged, batch_size=batch_size)
-      hypotheses, seconds = _translate(model_config, params, plan, settings)
-      result = _score(plan, hypotheses, seconds, settings, paper_bleu)
-    except KeyboardInterrupt:  # Ctrl-C before anything is written
-      raise Interrupted("Interrupted (Ctrl-C) before the results were "
-                        "written: nothing was written.") from None
+    decoded = _decode(
+        workdir, plan, folder, claim, checkpoint_step=checkpoint_step,
+        average_last=average_last, batch_size=batch_size,
+        paper_bleu=paper_bleu, reference_tokenized=reference_tokenized)
     if write:
-      _write_results(output, result, _attention_drawer(
-          model_config, params, plan, result["translations"],
-          batch_size=batch_size, plot_attention=plot_attention,
-          plot_layer=plot_layer))
-  return result
+      _write_results(decoded.output, decoded.result, _attention_drawer(
+          decoded, plan, plot_attention, plot_layer))
+  return decoded.result
 
 
 def _translate(model_config: TransformerConfig, params: Any, plan: _Plan,
-               settings: dict[str, Any]) -> tuple[list[str], float]:
-  """Translate: the plan's sources with `settings`' search (`mha.translate`).
-
-  Returns:
-    (one translation per source, seconds taken, compilation included).
-  """
+               settings: dict[str, Any]) -> translate.Translations:
+  """Translate: the plan's sources with `settings`' search
+  (`translate.translate_with_ids`: the texts, their ids and the time taken,
+  compilation included)."""
   logging.info("Evaluating step(s) %s on %s (%d sentences), beam %d, "
                "alpha %s.", settings["averaged_steps"], settings["split"],
                len(plan.sources), settings["beam_size"], settings["alpha"])
-  start = time.perf_counter()
-  hypotheses = translate.translate_texts(
+  return translate.translate_with_ids(
       model_config, params, plan.tokenizer, plan.sources,
       beam_size=settings["beam_size"], alpha=settings["alpha"],
       max_decode_extra=settings["max_decode_extra"],
       batch_size=settings["batch_size"])
-  return hypotheses, time.perf_counter() - start
 
 
-def _score(plan: _Plan, hypotheses: list[str], seconds: float,
-           settings: dict[str, Any], paper_bleu: bool) -> dict[str, Any]:
-  """Score: the metrics of `hypotheses`, and `translations`.
+def _score(plan: _Plan, translations: translate.Translations,
+           settings: dict[str, Any], paper_bleu: bool,
+           reference_tokenized: bool = False) -> dict[str, Any]:
+  """Score: the metrics of `translations`' texts, and `translations`.
 
   Returns:
     `bleu`, `chrf`, `sacrebleu_signature`, `chrf_signature`, `bleu_details`
@@ -481,14 +517,17 @@ def _score(plan: _Plan, hypotheses: list[str], seconds: float,
     with `paper_bleu`); `split`, `checkpoint_step`, `averaged_steps`,
     `beam_size`, `alpha`, `max_decode_extra`, `batch_size`,
     `num_sentences`, `decode_seconds`, `sentences_per_second` (and
-    `source_file`, `reference_file` for a source file); `translations`.
+    `source_file`, `reference_file` for a source file); `translations`
+    (the texts).
   """
+  hypotheses, seconds = translations.texts, translations.seconds
   result: dict[str, Any] = {}
   if plan.references is not None:
     result.update(score(hypotheses, plan.references))
     if paper_bleu:
-      result.update(paper_bleu_lib.paper_bleu(hypotheses, plan.references,
-                                              plan.config.target_lang))
+      result.update(paper_bleu_lib.paper_bleu(
+          hypotheses, plan.references, plan.config.target_lang,
+          references_tokenized=reference_tokenized))
   result.update({k: settings[k] for k in (
       "split", "checkpoint_step", "averaged_steps", "beam_size", "alpha",
       "max_decode_extra", "batch_size")})

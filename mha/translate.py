@@ -49,6 +49,7 @@ each translates the sentences it is given.
 """
 import dataclasses
 import functools
+import time
 from typing import Any, Callable, Sequence
 
 from absl import logging
@@ -896,30 +897,65 @@ def detokenize(tokenizer: data.Tokenizer, ids: Sequence[int]) -> str:
   return text.replace("\r", " ").replace("\n", " ")
 
 
+@dataclasses.dataclass(frozen=True)
+class Translations:
+  """What one search made of a list of sources, in their order.
+
+  Attributes:
+    texts: one detokenized translation per source, without newlines ("" for
+      a blank source: empty or white space only, not translated).
+    source_ids: per source, the int32 ids searched from (`encode_sources`:
+      EOS included, truncated to `max_len`); None for a blank source.
+    output_ids: per source, the int32 output ids up to and including its
+      EOS (`crop_output`); None for a blank source.
+    seconds: the time the search and the detokenization took, compilation
+      included.
+  """
+  texts: list[str]
+  source_ids: list[np.ndarray | None]
+  output_ids: list[np.ndarray | None]
+  seconds: float
+
+
+def translate_with_ids(model_config: TransformerConfig, params: Any,
+                       tokenizer: data.Tokenizer, sources: Sequence[str], *,
+                       beam_size: int, alpha: float, max_decode_extra: int,
+                       batch_size: int = 64,
+                       devices: Sequence[jax.Device] | None = None
+                       ) -> Translations:
+  """The translations of `sources` with the ids they were made of.
+
+  Args:
+    model_config, params, tokenizer, sources, beam_size, alpha,
+      max_decode_extra, batch_size, devices: as in `translate_ids`.
+  """
+  start = time.perf_counter()
+  keep = [i for i, s in enumerate(sources) if s.strip()]
+  texts = [""] * len(sources)
+  source_ids: list[np.ndarray | None] = [None] * len(sources)
+  output_ids: list[np.ndarray | None] = [None] * len(sources)
+  for i, (source, output) in zip(keep, translate_ids(
+      model_config, params, tokenizer, [sources[i] for i in keep],
+      beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
+      batch_size=batch_size, devices=devices)):
+    texts[i] = detokenize(tokenizer, output)
+    source_ids[i], output_ids[i] = source, crop_output(output)
+  return Translations(texts, source_ids, output_ids,
+                      time.perf_counter() - start)
+
+
 def translate_texts(model_config: TransformerConfig, params: Any,
                     tokenizer: data.Tokenizer, sources: Sequence[str], *,
                     beam_size: int, alpha: float, max_decode_extra: int,
                     batch_size: int = 64,
                     devices: Sequence[jax.Device] | None = None
                     ) -> list[str]:
-  """Detokenized translations of `sources`, in their order.
-
-  Args:
-    model_config, params, tokenizer, sources, beam_size, alpha,
-      max_decode_extra, batch_size, devices: as in `translate_ids`.
-
-  Returns:
-    One translation per source, without newlines; a blank source (empty or
-    white space only) is not translated: its translation is "".
-  """
-  keep = [i for i, s in enumerate(sources) if s.strip()]
-  texts = [""] * len(sources)
-  for i, (_, output) in zip(keep, translate_ids(
-      model_config, params, tokenizer, [sources[i] for i in keep],
-      beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
-      batch_size=batch_size, devices=devices)):
-    texts[i] = detokenize(tokenizer, output)
-  return texts
+  """Detokenized translations of `sources`, in their order: the `texts` of
+  `translate_with_ids` (one per source, "" for a blank one)."""
+  return translate_with_ids(
+      model_config, params, tokenizer, sources, beam_size=beam_size,
+      alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size,
+      devices=devices).texts
 
 
 __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
@@ -928,4 +964,5 @@ __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
            "detokenize", "cache_rows", "encode_sources", "make_batches",
            "nbest_ids", "replicate", "sample_batch", "sample_ids",
            "score_batch", "score_ids", "search_devices", "search_rows",
-           "translate_batch", "translate_ids", "translate_texts"]
+           "Translations", "translate_batch", "translate_ids",
+           "translate_texts", "translate_with_ids"]

@@ -332,6 +332,10 @@ def load(workdir: str, step: int | None = None,
 
 # ---------------------------------------------------------- line by line
 
+# The n-best entry of a blank source line, which is not translated: the
+# empty translation, as `Translator.translate` gives it, with scores 0.
+BLANK_HYPOTHESIS = Hypothesis("", 0.0, 0.0)
+
 # What `line_translator` returns: (lines, position of the first in the whole
 # input) -> the output text of those lines, each output line ending with a
 # newline.
@@ -344,7 +348,8 @@ def format_nbest(line_number: int, hypotheses: Sequence[Hypothesis]) -> str:
   One line per hypothesis, best first, tab-separated: the source's line
   number (1 = the first), the rank (1 = the best), the length-penalised
   score, log P(Y | X), the translation (last: it may hold tabs), each line
-  ending with a newline. A blank source line has none ("").
+  ending with a newline. (`line_translator` gives a blank source line n
+  empty hypotheses, `BLANK_HYPOTHESIS`.)
   """
   return "".join(f"{line_number}\t{rank}\t{h.score:.6f}\t{h.log_prob:.6f}"
                  f"\t{h.text}\n" for rank, h in enumerate(hypotheses, 1))
@@ -360,9 +365,10 @@ def line_translator(translator: Translator, *, nbest: int = 0,
 
   Beam search (`Translator.translate`) by default, a translation per line
   (a blank line for a blank line); `nbest=n`: the n best of each line in
-  `format_nbest`'s format (none for a blank line); `sample`: one sample of
-  each line, the line's position in the whole input choosing its key (so
-  the samples do not depend on how the input was cut into batches).
+  `format_nbest`'s format (for a blank line, n lines of `BLANK_HYPOTHESIS`:
+  its number, ranks 1..n, scores 0, an empty translation); `sample`: one
+  sample of each line, the line's position in the whole input choosing its
+  key (so the samples do not depend on how the input was cut into batches).
 
   Raises:
     ConfigError: sampling and n-best together, or a bad setting (checked
@@ -384,9 +390,11 @@ def line_translator(translator: Translator, *, nbest: int = 0,
         lines, first_id=first, **options))
   if nbest:
     translator.nbest([], nbest, **search)
+    blank = [BLANK_HYPOTHESIS] * nbest
     return lambda lines, first: "".join(
-        format_nbest(first + i + 1, hyps) for i, hyps in
-        enumerate(translator.nbest(lines, nbest, **search)))
+        format_nbest(first + i + 1, hyps if line.strip() else blank)
+        for i, (line, hyps) in enumerate(
+            zip(lines, translator.nbest(lines, nbest, **search))))
   translator.translate([], **search)
   return lambda lines, first: _lines(translator.translate(lines, **search))
 
@@ -465,6 +473,6 @@ def translate_stream(function: LineFunction, batches: Iterator[list[str]],
   return count
 
 
-__all__ = ["Hypothesis", "LineFunction", "Sample", "Score", "SearchSettings",
+__all__ = ["BLANK_HYPOTHESIS", "Hypothesis", "LineFunction", "Sample", "Score", "SearchSettings",
            "Translator", "format_nbest", "line_translator", "load",
            "read_batches", "translate_stream"]

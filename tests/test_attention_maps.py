@@ -17,6 +17,7 @@ from mha import attention_maps
 from mha import checkpoints
 from mha import data
 from mha import evaluator
+from mha import translate
 from mha import workdir as workdir_lib
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -50,9 +51,10 @@ def model(workdir):
   params, _ = checkpoints.restore_params(str(workdir))
   model_config = TransformerConfig.from_config(config, deterministic=True)
   sources, _ = data.load_text_pairs(config, "test[:2]")
-  pairs = attention_maps.translate_ids(
+  found = translate.translate_with_ids(
       model_config, params, tokenizer, sources, beam_size=1, alpha=0.6,
       max_decode_extra=config.max_decode_extra)
+  pairs = list(zip(found.source_ids, found.output_ids))
   return config, tokenizer, model_config, params, pairs
 
 
@@ -183,6 +185,43 @@ def test_eval_py_writes_three_maps_per_sentence(workdir, tmp_path):
           f"{out / 'attention'}") in result.stdout
   # The maps show the translations the evaluation wrote.
   assert "attention maps show the translation" not in result.stderr
+
+
+def test_maps_draw_the_evaluations_own_ids_without_a_second_search(
+    workdir, tmp_path, monkeypatch):
+  # A source file with a blank line: one search call for the evaluation,
+  # and the maps are those of the ids it returned (the blank one has none).
+  source = tmp_path / "src.txt"
+  config, tokenizer = evaluator.load_workdir(str(workdir))
+  sentences, _ = data.load_text_pairs(config, "test[:2]")
+  source.write_text(f"{sentences[0]}\n\n{sentences[1]}\n", encoding="utf-8")
+  searches, drawn = [], []
+  search = translate.translate_with_ids
+  monkeypatch.setattr(translate, "translate_with_ids", lambda *a, **k: (
+      searches.append(a[3]) or search(*a, **k)))
+  figures = attention_maps.sentence_figures
+  monkeypatch.setattr(attention_maps, "sentence_figures", lambda *a, **k: (
+      drawn.append((a[3], a[4], k["prefix"])) or figures(*a, **k)))
+  out = tmp_path / "out"
+  result = evaluator.evaluate(str(workdir), source_file=str(source),
+                              beam_size=1, plot_attention=3,
+                              output_dir=str(out))
+  assert searches == [[sentences[0], "", sentences[1]]]
+  assert result["translations"][1] == ""
+  assert [pathlib.Path(p).name for _, _, p in drawn] == [
+      "sentence_1", "sentence_3"]
+  params, _ = checkpoints.restore_params(str(workdir))
+  model_config = TransformerConfig.from_config(config, deterministic=True)
+  again = search(model_config, params, tokenizer, [sentences[0],
+                                                   sentences[1]],
+                 beam_size=1, alpha=config.alpha,
+                 max_decode_extra=config.max_decode_extra)
+  for (source_ids, output_ids, _), i in zip(drawn, (0, 1)):
+    np.testing.assert_array_equal(source_ids, again.source_ids[i])
+    np.testing.assert_array_equal(output_ids, again.output_ids[i])
+    assert translate.detokenize(tokenizer, output_ids) == (
+        result["translations"][2 * i])
+  assert len(result["attention_maps"]) == 6
 
 
 def test_bad_plot_flags_fail_before_any_work(workdir, tmp_path):

@@ -97,6 +97,34 @@ def test_bad_config_defaults_name_config_json(copy):
   assert _hashes(copy) == before
 
 
+def test_a_tokenized_reference_file_is_only_compound_split(
+    copy, tmp_path, monkeypatch, eval_py, capsys):
+  # get_ende_bleu.sh's reference is tokenized already (newstest2014.tok.de):
+  # tokenizing it again would escape its "&amp;" once more.
+  source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
+  source.write_text("ein Satz\n")
+  reference.write_text("A dog &amp; a cat .\n")
+  monkeypatch.setattr(translate, "translate_with_ids", lambda *a, **k: (
+      translate.Translations(["A dog & a cat."], [None], [None], 1.0)))
+  kwargs = dict(source_file=str(source), reference_file=str(reference),
+                paper_bleu=True, write=False)
+  tokenized = evaluator.evaluate(str(copy), reference_tokenized=True,
+                                 **kwargs)
+  assert tokenized["bleu_paper"] == pytest.approx(100.0)
+  assert "|ref:tokenized|" in tokenized["bleu_paper_signature"]
+  assert evaluator.evaluate(str(copy), **kwargs)["bleu_paper"] < 100.0
+  with pytest.raises(evaluator.EvalError, match="--reference_tokenized says"):
+    evaluator.evaluate(str(copy), reference_tokenized=True,
+                       **dict(kwargs, paper_bleu=False))
+  capsys.readouterr()
+  assert eval_py(f"--workdir={copy}", "--paper_bleu",
+                 "--reference_tokenized") == 1
+  assert capsys.readouterr().err == (
+      "eval.py: --reference_tokenized says how --paper_bleu reads "
+      "--reference_file: give both (a dataset split's references are raw "
+      "text).\n")
+
+
 # ------------------------------------------------------ never overwritten
 
 
@@ -105,11 +133,13 @@ def _fake_search(model_config, params, tokenizer, sources, *, beam_size,
   """Stands in for the beam search (tested in test_evaluator.py): output
   that depends on the settings, without compiling a search per setting."""
   del model_config, params, tokenizer, batch_size
-  return [f"{s} {beam_size} {alpha} {max_decode_extra}" for s in sources]
+  return translate.Translations(
+      [f"{s} {beam_size} {alpha} {max_decode_extra}" for s in sources],
+      [None] * len(sources), [None] * len(sources), 1.0)
 
 
 def test_other_settings_never_replace_results(copy, monkeypatch):
-  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   first = evaluator.evaluate(str(copy), split=SPLIT)
   out = copy / "eval" / "test_4_6"
   assert first["output_dir"] == str(out)
@@ -149,7 +179,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   # A failure after decoding (here a NaN score: a bug, so it keeps its type)
   # leaves the earlier results as they were and no temporary folder.
   monkeypatch.undo()
-  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   monkeypatch.setattr(evaluator, "score", lambda h, r: {"bleu": math.nan})
   with pytest.raises(ValueError, match="Out of range float"):
     evaluator.evaluate(str(copy), split=SPLIT)

@@ -289,7 +289,9 @@ SPLIT = "test[:4]"
 def _fake_search(model_config, params, tokenizer, sources, **kwargs):
   """Stands in for the beam search (tested in test_evaluator.py)."""
   del model_config, params, tokenizer, kwargs
-  return [s.upper() for s in sources]
+  return translate.Translations([s.upper() for s in sources],
+                                [None] * len(sources), [None] * len(sources),
+                                1.0)
 
 
 def _no_reading(*args, **kwargs):
@@ -313,7 +315,7 @@ def test_a_users_folder_as_output_dir_is_refused_before_decoding(
   assert _hashes(tmp_path) == before
   # An empty folder the user made for the results is fine.
   monkeypatch.undo()
-  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   empty = tmp_path / "empty"
   empty.mkdir()
   result = evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(empty))
@@ -333,7 +335,7 @@ def test_two_evaluations_into_one_folder_one_is_refused(copy, tmp_path,
     second.append(str(refused.value))
     return _fake_search(*args, **kwargs)
 
-  monkeypatch.setattr(translate, "translate_texts",
+  monkeypatch.setattr(translate, "translate_with_ids",
                       search_while_another_starts)
   result = evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(out))
   (message,) = second
@@ -362,7 +364,7 @@ def test_a_killed_evaluations_leftovers_are_cleaned(copy, monkeypatch):
   staging = eval_root / ".test_4_6.tmp-0123456789ab"
   staging.mkdir()
   (staging / "translations.txt").write_text("half")
-  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   evaluator.evaluate(str(copy), split=SPLIT)
   assert sorted(p.name for p in eval_root.iterdir()) == ["test_4_6"]
   assert sorted(p.name for p in (eval_root / "test_4_6").iterdir()) == [
@@ -374,7 +376,7 @@ def test_ctrl_c_during_an_evaluation_is_one_line_and_writes_nothing(
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt  # what Python raises on SIGINT
 
-  monkeypatch.setattr(translate, "translate_texts", interrupted)
+  monkeypatch.setattr(translate, "translate_with_ids", interrupted)
   try:
     status = eval_py(f"--workdir={copy}", f"--split={SPLIT}")
   except KeyboardInterrupt:  # would end the whole pytest session
@@ -388,7 +390,7 @@ def test_ctrl_c_during_an_evaluation_is_one_line_and_writes_nothing(
 
 def test_read_only_workdir_without_output_dir_is_refused_before_decoding(
     copy, tmp_path, monkeypatch):
-  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   before = _hashes(copy)
   with read_only(copy):
     with monkeypatch.context() as patch:
@@ -454,7 +456,7 @@ def test_workdir_paths_with_hash_and_percent_work_end_to_end(
   result = trainer.train_and_evaluate(tiny_config(**RESUMED), str(workdir))
   assert result["step"] == 8
   assert checkpoints.check_step(str(workdir), 8) == 8
-  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   evaluated = evaluator.evaluate(str(workdir), split=SPLIT, average_last=2)
   assert evaluated["averaged_steps"] == [6, 8]
   assert (workdir / "eval" / "test_4_avg2_8" / "metrics.json").exists()
@@ -483,7 +485,7 @@ def test_a_workdir_inside_another_runs_workdir_is_refused(copy, tmp_path):
 
 def test_full_output_disk_after_decoding_keeps_earlier_results(
     copy, tmp_path, monkeypatch):
-  monkeypatch.setattr(translate, "translate_texts", _fake_search)
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   with small_disk(tmp_path / "disk", 1) as disk:
     out = disk / "out"
     evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(out))

@@ -192,11 +192,19 @@ def test_line_translator_nbest_lines_and_samples(translator, sources):
   nbest = translator_lib.line_translator(translator, nbest=2)
   text = nbest(lines, 10)
   want = translator.nbest(lines, 2)
+  # A blank line (13, 14) is not translated but keeps its block: n lines
+  # of the empty translation with scores 0, as translate gives it "".
+  assert want[2:4] == [[], []]
+  want[2:4] = [[translator_lib.Hypothesis("", 0.0, 0.0)] * 2] * 2
   assert text == "".join(
       f"{11 + i}\t{k + 1}\t{h.score:.6f}\t{h.log_prob:.6f}\t{h.text}\n"
       for i, hyps in enumerate(want) for k, h in enumerate(hyps))
   assert [line.split("\t")[:2] for line in text.split("\n")[:-1]] == [
-      [str(i), str(k)] for i in (11, 12, 15, 16, 17, 18) for k in (1, 2)]
+      [str(i), str(k)] for i in range(11, 19) for k in (1, 2)]
+  assert text.split("\n")[4:8] == ["13\t1\t0.000000\t0.000000\t",
+                                    "13\t2\t0.000000\t0.000000\t",
+                                    "14\t1\t0.000000\t0.000000\t",
+                                    "14\t2\t0.000000\t0.000000\t"]
   # Samples: a line's key is its position in the whole input, so the
   # batches the input arrives in do not matter.
   sample = translator_lib.line_translator(translator, sample=True, seed=4,

@@ -42,18 +42,35 @@ run it once, on one host that reads the workdir.
 tokenization with compound splitting, as tensor2tensor's get_ende_bleu.sh
 (mha/paper_bleu.py), written as bleu_paper beside sacreBLEU's bleu. It reads
 higher than sacreBLEU; quote sacreBLEU, with its signature, to compare with
-other work.
+other work. As the script does, only the translations get Moses' Unicode
+punctuation replacement; a raw reference is Moses-tokenized without it, and
+one that is tokenized already (the script's newstest2014.tok.de) is given
+with --reference_file and --reference_tokenized and only compound-split.
 
 --plot_attention=N (default 0, off) also draws the attention maps of the
 first N sentences of the split or source file (the paper's Figures 3-5):
-each source is translated with the same parameters and search, the
-translation is fed back teacher-forced, and the weights of layer
+the translation written (its ids, from the same search) is fed back
+teacher-forced, and the weights of layer
 --plot_layer (a Python index: 0 = first, -1 = last, the default) are drawn
 with matplotlib, one panel per head, axes labelled with the SentencePiece
 pieces. For sentence i (1 = the first) it writes
 <output_dir>/attention/sentence_<i>_encoder_self.png (encoder self-attention),
 ..._decoder_self.png (decoder self-attention) and ..._encoder_decoder.png
 (encoder-decoder attention). With --source_file=- it needs --output_dir.
+
+--follow evaluates each checkpoint of --workdir as it appears, beside a
+running trainer (on another machine: a gs:// workdir works), until the run's
+last step (num_train_steps) is evaluated or --follow_timeout seconds pass
+without a new checkpoint, listing the checkpoints every --follow_interval
+seconds; each step alone and, with --average_last=N, the average of the
+last N up to it. Each evaluation writes its usual folder and its BLEU and
+chrF into the run's TensorBoard and metrics.jsonl at the checkpoint's step,
+as <split>/bleu, <split>_avg<N>/bleu, ... (mha/follow.py). It never takes
+the trainer's lock; a checkpoint the trainer deletes before or while it is
+read is skipped with one log line; what was evaluated is recorded in
+<workdir>/eval/follow_<split>.json, so a follower started again goes on
+where it stopped; a second follower with the same split and settings is
+refused.
 """
 import os
 import sys
@@ -85,6 +102,21 @@ flags.DEFINE_bool("paper_bleu", False,
                   "Also score the paper's BLEU: tokenized (Moses) with "
                   "compound splitting, as tensor2tensor's get_ende_bleu.sh, "
                   "written as bleu_paper beside sacreBLEU's bleu.")
+flags.DEFINE_bool("follow", False,
+                  "Evaluate each new checkpoint of --workdir as it appears "
+                  "(beside a running trainer), writing BLEU and chrF into "
+                  "its TensorBoard and metrics.jsonl; see mha/follow.py.")
+flags.DEFINE_float("follow_interval", 60.0,
+                   "With --follow: seconds between two listings of the "
+                   "checkpoints.")
+flags.DEFINE_float("follow_timeout", 3600.0,
+                   "With --follow: stop after this many seconds without a "
+                   "new checkpoint (0 = only once the run's last step is "
+                   "evaluated).")
+flags.DEFINE_bool("reference_tokenized", False,
+                  "With --paper_bleu and --reference_file: the references "
+                  "are Moses-tokenized already (as get_ende_bleu.sh's "
+                  "newstest2014.tok.de), so they are only compound-split.")
 startup.define_flags()
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
@@ -100,6 +132,8 @@ def main(argv: list[str]) -> int:
   from mha import evaluator
   piped = FLAGS.source_file == "-"
   distributed.check_single_process(startup.command_name())
+  if FLAGS.follow:
+    return _follow()
   result = evaluator.evaluate(
       FLAGS.workdir, split=FLAGS.split,
       checkpoint_step=FLAGS.checkpoint_step,
@@ -109,7 +143,8 @@ def main(argv: list[str]) -> int:
       reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
       write=not piped or FLAGS.output_dir is not None,
       plot_attention=FLAGS.plot_attention, plot_layer=FLAGS.plot_layer,
-      paper_bleu=FLAGS.paper_bleu)
+      paper_bleu=FLAGS.paper_bleu,
+      reference_tokenized=FLAGS.reference_tokenized)
   # With --source_file=- standard output holds the translations only.
   if piped:
     sys.stdout.buffer.write(
@@ -119,7 +154,34 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def print_summary(result: dict[str, Any], report) -> None:
+# Flags of one evaluation that --follow, which evaluates every checkpoint
+# of the workdir's split into its own folder, does not take.
+NOT_WITH_FOLLOW = ("checkpoint_step", "source_file", "reference_file",
+                   "output_dir", "reference_tokenized", "plot_attention")
+
+
+def _follow() -> int:
+  """--follow: evaluates each checkpoint as it appears (`mha.follow`)."""
+  # pylint: disable=g-import-not-at-top  (JAX: after the restart)
+  from mha import follow
+  from mha.eval_output import EvalError
+  for name in NOT_WITH_FOLLOW:
+    if FLAGS[name].value:
+      raise EvalError(f"--{name} is not taken with --follow, which "
+                      "evaluates each checkpoint of --workdir on --split "
+                      "into its default folder.")
+  follow.follow(
+      FLAGS.workdir, split=FLAGS.split, average_last=FLAGS.average_last,
+      beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
+      max_decode_extra=FLAGS.max_decode_extra, batch_size=FLAGS.batch_size,
+      paper_bleu=FLAGS.paper_bleu, poll_seconds=FLAGS.follow_interval,
+      timeout_seconds=FLAGS.follow_timeout,
+      report=lambda result: print_summary(result, sys.stdout, flush=True))
+  return 0
+
+
+def print_summary(result: dict[str, Any], report, flush: bool = False
+                  ) -> None:
   """The lines eval prints after an evaluation: what was evaluated and how
   fast, where it wrote, the attention maps drawn, and the scores."""
   steps = result["averaged_steps"]
@@ -143,6 +205,8 @@ def print_summary(result: dict[str, Any], report) -> None:
     print(f"Paper's BLEU {result['bleu_paper']:.2f}  "
           f"({result['bleu_paper_signature']}; for comparison with the "
           "paper only, quote sacreBLEU)", file=report)
+  if flush:
+    report.flush()
 
 
 def run() -> None:

@@ -17,7 +17,8 @@ beam 4, alpha 0.6, outputs of at most input length + 50 tokens).
 --nbest=N writes the N best hypotheses of each line, one per line, tab-
 separated: line number (1 = the first input line), rank (1 = the best),
 the length-penalised score, log P(Y | X), the translation; a blank input
-line has none. --sample draws each translation from the model (temperature,
+line is not translated: it gets N lines with scores 0 and an empty
+translation (without --nbest, one empty line). --sample draws each translation from the model (temperature,
 top_k: 0 = every token, seed): the same seed gives the same samples however
 the input arrives.
 

@@ -1,0 +1,236 @@
+"""eval.py --follow (mha/follow.py): checkpoints evaluated as they appear.
+
+In process, on a copy of tiny_workdir (checkpoints 2, 4, 6 of a 6-step run)
+whose checkpoints are taken away and put back one by one between polls,
+through the follower's injected `sleep` (the "trainer"), with a fake clock:
+nothing here waits for time to pass.
+"""
+import json
+import logging
+import pathlib
+import shutil
+
+import pytest
+from tensorboard.backend.event_processing import plugin_event_accumulator
+
+from mha import evaluator
+from mha import follow
+from mha import metrics as metrics_lib
+from mha.data import files
+
+SPLIT = "test[:4]"  # the split (and settings) of test_eval_safety.py
+NAME = "test_4"
+
+
+@pytest.fixture
+def run(tiny_workdir, tmp_path) -> tuple[pathlib.Path, pathlib.Path]:
+  """(a copy of tiny_workdir without checkpoints and eval/, its checkpoints
+  set aside for the test to bring in)."""
+  path = tmp_path / "run"
+  shutil.copytree(tiny_workdir, path, ignore=shutil.ignore_patterns("eval"))
+  saved = tmp_path / "saved"
+  shutil.move(path / "checkpoints", saved)
+  (path / "checkpoints").mkdir()
+  return path, saved
+
+
+class Trainer:
+  """The follower's `sleep` and `clock`: each sleep advances the clock and
+  runs the next of `actions` (functions of nothing) if any is left."""
+
+  def __init__(self, actions):
+    self.actions = list(actions)
+    self.now = 0.0
+    self.sleeps = 0
+
+  def clock(self) -> float:
+    return self.now
+
+  def sleep(self, seconds: float) -> None:
+    self.sleeps += 1
+    self.now += seconds
+    if self.actions:
+      self.actions.pop(0)()
+    elif self.sleeps > 50:  # a follower that would never stop
+      raise AssertionError(f"still polling after {self.sleeps} polls")
+
+
+def save(path, saved, step):
+  return lambda: shutil.copytree(saved / str(step),
+                                 path / "checkpoints" / str(step))
+
+
+def delete(path, step):
+  return lambda: shutil.rmtree(path / "checkpoints" / str(step))
+
+
+def _follow(path, trainer, **kwargs):
+  return follow.follow(str(path), split=SPLIT, poll_seconds=10.0,
+                       clock=trainer.clock, sleep=trainer.sleep, **kwargs)
+
+
+def _logged(path) -> list[tuple[int, str]]:
+  """(step, tag) of every follower score in metrics.jsonl, in order."""
+  return [(r["step"], k) for r in metrics_lib.read_metrics(str(path))
+          for k in sorted(r) if "/" in k]
+
+
+def test_each_checkpoint_and_average_is_evaluated_once_as_it_appears(run):
+  path, saved = run
+  trainer_lines = metrics_lib.read_metrics(str(path))
+  save(path, saved, 2)()
+  trainer = Trainer([save(path, saved, 4), save(path, saved, 6),
+                     delete(path, 2)])
+  results = _follow(path, trainer, average_last=2, timeout_seconds=0)
+  # Step 2 alone (no average of 2 yet), then 4 and avg(2, 4), then 6 and
+  # avg(4, 6); it stops once step 6 = num_train_steps is evaluated, though
+  # the trainer (its deletion of step 2) is not done.
+  assert [r["averaged_steps"] for r in results] == [[2], [4], [2, 4], [6],
+                                                     [4, 6]]
+  assert trainer.sleeps == 2 and trainer.actions
+  for result in results:
+    folder = pathlib.Path(result["output_dir"])
+    assert json.loads((folder / "metrics.json").read_text())["bleu"] == (
+        result["bleu"])
+  assert sorted(p.name for p in (path / "eval").iterdir()) == [
+      "follow_test_4.json", "test_4_2", "test_4_4", "test_4_6",
+      "test_4_avg2_4", "test_4_avg2_6"]
+  # metrics.jsonl: the trainer's lines as they were, then one line per
+  # evaluation with the evaluation's scores at the checkpoint's step.
+  records = metrics_lib.read_metrics(str(path))
+  assert records[:len(trainer_lines)] == trainer_lines
+  mine = records[len(trainer_lines):]
+  names = [NAME, NAME, f"{NAME}_avg2", NAME, f"{NAME}_avg2"]
+  assert [(r["step"], sorted(k for k in r if k not in ("step", "time")))
+          for r in mine] == [
+              (s, [f"{n}/bleu", f"{n}/chrf"]) for s, n in
+              zip((2, 4, 4, 6, 6), names)]
+  for record, result, name in zip(mine, results, names):
+    assert record[f"{name}/bleu"] == result["bleu"]
+    assert record[f"{name}/chrf"] == result["chrf"]
+  # TensorBoard: the same scalars, under tags the trainer's do not clash
+  # with (the trainer's loss is there too, untouched).
+  accumulator = plugin_event_accumulator.EventAccumulator(str(path))
+  accumulator.Reload()
+  tags = accumulator.PluginTagToContent("scalars").keys()
+  assert {f"{NAME}/bleu", f"{NAME}_avg2/chrf", "loss"} <= tags
+  assert [(e.step, e.tensor_proto.float_val[0])
+          for e in accumulator.Tensors(f"{NAME}_avg2/bleu")] == [
+              (4, pytest.approx(results[2]["bleu"])),
+              (6, pytest.approx(results[4]["bleu"]))]
+  # No trainer lock was taken or left, and the follower's lock is gone.
+  assert not (path / "lock").exists()
+  assert not list((path / "eval").glob(".*lock"))
+
+
+def test_a_restarted_follower_goes_on_where_it_stopped(run):
+  path, saved = run
+  save(path, saved, 2)()
+  trainer = Trainer([save(path, saved, 4)])
+  first = _follow(path, trainer, timeout_seconds=30)
+  # Steps 2 and 4, then 30 s (3 polls of 10 s) without a new checkpoint.
+  assert [r["checkpoint_step"] for r in first] == [2, 4]
+  assert trainer.sleeps == 4 and trainer.now == 40.0
+  save(path, saved, 6)()
+  again = _follow(path, Trainer([]), timeout_seconds=30)
+  assert [r["checkpoint_step"] for r in again] == [6]
+  assert _logged(path) == [(2, f"{NAME}/bleu"), (2, f"{NAME}/chrf"),
+                           (4, f"{NAME}/bleu"), (4, f"{NAME}/chrf"),
+                           (6, f"{NAME}/bleu"), (6, f"{NAME}/chrf")]
+  assert json.loads((path / "eval" / "follow_test_4.json").read_text()) == {
+      "evaluated": {NAME: [2, 4, 6]}}
+
+
+def test_a_checkpoint_deleted_while_it_is_read_is_skipped(
+    run, monkeypatch, caplog):
+  path, saved = run
+  for step in (2, 4):
+    save(path, saved, step)()
+  load_params = evaluator.load_params
+
+  def deleted_meanwhile(workdir, step=None, average_last=None):
+    if step == 2:  # the trainer deletes step 2 as the follower reads it
+      delete(path, 2)()
+    return load_params(workdir, step, average_last)
+
+  monkeypatch.setattr(evaluator, "load_params", deleted_meanwhile)
+  trainer = Trainer([save(path, saved, 6)])
+  with caplog.at_level(logging.WARNING):
+    results = _follow(path, trainer, timeout_seconds=0)
+  assert [r["checkpoint_step"] for r in results] == [4, 6]
+  skipped = [r.getMessage() for r in caplog.records
+             if r.levelno >= logging.WARNING and "skipped" in
+             r.getMessage()]
+  assert len(skipped) == 1 and skipped[0].startswith(
+      f"Step 2 ({NAME}) was deleted while it was read")
+  assert [s for s, _ in _logged(path)] == [4, 4, 6, 6]
+  # Recorded as done: a follower started again does not try it.
+  assert json.loads((path / "eval" / "follow_test_4.json").read_text())[
+      "evaluated"] == {NAME: [2, 4, 6]}
+
+
+def test_a_second_follower_with_the_same_settings_is_refused(run):
+  path, saved = run
+  save(path, saved, 2)()
+  refused = []
+
+  def second_follower():
+    with pytest.raises(evaluator.EvalError) as error:
+      _follow(path, Trainer([]), timeout_seconds=10)
+    refused.append(str(error.value))
+    save(path, saved, 6)()
+
+  results = _follow(path, Trainer([second_follower]), timeout_seconds=0)
+  assert [r["checkpoint_step"] for r in results] == [2, 6]
+  (message,) = refused
+  assert message.startswith("Another eval.py --follow (process ")
+  assert "same split and settings" in message
+  # The refused follower wrote nothing: one line per step in metrics.jsonl.
+  assert [s for s, _ in _logged(path)] == [2, 2, 6, 6]
+
+
+def test_bad_follow_flags_are_one_line_before_anything_is_read(
+    run, eval_py, capsys):
+  path, _ = run
+  with pytest.raises(evaluator.EvalError, match="--follow_interval must be"):
+    follow.follow(str(path), poll_seconds=0)
+  capsys.readouterr()
+  assert eval_py(f"--workdir={path}", "--follow",
+                 "--checkpoint_step=2") == 1
+  assert capsys.readouterr().err == (
+      "eval.py: --checkpoint_step is not taken with --follow, which "
+      "evaluates each checkpoint of --workdir on --split into its default "
+      "folder.\n")
+  assert not (path / "eval").exists()
+
+
+def test_a_follower_of_a_bucket(gcs_dir, tiny_workdir, tmp_path, monkeypatch):
+  # The follower's own files on gs:// (lock, record, metrics.jsonl, event
+  # file) through the file layer; the checkpoints and their evaluation,
+  # tested above, are stood in for.
+  monkeypatch.chdir(tmp_path)
+  for name in ("config.json", "spm.model"):
+    files.write_bytes_atomic(f"{gcs_dir}/{name}",
+                             (tiny_workdir / name).read_bytes())
+  present = [2]
+  monkeypatch.setattr(follow, "_present", lambda workdir: list(present))
+  monkeypatch.setattr(follow, "_readable",
+                      lambda workdir, step, count: step in present)
+
+  def evaluate(workdir, *, checkpoint_step, average_last, **kwargs):
+    assert workdir == gcs_dir and average_last is None, kwargs
+    return {"bleu": float(checkpoint_step), "chrf": 2.0 * checkpoint_step,
+            "checkpoint_step": checkpoint_step}
+
+  monkeypatch.setattr(evaluator, "evaluate", evaluate)
+  trainer = Trainer([lambda: present.append(4), lambda: present.append(6)])
+  results = _follow(gcs_dir, trainer, timeout_seconds=0)
+  assert [r["checkpoint_step"] for r in results] == [2, 4, 6]
+  assert [(r["step"], r[f"{NAME}/bleu"], r[f"{NAME}/chrf"])
+          for r in metrics_lib.read_metrics(gcs_dir)] == [
+              (2, 2.0, 4.0), (4, 4.0, 8.0), (6, 6.0, 12.0)]
+  assert json.loads(files.read_bytes(f"{gcs_dir}/eval/follow_{NAME}.json")) == {
+      "evaluated": {NAME: [2, 4, 6]}}
+  assert files.listdir(f"{gcs_dir}/eval") == [f"follow_{NAME}.json"]
+  assert [n for n in files.listdir(gcs_dir) if n.startswith("events.")]
+  assert not list(tmp_path.iterdir())  # nothing local: no 'gs:' folder
