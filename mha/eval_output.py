@@ -32,7 +32,6 @@ import ml_collections
 
 from mha import files
 from mha import workdir as workdir_lib
-from mha.data import sources
 from mha.errors import EvalError
 from mha.errors import UserError
 from mha.errors import os_reason
@@ -68,7 +67,7 @@ def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],
   """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages,
   followed by `suffix` (`settings_suffix`); `split_name` is `file` for a
   source file, and reduced to file-name characters (`test[:4]`: `test_4`)."""
-  name = sources.safe_name(split_name).strip("_") or "split"
+  name = files.safe_name(split_name).strip("_") or "split"
   if len(steps) > 1:
     name += f"_avg{len(steps)}"
   return workdir_lib.Workdir(workdir).eval_path(name, steps[-1]) + suffix

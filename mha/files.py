@@ -33,6 +33,7 @@ import contextlib
 import functools
 import gzip
 import os
+import re
 import shutil
 import uuid
 import zlib
@@ -469,3 +470,8 @@ def read_lines(path: str) -> list[str]:
   if lines and lines[-1] == "":
     lines.pop()
   return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def safe_name(split: str) -> str:
+  """`split` reduced to characters safe in a file name."""
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", split)[:60]

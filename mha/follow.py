@@ -45,10 +45,9 @@ from absl import logging
 from mha import checkpoints
 from mha import eval_output
 from mha import evaluator
+from mha import files
 from mha import metrics as metrics_lib
 from mha import workdir as workdir_lib
-from mha.data import files
-from mha.data import sources as sources_lib
 from mha.errors import UserError
 from mha.eval_output import EvalError
 
@@ -120,7 +119,7 @@ def names(config: Any, split: str | None, average_last: int | None,
   `test_beam8_alpha1.0`; the second puts `_avg<N>` after the split's name.
   It also names the follower's record and lock.
   """
-  split_name = sources_lib.safe_name(split or config.test_split).strip("_")
+  split_name = files.safe_name(split or config.test_split).strip("_")
   split_name = split_name or "split"
   suffix = eval_output.settings_suffix(
       config, config.beam_size if beam_size is None else beam_size,

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 from mha import evaluator
 from mha import follow
 from mha import metrics as metrics_lib
-from mha.data import files
+from mha import files
 
 SPLIT = "test[:4]"  # the split (and settings) of test_eval_safety.py
 NAME = "test_4"

@@ -17,7 +17,7 @@ BELOW_DATA = {"mha.errors", "mha.files", "mha.tensorflow_loader",
 # The modules outside mha/data/ that may import it: the data pipeline's
 # consumers (training, evaluation, translation set-up) and their checks.
 DATA_CONSUMERS = {
-    "mha.trainer", "mha.evaluator", "mha.eval_output", "mha.attention_maps",
+    "mha.trainer", "mha.evaluator", "mha.attention_maps",
     "mha.translate", "mha.translator", "mha.export", "mha.workdir",
     "mha.warm_start", "mha.config_check", "mha.cli.train"}
 

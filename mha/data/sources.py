@@ -264,11 +264,6 @@ def cache_key(text_split: TextSplit, *parts: str) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def safe_name(split: str) -> str:
-  """`split` reduced to characters safe in a file name."""
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", split)[:60]
-
-
 def prepare_splits(config: ml_collections.ConfigDict) -> None:
   """Several processes: process 0 opens the config's three splits first.
 

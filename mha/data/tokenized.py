@@ -132,7 +132,7 @@ def tokenize_split(config: ml_collections.ConfigDict, tok: Tokenizer,
   if tok.path:
     key = sources.cache_key(text_split, tok.sha256, _CACHE_VERSION)
     path = os.path.join(os.path.dirname(tok.path), TOKENIZED_DIR,
-                        f"{sources.safe_name(split)}-{key}.npz")
+                        f"{files.safe_name(split)}-{key}.npz")
 
   def read_or_encode():
     if path and files.exists(path):
