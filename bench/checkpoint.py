@@ -3,7 +3,7 @@ r"""Train step time around a checkpoint: synchronous vs asynchronous saving.
     python bench/checkpoint.py                 # the base model, ~2 min
     python bench/checkpoint.py --model=tiny    # a quick check, ~20 s
 
-The trainer's own update (`trainer._Updater`, state donated) runs
+The trainer's own update (`train_step.CompiledUpdate`, state donated) runs
 `--before` steps, then the step that saves a checkpoint, then `--after`
 steps; each step's time is measured from its dispatch to its metrics on the
 host (the loop fetches them at a save step), the save included in its step.
@@ -11,9 +11,9 @@ Two ways of saving alternate in one run (`--rounds` rounds each, medians
 per step position):
 
 * `synchronous` (the trainer before asynchronous saves): a host copy of the
-  whole state (`trainer.unreplicate`), then `checkpoints.save(...,
+  whole state (`devices.pmap_unreplicate`), then `checkpoints.save(...,
   wait=True)`, which returns once Orbax has written and renamed the step;
-* `asynchronous` (the trainer now, `trainer._Saver`): `trainer.
+* `asynchronous` (the trainer now, `train_actions.Saver`): `devices.
   checkpoint_arrays` (device copies, no host copy here), then
   `checkpoints.save(..., wait=False)`, which returns once Orbax holds its
   host copy; the files are written by Orbax's background thread while the
@@ -45,16 +45,21 @@ from bench import common  # noqa: E402
 from configs import base as base_config  # noqa: E402
 from mha import checkpoints  # noqa: E402
 from mha import optim  # noqa: E402
-from mha import trainer  # noqa: E402
-from mha.transformer import Transformer  # noqa: E402
-from mha.transformer import TransformerConfig  # noqa: E402
+from mha.devices import checkpoint_arrays  # noqa: E402
+from mha.devices import pmap_replicate  # noqa: E402
+from mha.devices import pmap_unreplicate  # noqa: E402
+from mha.devices import shard  # noqa: E402
+from mha.train_actions import Saver  # noqa: E402
+from mha.train_step import CompiledUpdate  # noqa: E402
+from mha.train_step import init_state  # noqa: E402
+from mha.transformer import create_model  # noqa: E402
 
 
 def synchronous_save(manager, step: int, state) -> float:
   """The trainer's save before asynchronous saving: host copy, then a write
   that is waited for. Returns its seconds."""
   begin = time.perf_counter()
-  checkpoints.save(manager, step, trainer.unreplicate(state),
+  checkpoints.save(manager, step, pmap_unreplicate(state),
                    {"step": step, "data_position": step,
                     "grad_accum_steps": 1}, force=True, wait=True)
   return time.perf_counter() - begin
@@ -68,14 +73,13 @@ def run_round(update, state, batch, mode: str, folder: str, first_step: int,
     (state, step seconds by position, save seconds, wait at the end).
   """
   manager = checkpoints.make_manager(folder, keep=1)
-  saver = trainer._Saver(  # pylint: disable=protected-access
-      manager, trainer._Start(None, 0, 0), 1)  # pylint: disable=protected-access
+  saver = Saver(manager, start_step=0, start_position=0, grad_accum_steps=1)
   stop = np.zeros((jax.local_device_count(),), np.int32)
   times, save_seconds = [], 0.0
   for position in range(args.before + 1 + args.after):
     begin = time.perf_counter()
     state, metrics = update(state, [batch], stop)
-    float(trainer.unreplicate(metrics)["loss"])
+    float(pmap_unreplicate(metrics)["loss"])
     if position == args.before:
       step = first_step + position
       if mode == "synchronous":
@@ -108,19 +112,19 @@ def main():
   args = parser.parse_args()
 
   config = base_config.get_config("tiny" if args.model == "tiny" else None)
-  model = Transformer(TransformerConfig.from_config(config))
+  model = create_model(config)
   tx = optim.create_optimizer(config)
   devices = jax.local_devices()
-  state = trainer.replicate(trainer.init_state(config, model, tx), devices)
+  state = pmap_replicate(init_state(config, model, tx), devices)
   size = sum(x.nbytes for x in jax.tree_util.tree_leaves(
-      trainer.unreplicate(state)))
-  update = trainer._Updater(model, tx, config)  # pylint: disable=protected-access
+      pmap_unreplicate(state)))
+  update = CompiledUpdate(model, tx, config)
   rng = np.random.default_rng(0)
   rows = args.rows * len(devices)
-  batch = trainer.shard({
+  batch = shard({
       side: rng.integers(3, config.vocab_size, (rows, args.length),
                          dtype=np.int32) for side in ("inputs", "targets")},
-                        len(devices))
+                len(devices))
   stop = np.zeros((len(devices),), np.int32)
   print(common.machine_line())
   print(f"model {args.model}: state {size / 2**30:.2f} GiB; batch {rows} x "
@@ -128,8 +132,8 @@ def main():
         f"{args.after} steps; {args.rounds} round(s) of each way")
   for _ in range(args.warmup):  # the first compiles
     state, metrics = update(state, [batch], stop)
-    float(trainer.unreplicate(metrics)["loss"])
-  common.block(trainer.checkpoint_arrays(state))  # compiles the device copy
+    float(pmap_unreplicate(metrics)["loss"])
+  common.block(checkpoint_arrays(state))  # compiles the device copy
   modes = ("synchronous", "asynchronous")
   results = {m: [] for m in modes}
   with tempfile.TemporaryDirectory(dir=args.folder) as tmp:

@@ -76,8 +76,8 @@ from mha import export
 from mha import scoring
 from mha import translate
 from mha.errors import UserError
-from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
+from mha.transformer import create_model
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -216,7 +216,7 @@ def _random_setup(args):
   config = multi30k.get_config()
   model_config = TransformerConfig.from_config(config, deterministic=True)
   dummy = jnp.ones((1, 8), jnp.int32)
-  params = jax.jit(Transformer(model_config).init)(
+  params = jax.jit(create_model(model_config).init)(
       jax.random.PRNGKey(0), dummy, dummy)["params"]
   folder = multi30k_dir()
   rng = np.random.default_rng(0)

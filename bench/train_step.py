@@ -12,7 +12,7 @@ tree's in turn, round by round, on the same batches (both under the same
 machine load), with XLA's temporary memory of each compiled step.
 
 Two model shapes, each timed with the trainer's own update function
-(`trainer._Updater`: `trainer.make_train_step` pmapped over the local devices,
+(`train_step.CompiledUpdate`: `make_train_step` pmapped over the local devices,
 state donated), after a warm-up call that compiles each batch shape:
 
 * `reference`: the google/flax examples/wmt shape (configs/multi30k.py): 3+3
@@ -80,9 +80,9 @@ from mha import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-
 from mha import flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import data  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.transformer import Transformer  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import devices  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import train_step  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.transformer import create_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 REFERENCE_TOKENS_PER_SEC = 1700   # flax examples/wmt, this machine
 REFERENCE_SECONDS_PER_STEP = 3.9  # flax examples/wmt, this machine
@@ -195,7 +195,7 @@ def measure_shape(update, state, batches, model_cfg, frequency, args):
   """Times `update` on `batches` (all of one shape); returns the new state."""
   num_devices = jax.local_device_count()
   stop = np.zeros((num_devices,), np.int32)
-  sharded = [trainer.shard(b, num_devices) for b in batches]
+  sharded = [devices.shard(b, num_devices) for b in batches]
   rows, s = batches[0]["inputs"].shape
   t = batches[0]["targets"].shape[1]
   p_step = update._train_step  # pylint: disable=protected-access
@@ -229,20 +229,20 @@ def breakdown(model, tx, config, state, batch, args):
   """Median seconds of the forward pass + loss, forward + backward, and the
   optimizer update, each pmapped alone on `batch` (one shape)."""
   num_devices = jax.local_device_count()
-  sharded = trainer.shard(batch, num_devices)
-  grad_step = trainer.make_grad_step(model, config)
-  apply_step = trainer.make_apply_step(tx, config)
+  sharded = devices.shard(batch, num_devices)
+  grad_step = train_step.make_grad_step(model, config)
+  apply_step = train_step.make_apply_step(tx, config)
 
   def forward(state, batch):
-    loss, _ = trainer._loss_sums(  # pylint: disable=protected-access
+    loss, _ = train_step._loss_sums(  # pylint: disable=protected-access
         model, config, state["params"], batch,
-        trainer._dropout_rng(state, 0),  # pylint: disable=protected-access
+        train_step._dropout_rng(state, 0),  # pylint: disable=protected-access
         chunked=True)  # as the train step computes it
     return loss
 
-  p_forward = jax.pmap(forward, axis_name=trainer.AXIS)
-  p_grad = jax.pmap(grad_step, axis_name=trainer.AXIS)
-  p_apply = jax.pmap(apply_step, axis_name=trainer.AXIS)
+  p_forward = jax.pmap(forward, axis_name=devices.AXIS)
+  p_grad = jax.pmap(grad_step, axis_name=devices.AXIS)
+  p_apply = jax.pmap(apply_step, axis_name=devices.AXIS)
   micro = np.zeros((num_devices,), np.int32)
   stop = np.zeros((num_devices,), np.int32)
   grads, sums = p_grad(state, sharded, micro)
@@ -285,7 +285,7 @@ def profile(update, state, batch, steps: int = 2) -> None:
   """Traces `steps` train steps (jax.profiler, Perfetto JSON) and prints the
   time of XLA's ops summed by category (op metadata of the optimized HLO)."""
   num_devices = jax.local_device_count()
-  sharded = trainer.shard(batch, num_devices)
+  sharded = devices.shard(batch, num_devices)
   stop = np.zeros((num_devices,), np.int32)
   compiled = update._train_step.lower(  # pylint: disable=protected-access
       state, sharded, stop).compile()
@@ -320,15 +320,15 @@ def profile(update, state, batch, steps: int = 2) -> None:
 
 def run_shape(name, config, epoch, description, peak, args):
   """Builds the model and optimizer of `config`, times it, prints figures."""
-  model_cfg = TransformerConfig.from_config(config)
-  model = Transformer(model_cfg)
+  model = create_model(config)
+  model_cfg = model.config
   tx = optim.create_optimizer(config)
-  devices = jax.local_devices()
-  state = trainer.replicate(trainer.init_state(config, model, tx), devices)
-  n_params, n_nonembed = count_params(trainer.unreplicate(state["params"]))
+  state = devices.pmap_replicate(train_step.init_state(config, model, tx),
+                                 jax.local_devices())
+  n_params, n_nonembed = count_params(
+      devices.pmap_unreplicate(state["params"]))
   # The trainer's own update: make_train_step pmapped, state donated.
-  update = trainer._Updater(  # pylint: disable=protected-access
-      model, tx, config)
+  update = train_step.CompiledUpdate(model, tx, config)
 
   by_shape = {}
   for b in epoch:
@@ -350,7 +350,8 @@ def run_shape(name, config, epoch, description, peak, args):
         f"{model_cfg.num_heads} heads, d_ff {model_cfg.d_ff}, vocab "
         f"{model_cfg.vocab_size}; {n_params / 1e6:.2f}M parameters "
         f"({n_nonembed / 1e6:.2f}M outside the embedding); {description}; "
-        f"attention_impl {model_cfg.attention_impl}; {len(devices)} device(s)")
+        f"attention_impl {model_cfg.attention_impl}; "
+        f"{jax.local_device_count()} device(s)")
   print(f"epoch: {len(epoch)} batches in {len(by_shape)} shapes, mean "
         f"{epoch_nonpad:.0f} non-padding tokens per step; timed the "
         f"{len(chosen)} most frequent shapes "
@@ -424,13 +425,18 @@ def run_shape(name, config, epoch, description, peak, args):
 def _build(pkg, config):
   """(update, state, model config) of package `pkg` (this tree's mha or a
   revision's) for `config`."""
-  model_cfg = pkg.transformer.TransformerConfig.from_config(config)
-  model = pkg.transformer.Transformer(model_cfg)
+  model = pkg.transformer.create_model(config)
   tx = pkg.optim.create_optimizer(config)
-  state = pkg.trainer.replicate(pkg.trainer.init_state(config, model, tx),
-                                jax.local_devices())
-  return pkg.trainer._Updater(  # pylint: disable=protected-access
-      model, tx, config), state, model_cfg
+  if hasattr(pkg, "train_step"):  # trainer.py split (issue 31) and later
+    state = pkg.devices.pmap_replicate(
+        pkg.train_step.init_state(config, model, tx), jax.local_devices())
+    update = pkg.train_step.CompiledUpdate(model, tx, config)
+  else:  # a revision before: all in trainer.py
+    state = pkg.trainer.replicate(pkg.trainer.init_state(config, model, tx),
+                                  jax.local_devices())
+    update = pkg.trainer._Updater(  # pylint: disable=protected-access
+        model, tx, config)
+  return update, state, model.config
 
 
 def compare_shape(name, config, epoch, packages, peak, args):
@@ -447,7 +453,7 @@ def compare_shape(name, config, epoch, packages, peak, args):
   rows, weights, seconds = [], [], {label: [] for label in runs}
   flops_all = []
   for group in groups:
-    sharded = [trainer.shard(b, num_devices) for b in group]
+    sharded = [devices.shard(b, num_devices) for b in group]
     rows_, s = group[0]["inputs"].shape
     t = group[0]["targets"].shape[1]
     times = {label: [] for label in runs}

@@ -5,8 +5,9 @@ A workdir holds `checkpoints/<step>/` written by orbax-checkpoint's
 
 * `state`: the training state, a pytree dict `{'params', 'opt_state', 'step',
   'rng'}` of host (NumPy) or jax arrays (the trainer hands over device arrays
-  replicated over every device, `trainer.checkpoint_arrays`; Orbax copies one
-  replica to the host);
+  with one copy on the first local device of each process,
+  `devices.checkpoint_arrays`; Orbax copies it to the host, once per
+  process);
 * `meta`: a JSON dict (data-loader position and other metadata).
 
 Orbax writes each step in a temporary folder and renames it when complete, so

@@ -9,7 +9,7 @@ device. Each refusal is a `ConfigError` naming `config.<field>`, the value
 and what is allowed, so the entry point can print it as one line.
 
 The checks read nothing but the config: the data splits and the workdir are
-checked by the trainer (`mha.trainer.check_inputs`).
+checked by the trainer (`mha.train_setup.check_inputs`).
 """
 from typing import Any
 

@@ -70,6 +70,12 @@ class MetricsWriter:
       files.append_bytes(self.path,
                          (json.dumps(record) + "\n").encode("utf-8"))
 
+  def write_hparams(self, hparams: dict) -> None:
+    """The run's hyperparameters (numbers, strings, booleans) into its
+    event file, for TensorBoard's HParams tab; process 0 only."""
+    if self._events is not None:
+      self._events.write_hparams(hparams)
+
   def flush(self) -> None:
     if self._events is not None:
       self._events.flush()

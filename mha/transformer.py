@@ -95,8 +95,13 @@ class TransformerConfig:
             f"width per head (num_heads={self.num_heads}), got {sizes!r}.")
 
 
-def create_model(config: ml_collections.ConfigDict, **changes) -> "Transformer":
-  """The Transformer for an ml_collections config (changes e.g. decode=True)."""
+def create_model(config: "ml_collections.ConfigDict | TransformerConfig",
+                 **changes) -> "Transformer":
+  """The Transformer for an ml_collections config, or for a model config
+  built from one already (`changes`, e.g. `deterministic=True`, applied to
+  either): the one place a model is built."""
+  if isinstance(config, TransformerConfig):
+    return Transformer(config.replace(**changes))
   return Transformer(TransformerConfig.from_config(config, **changes))
 
 
@@ -314,6 +319,22 @@ class Transformer(nn.Module):
     if self.config.share_embeddings:
       return self.target_embed.embedding, None
     return self.output_projection.kernel.T, self.output_projection.bias
+
+  def hidden_and_output_weights(
+      self, inputs: jax.Array, targets: jax.Array,
+      inputs_positions: jax.Array | None = None,
+      targets_positions: jax.Array | None = None,
+      inputs_segmentation: jax.Array | None = None,
+      targets_segmentation: jax.Array | None = None
+  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array | None]]:
+    """(decoder output `[B, T, M]`, (kernel, bias) of the pre-softmax map),
+    for the same arguments as `__call__`: the training loss projects the
+    decoder output a chunk of positions at a time
+    (`losses.projected_token_sums`), never holding `[B, T, vocab]` logits."""
+    encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
+    hidden = self.decode_hidden(encoded, inputs, targets, targets_positions,
+                                inputs_segmentation, targets_segmentation)
+    return hidden, self.output_weights()
 
   def decode_hidden(self, encoded: jax.Array, inputs: jax.Array,
                     targets: jax.Array,

@@ -89,12 +89,14 @@ def check_path_characters(path: str, flag: str = "--workdir") -> None:
         f"{' '.join(GLOB_CHARACTERS)}.")
 
 
-def _saved_and_given(config: ml_collections.ConfigDict, workdir: str
-                     ) -> tuple[dict | None, dict]:
-  """(the workdir's config.json or None if it has none, `config`), as dicts."""
+def read_saved_config(workdir: str) -> dict | None:
+  """The workdir's config.json as a dict; None if it has none.
+
+  Raises:
+    WorkdirError: naming config.json, when it is not a readable JSON object.
+  """
   path = os.path.join(workdir, CONFIG_FILE)
-  saved = _read_json(path) if files.exists(path) else None
-  return saved, json.loads(config.to_json())
+  return _read_json(path) if files.exists(path) else None
 
 
 def _read_json(path: str) -> dict:
@@ -125,9 +127,20 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     ConfigError: naming the field, the saved and the given value.
     WorkdirError: config.json cannot be read.
   """
-  saved, given = _saved_and_given(config, workdir)
+  check_saved_config(config, read_saved_config(workdir), workdir)
+
+
+def check_saved_config(config: ml_collections.ConfigDict,
+                       saved: dict | None, workdir: str) -> None:
+  """`check_config` on `saved`, the workdir's config.json as read (None:
+  the workdir has none).
+
+  Raises:
+    ConfigError: naming the field, the saved and the given value.
+  """
   if saved is None:
     return
+  given = json.loads(config.to_json())
   path = os.path.join(workdir, CONFIG_FILE)
   location = "location" in (saved.get("attention_type"),
                             given.get("attention_type"))
@@ -142,12 +155,13 @@ def check_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def changed_data_fields(config: ml_collections.ConfigDict,
-                        workdir: str) -> list[str]:
-  """DATA_ORDER_FIELDS whose value differs from the workdir's config.json,
-  as 'field: saved -> given' (empty for a new workdir)."""
-  saved, given = _saved_and_given(config, workdir)
+                        saved: dict | None) -> list[str]:
+  """DATA_ORDER_FIELDS whose value differs from `saved` (the workdir's
+  config.json as read), as 'field: saved -> given' (empty for a new
+  workdir: `saved` None)."""
   if saved is None:
     return []
+  given = json.loads(config.to_json())
   return [f"{field}: {saved[field]!r} -> {given.get(field)!r}"
           for field in DATA_ORDER_FIELDS
           if field in saved and saved[field] != given.get(field)]
@@ -358,12 +372,16 @@ class Workdir:
                          "workdir has no vocabulary.")
     return tokenizer.load_tokenizer(config, self.vocabulary_path)
 
-  def check_usable(self) -> None:
+  def check_usable(self) -> dict | None:
     """Refuses, without writing, a workdir that training cannot use: a path
     with a glob character (`check_path_characters`), a path that is not a
     folder, a folder it cannot write, a bucket that does not
     exist or cannot be listed, a config.json that is not a readable JSON
     object.
+
+    Returns:
+      The config.json read (a dict), None if the workdir has none: what
+      the other checks of the run look at.
 
     Raises:
       ConfigError: a URL of another scheme than gs://.
@@ -381,8 +399,7 @@ class Workdir:
                            "folder: pass a new or existing workdir.")
     else:
       self._check_local_folder()
-    if files.exists(self.config_path):
-      _read_json(self.config_path)
+    return read_saved_config(self.path)
 
   def _check_local_folder(self) -> None:
     if os.path.lexists(self.path) and not os.path.isdir(self.path):
@@ -422,10 +439,6 @@ class Workdir:
 
   def check_config(self, config: ml_collections.ConfigDict) -> None:
     check_config(config, self.path)
-
-  def changed_data_fields(self, config: ml_collections.ConfigDict
-                          ) -> list[str]:
-    return changed_data_fields(config, self.path)
 
   def write_config(self, config: ml_collections.ConfigDict) -> None:
     write_config(config, self.path)

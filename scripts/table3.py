@@ -71,10 +71,11 @@ from mha import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-
 from mha import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import metrics as metrics_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import train_evals  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.errors import UserError  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.transformer import Transformer  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.transformer import create_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 START_MARKER = "<!-- table3:start -->"
 END_MARKER = "<!-- table3:end -->"
@@ -215,7 +216,7 @@ def count_params(config: ml_collections.ConfigDict) -> int:
 
 @functools.cache
 def _count_params(model_config: TransformerConfig) -> int:
-  model = Transformer(model_config)
+  model = create_model(model_config)
   ids = jnp.ones((1, 8), jnp.int32)
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.key(0), ids, ids))["params"]
@@ -525,10 +526,10 @@ def logged_dev_loss(workdir: str, step: int) -> dict[str, float] | None:
 def computed_dev_loss(workdir: str, step: int | None = None
                       ) -> dict[str, float]:
   """The same evaluation recomputed from the checkpoint at `step`
-  (`trainer.DevLoss` on the stored config, vocabulary and parameters)."""
+  (`train_evals.DevLoss` on the stored config, vocabulary and parameters)."""
   config, tokenizer = evaluator.load_workdir(workdir)
   params, _, _ = evaluator.load_params(workdir, step)
-  return trainer.DevLoss(config, tokenizer).evaluate_params(params)
+  return train_evals.DevLoss(config, tokenizer).evaluate_params(params)
 
 
 def loop_speed(workdir: str, last_step: int) -> dict[str, float]:

@@ -19,7 +19,8 @@ BELOW_DATA = {"mha.errors", "mha.files", "mha.tensorflow_loader",
 DATA_CONSUMERS = {
     "mha.trainer", "mha.evaluator", "mha.attention_maps",
     "mha.translate", "mha.translator", "mha.export", "mha.workdir",
-    "mha.warm_start", "mha.config_check", "mha.cli.train"}
+    "mha.warm_start", "mha.config_check", "mha.cli.train", "mha.train_setup",
+    "mha.train_evals"}
 
 
 def _module_name(path: pathlib.Path) -> str:

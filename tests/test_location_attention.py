@@ -10,7 +10,6 @@ import mha
 from configs import base
 from mha import attention
 from mha import decoding
-from mha import trainer
 from mha import translate
 
 

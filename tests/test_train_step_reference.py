@@ -1,6 +1,6 @@
 """The whole train step against a slow re-implementation (issue 16).
 
-Two updates of `trainer.make_train_step`, `pmap`ped over 2 devices whose
+Two updates of `train_step.make_train_step`, `pmap`ped over 2 devices whose
 halves of the batch hold different numbers of target tokens, are compared
 with the same two updates computed without any of the library: the
 hand-written Transformer and label-smoothed loss of `paper_reference.py`,
@@ -21,7 +21,11 @@ import numpy as np
 
 import mha
 from configs import base
-from mha import trainer
+from mha import train_step
+from mha.devices import AXIS
+from mha.devices import pmap_replicate
+from mha.devices import pmap_unreplicate
+from mha.devices import shard
 import paper_reference as ref
 
 NUM_DEVICES = 2
@@ -106,17 +110,17 @@ def test_two_updates_equal_the_slow_reference():
   state = {"step": jnp.array(0, jnp.int32), "params": params,
            "opt_state": tx.init(params),
            "rng": jax.random.key_data(jax.random.key(0))}
-  state = trainer.replicate(state, devices)
-  step = jax.pmap(trainer.make_train_step(model, tx, config),
-                  axis_name=trainer.AXIS, devices=devices)
+  state = pmap_replicate(state, devices)
+  step = jax.pmap(train_step.make_train_step(model, tx, config),
+                  axis_name=AXIS, devices=devices)
   expected = _reference_updates(params, batches)
   for batch, (loss, grad_norm, want) in zip(batches, expected):
-    state, metrics = step(state, trainer.shard(batch, NUM_DEVICES),
+    state, metrics = step(state, shard(batch, NUM_DEVICES),
                           np.zeros((NUM_DEVICES,), np.int32))
     np.testing.assert_allclose(float(metrics["loss"][0]), loss, rtol=1e-5)
     np.testing.assert_allclose(float(metrics["grad_norm"][0]), grad_norm,
                                rtol=1e-4)
-    got = trainer.unreplicate(state)["params"]
+    got = pmap_unreplicate(state)["params"]
     jax.tree_util.tree_map(
         functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=2e-6),
         got, want)

@@ -22,7 +22,12 @@ import tensorflow as tf
 
 from configs import quickstart
 from mha import checkpoints
+from mha import data
+from mha import errors
 from mha import metrics as metrics_lib
+from mha import train_actions
+from mha import train_setup
+from mha import train_step
 from mha import trainer
 from mha import workdir as workdir_lib
 from conftest import TINY_OVERRIDES
@@ -83,7 +88,7 @@ def trained_workdir(tmp_path_factory):
                        eval_every_steps=6, log_every_steps=2,
                        eval_bleu_sentences=8, profile_steps=(5, 2))
   release = trainer.host_memory.release_free_heap
-  saver_call = trainer._Saver.__call__  # pylint: disable=protected-access
+  saver_call = train_actions.Saver.__call__
   savers = []
 
   def recording_save(self, step, state):
@@ -105,7 +110,7 @@ def trained_workdir(tmp_path_factory):
   with pytest.MonkeyPatch.context() as patch:
     _hold_write_until_logged(patch, save_step=4, logged_step=6)
     patch.setattr(trainer.host_memory, "release_free_heap", recording_release)
-    patch.setattr(trainer._Saver, "__call__", recording_save)  # pylint: disable=protected-access
+    patch.setattr(train_actions.Saver, "__call__", recording_save)
     result = trainer.train_and_evaluate(config, str(workdir))
   return workdir, result
 
@@ -293,13 +298,13 @@ def test_resume_with_other_grad_accum_continues_the_data(
   shutil.copytree(workdir, copy)
   assert checkpoints.read_meta(str(copy))["data_position"] == 12
   read_from = []
-  train_batches = trainer.data.train_batches
+  train_batches = data.train_batches
 
   def recording(config, tokenizer, **kwargs):
     read_from.append(kwargs["start_step"])
     return train_batches(config, tokenizer, **kwargs)
 
-  monkeypatch.setattr(trainer.data, "train_batches", recording)
+  monkeypatch.setattr(data, "train_batches", recording)
   result = trainer.train_and_evaluate(
       tiny_config(num_train_steps=14, checkpoint_every_steps=4,
                   eval_every_steps=100, grad_accum_steps=2), str(copy))
@@ -386,7 +391,7 @@ def test_nan_stops_with_step_named_and_checkpoints_intact(trained_workdir,
 
 def test_no_retrace_for_a_batch_shape_seen_before(tmp_path, monkeypatch):
   traced_shapes = []
-  make = trainer.make_train_step
+  make = train_step.make_train_step
 
   def counting(*args, **kwargs):
     step = make(*args, **kwargs)
@@ -398,7 +403,7 @@ def test_no_retrace_for_a_batch_shape_seen_before(tmp_path, monkeypatch):
 
     return traced
 
-  monkeypatch.setattr(trainer, "make_train_step", counting)
+  monkeypatch.setattr(train_step, "make_train_step", counting)
   trainer.train_and_evaluate(
       tiny_config(num_train_steps=30, checkpoint_every_steps=100,
                   eval_every_steps=100, log_every_steps=10),
@@ -568,10 +573,10 @@ def test_processes_with_different_vocabularies_are_refused(monkeypatch):
   theirs[0] ^= 1
   monkeypatch.setattr(jax, "process_count", lambda: 3)
   gathered = np.stack([ours, ours, theirs])
-  monkeypatch.setattr(trainer.multihost_utils, "process_allgather",
+  monkeypatch.setattr(train_setup.multihost_utils, "process_allgather",
                       lambda x: gathered)
-  with pytest.raises(ValueError, match=r"Processes \[2\] hold a different "
+  with pytest.raises(errors.UserError, match=r"Processes \[2\] hold a different "
                      r"SentencePiece model .*/w/spm.model"):
-    trainer.check_same_vocabulary(FakeTokenizer())
+    train_setup.check_same_vocabulary(FakeTokenizer())
   gathered = np.stack([ours, ours, ours])
-  trainer.check_same_vocabulary(FakeTokenizer())  # the same: accepted
+  train_setup.check_same_vocabulary(FakeTokenizer())  # the same: accepted

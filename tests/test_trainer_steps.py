@@ -10,7 +10,11 @@ import pytest
 import mha
 from configs import base
 from mha import losses as losses_lib
-from mha import trainer
+from mha import train_step
+from mha.devices import AXIS
+from mha.devices import pmap_replicate
+from mha.devices import pmap_unreplicate
+from mha.devices import shard
 
 
 def _config(**changes):
@@ -38,15 +42,15 @@ def _run(config, num_devices, batches):
   # entry by its own running scale, and at an entry whose gradient is
   # rounding noise that turns a 1e-9 difference into an lr-sized one.
   tx = optax.sgd(1.0)
-  state = trainer.replicate(trainer.init_state(config, model, tx), devices)
-  step = jax.pmap(trainer.make_train_step(model, tx, config),
-                  axis_name=trainer.AXIS, devices=devices)
+  state = pmap_replicate(train_step.init_state(config, model, tx), devices)
+  step = jax.pmap(train_step.make_train_step(model, tx, config),
+                  axis_name=AXIS, devices=devices)
   losses = []
   for batch in batches:
     stop = np.zeros((num_devices,), np.int32)
-    state, metrics = step(state, trainer.shard(batch, num_devices), stop)
+    state, metrics = step(state, shard(batch, num_devices), stop)
     losses.append(float(metrics["loss"][0]))
-  return losses, trainer.unreplicate(state)
+  return losses, pmap_unreplicate(state)
 
 
 @pytest.mark.parametrize("changes", [
@@ -75,7 +79,7 @@ def test_loss_is_token_weighted_mean_over_devices():
   batch["targets"][:4, 2:] = 0
   model = mha.create_model(config)
   tx = mha.create_optimizer(config)
-  state = trainer.init_state(config, model, tx)
+  state = train_step.init_state(config, model, tx)
   logits = model.apply({"params": state["params"]}, batch["inputs"],
                        batch["targets"], rngs={"dropout": jax.random.key(0)})
   loss, tokens = mha.cross_entropy_with_label_smoothing(
@@ -95,14 +99,14 @@ def test_gradient_accumulation_equals_one_big_batch():
 
   def run(accum, groups):
     config.grad_accum_steps = accum
-    update = trainer._Updater(model, tx, config, devices)
-    state = trainer.replicate(trainer.init_state(config, model, tx), devices)
+    update = train_step.CompiledUpdate(model, tx, config, devices)
+    state = pmap_replicate(train_step.init_state(config, model, tx), devices)
     losses = []
     for group in groups:
-      state, metrics = update(state, [trainer.shard(b, 2) for b in group],
+      state, metrics = update(state, [shard(b, 2) for b in group],
                               np.zeros((2,), np.int32))
       losses.append(float(metrics["loss"][0]))
-    return losses, trainer.unreplicate(state)
+    return losses, pmap_unreplicate(state)
 
   big = [[{k: np.concatenate([a[k], b[k]]) for k in a}]
          for a, b in (batches[:2], batches[2:])]
@@ -123,10 +127,10 @@ def test_dropout_masks_come_from_an_rbg_key_per_step_micro_batch_device():
     state = {"rng": jax.random.key_data(jax.random.key(7)),
              "step": jnp.int32(step)}
     def per_device(_):
-      key = trainer._dropout_rng(state, micro_step)  # pylint: disable=protected-access
+      key = train_step._dropout_rng(state, micro_step)  # pylint: disable=protected-access
       assert jax.random.key_impl(key) == "rbg"
       return jax.random.bernoulli(key, 0.9, (1 << 20,))
-    return np.asarray(jax.pmap(per_device, axis_name=trainer.AXIS)(
+    return np.asarray(jax.pmap(per_device, axis_name=AXIS)(
         jnp.zeros(2)))
 
   masks = {"a": draw(3, 0), "again": draw(3, 0), "step": draw(4, 0),
@@ -149,18 +153,18 @@ def test_grad_step_equals_autodiff_through_the_whole_logits(share_embeddings):
   config = _config(share_embeddings=share_embeddings, label_smoothing=0.1,
                    num_layers=1)
   model = mha.create_model(config)
-  params = trainer.init_state(config, model, optax.sgd(1.0))["params"]
+  params = train_step.init_state(config, model, optax.sgd(1.0))["params"]
   if not share_embeddings:  # a bias of zeros would hide a missing gradient
     params["output_projection"]["bias"] = jnp.linspace(
         -1.0, 1.0, config.vocab_size)
   batch = _batch(np.random.default_rng(3))
-  grad_step = jax.pmap(trainer.make_grad_step(model, config),
-                       axis_name=trainer.AXIS, devices=jax.local_devices()[:1])
-  state = trainer.replicate({"params": params, "step": jnp.array(0),
+  grad_step = jax.pmap(train_step.make_grad_step(model, config),
+                       axis_name=AXIS, devices=jax.local_devices()[:1])
+  state = pmap_replicate({"params": params, "step": jnp.array(0),
                              "rng": jax.random.key_data(jax.random.key(0))},
                             jax.local_devices()[:1])
-  grads, sums = trainer.unreplicate(grad_step(
-      state, trainer.shard(batch, 1), np.zeros((1,), np.int32)))
+  grads, sums = pmap_unreplicate(grad_step(
+      state, shard(batch, 1), np.zeros((1,), np.int32)))
 
   def whole(p):
     logits = model.apply({"params": p}, batch["inputs"], batch["targets"])

@@ -78,16 +78,38 @@ def _tiny_config(**changes):
                         "checkpoint_every_steps": 1, **changes})
 
 
-def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path):
+def _count_reads(monkeypatch, module, name, calls: list) -> None:
+  """Appends the first argument of every call of `module.name` to `calls`."""
+  function = getattr(module, name)
+
+  def counting(*args, **kwargs):
+    calls.append(str(args[0]))
+    return function(*args, **kwargs)
+
+  monkeypatch.setattr(module, name, counting)
+
+
+def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path,
+                                                       monkeypatch):
   from mha import trainer
+  from mha import workdir as workdir_lib
   from mha.data import tokenizer
   source, _ = checkpoints.restore_params(str(tiny_workdir), 4)
   new = tmp_path / "warm"
+  # Each input is loaded once: the checks load it, the set-up uses that.
+  restored, files_read, configs_read = [], [], []
+  _count_reads(monkeypatch, checkpoints, "restore_params", restored)
+  _count_reads(monkeypatch, warm_start.files, "read_bytes", files_read)
+  _count_reads(monkeypatch, workdir_lib, "_read_json", configs_read)
   # learning_rate_scale 1e-30: the one update moves nothing a float32 holds,
   # so step 1 holds the parameters the run started from.
   trainer.train_and_evaluate(
       _tiny_config(init_from=f"{tiny_workdir}:4", learning_rate_scale=1e-30),
       str(new))
+  assert restored == [str(tiny_workdir)]
+  assert files_read.count(str(tiny_workdir / "spm.model")) == 1
+  assert configs_read == []  # a new workdir: no config.json to read
+  monkeypatch.undo()
   started, step = checkpoints.restore_params(str(new))
   assert step == 1
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6,
@@ -99,11 +121,13 @@ def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path):
   name = tokenizer.MODEL_FILENAME
   assert (new / name).read_bytes() == (tiny_workdir / name).read_bytes()
   # Resuming ignores init_from (even one that no longer exists).
+  _count_reads(monkeypatch, workdir_lib, "_read_json", configs_read)
   trainer.train_and_evaluate(
       _tiny_config(init_from=str(tmp_path / "gone"), num_train_steps=2,
                    learning_rate_scale=1e-30),
       str(new))
   assert checkpoints.latest_step(str(new)) == 2
+  assert configs_read == [str(new / "config.json")]  # read once
 
 
 def test_a_mismatched_warm_start_writes_nothing(tiny_workdir, tmp_path):

@@ -24,6 +24,7 @@ from mha import data
 from mha import errors
 from mha import metrics as metrics_lib
 from mha.data import batching
+from mha import train_actions
 from mha import trainer
 from mha import validation
 from mha import workdir as workdir_lib
@@ -281,17 +282,17 @@ def test_stale_lock_is_taken_over_and_unlogged_steps_dropped(copy, caplog):
   dead.wait()
   _lock(copy, pid=dead.pid)
   seen = []
-  get_tokenizer = trainer.data.get_tokenizer
+  write_config = workdir_lib.Workdir.write_config
 
-  def recording(config, workdir):
+  def recording(folder, config):
     seen.append(json.loads((copy / "lock").read_text()))
-    return get_tokenizer(config, workdir)
+    return write_config(folder, config)
 
-  trainer.data.get_tokenizer = recording
+  workdir_lib.Workdir.write_config = recording
   try:
     trainer.train_and_evaluate(tiny_config(num_train_steps=0), str(copy))
   finally:
-    trainer.data.get_tokenizer = get_tokenizer
+    workdir_lib.Workdir.write_config = write_config
   assert "Taking over the stale lock" in caplog.text
   assert f"of process {dead.pid}" in caplog.text
   assert seen[-1]["pid"] == os.getpid()  # held while the run wrote
@@ -305,7 +306,8 @@ def test_lock_is_released_and_new_folder_removed_on_a_bug(tmp_path,
   workdir = tmp_path / "run"
   held = []
 
-  def failing(config, folder):
+  def failing(config, folder, inputs):
+    del inputs  # what the checks loaded
     held.append(json.loads(pathlib.Path(folder.lock_path).read_text()))
     raise RuntimeError("a bug")
 
@@ -318,7 +320,7 @@ def test_lock_is_released_and_new_folder_removed_on_a_bug(tmp_path,
 
 def test_non_finite_loss_is_training_diverged():
   with pytest.raises(errors.TrainingDiverged, match="at step 7"):
-    trainer._check_finite(7, {"loss": np.nan})
+    train_actions.check_finite(7, {"loss": np.nan})
   assert issubclass(errors.TrainingDiverged, errors.UserError)
 
 
