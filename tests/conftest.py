@@ -19,7 +19,10 @@ os.environ.setdefault("MHA_HUGE_PAGES", "0")
 # compilation cache for this session saves most of those compiles.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       tempfile.mkdtemp(prefix="mha_jax_cache_"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# Every compile is kept, also the small ones: the suite's subprocesses and
+# its two workers compile the same tiny programs again and again, and most
+# take less than JAX's default threshold.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest  # noqa: E402
 
