@@ -137,13 +137,25 @@ def _expand_cache(cache: PyTree, cache_rows: PyTree, batch_size: int,
   return jax.tree_util.tree_map_with_path(expand, cache_rows, cache)
 
 
+def _by_sentence(x: jax.Array, batch_size: int) -> jax.Array:
+  """`[batch * n, ...]` rows as `[batch, n, ...]` (a reshape, no copy)."""
+  return x.reshape((batch_size, x.shape[0] // batch_size) + x.shape[1:])
+
+
 def _gather_rows(cache: PyTree, cache_rows: PyTree,
-                 rows: jax.Array) -> PyTree:
-  """Gathers the HYPOTHESIS leaves of `cache` along axis 0 (`rows`: [n])."""
+                 parents: jax.Array) -> PyTree:
+  """Reorders the HYPOTHESIS leaves of `cache`: row `b * beam + k` takes row
+  `b * beam + parents[b, k]` (`parents`: [batch, beam]).
+
+  Gathered within each sentence (`take_along_axis` over `[batch, beam,
+  ...]`): the same rows as a gather of the flat row indices, which XLA:CPU
+  runs several times slower (bench/README.md, decoding profile).
+  """
+  batch_size = parents.shape[0]
 
   def gather(kind: CacheRows, x):
     if kind is CacheRows.HYPOTHESIS:
-      return jnp.take(x, rows, axis=0, mode="clip")  # rows are in range
+      return _take(_by_sentence(x, batch_size), parents).reshape(x.shape)
     return x
 
   return jax.tree.map(gather, cache_rows, cache)
@@ -676,15 +688,13 @@ def beam_search(tokens_to_logits: TokensToLogits,
     live_logprobs, live_index = lax.top_k(
         jnp.where(ends, NEG_INF, cand_logprobs), beam_size)  # [b, beam]
     live_parent = _take(cand_parent, live_index)  # [b, beam]
-    rows = (jnp.arange(batch_size)[:, None] * beam_size +
-            live_parent).reshape(num_rows)  # [batch * beam]
     return _merge_finished(state, ends, cand_logprobs, cand_seqs, length,
                            alpha, beam_size)._replace(
         step=length,
         live_seqs=_take(cand_seqs, live_index),  # [b, beam, len]
         live_logprobs=live_logprobs,
         last=_take(cand_token, live_index),
-        cache=_gather_rows(cache, kinds, rows),
+        cache=_gather_rows(cache, kinds, live_parent),
     )
 
   def grow(state: _BeamState, length: int) -> _BeamState:
@@ -694,14 +704,16 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
   def gather_sentences(state: _BeamState, index: jax.Array) -> _BeamState:
     """The state of sentences `index` ([n]) alone."""
-    rows = (index[:, None] * beam_size +
-            jnp.arange(beam_size)).reshape(-1)  # [n * beam]
+    batch_size = state.live_logprobs.shape[0]
 
     def leaf(kind: CacheRows, x):
       if kind is CacheRows.SHARED:
         return x
-      which = index if kind is CacheRows.ONE_PER_SENTENCE else rows
-      return jnp.take(x, which, axis=0, mode='clip')  # in range
+      if kind is CacheRows.ONE_PER_SENTENCE:
+        return jnp.take(x, index, axis=0, mode='clip')  # in range
+      # A sentence's beam_size rows as one slice (as in _gather_rows).
+      return jnp.take(_by_sentence(x, batch_size), index, axis=0,
+                      mode='clip').reshape((-1,) + x.shape[1:])
 
     per_sentence = {
         name: jnp.take(getattr(state, name), index, axis=0, mode='clip')
