@@ -148,8 +148,8 @@ def _gather_rows(cache: PyTree, cache_rows: PyTree,
   `b * beam + parents[b, k]` (`parents`: [batch, beam]).
 
   Gathered within each sentence (`take_along_axis` over `[batch, beam,
-  ...]`): the same rows as a gather of the flat row indices, which XLA:CPU
-  runs several times slower (bench/README.md, decoding profile).
+  ...]`): the same rows as a gather of the flat row indices, which was
+  slower in isolation on XLA:CPU (bench/README.md, issue 33's profile).
   """
   batch_size = parents.shape[0]
 
