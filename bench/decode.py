@@ -42,6 +42,16 @@ config's `max_decode_extra` (mha's is per sentence), and
 min_decoding_length=0 as in mha. Prints its sentences/s, the mha/CTranslate2
 speed ratios, BLEU, and how many outputs equal mha's.
 
+Where the time goes: `--profile` traces the compiled search (greedy, then
+beam) of one batch of the most frequent shape with `jax.profiler`, for the
+baseline and the current code in turn, and prints XLA's op time summed by
+category (encoder, the step's output projection, feed-forward and attention
+matmuls, the cache write, the cache reorder, the vocabulary's lse and top-k,
+shrinking, loop control), each op placed by the jax source stack the
+optimized HLO records for it; with the compile time and the search's time.
+Op time is summed over XLA's threads and inflated by the machine's load:
+compare shares and the two codes within one run.
+
 Each distinct batch shape is compiled (and run once) before timing, then
 `--repeats` full passes are timed (the fastest is reported). Sentences are
 decoded as `eval.py` does (`translate_ids`'s steps: length-sorted batches of
@@ -50,10 +60,14 @@ sentences/s and tokens/s of greedy and beam search for each path, the
 new/old speed ratios and whether every sentence's output is identical.
 """
 import argparse
+import collections
+import glob
 import gzip
 import io
+import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -368,6 +382,146 @@ def _ct2_report(search, ct2_paths, mha_result, references, tokenizer,
           flush=True)
 
 
+# ------------------------------------------------------------------ profile
+
+# Categories of `--profile`. An op's phase is the first of _PHASES with a
+# function on its jax source stack; its part, in the search, the first rule
+# that a function of its stack matches, in the step, the rule of the
+# innermost function that matches one (every step op is in
+# Transformer.decode, the output projection alone directly).
+_PHASES = (
+    ("encoder", ("Transformer.encode",)),
+    ("decode cache made (cross-attention K, V)", ("init_cache",)),
+    ("shrink: state and cache gathered", ("gather_sentences",)),
+    ("stage growth: outputs and cache padded", ("grow_cache", "_pad_axis")),
+    ("step", ("tokens_to_logits",)),
+    ("search", ("",)),
+)
+_PARTS = {
+    "step": (
+        ("self-attention cache write", ("_append_to_cache",)),
+        ("feed-forward matmuls", ("FeedForward.__call__",)),
+        ("attention Q/K/V/O projections", ("_apply_projection",
+                                           "MultiHeadAttention.__call__")),
+        ("attention QK, softmax, AV", ("_dot_logits", "_mix",
+                                       "masked_softmax", "_heads")),
+        ("layer norm, residual, embedding", (
+            "_compute_stats", "_normalize", "LayerNorm", "ResidualSublayer",
+            "Embed", "AddPositionEncoding", "Layer.__call__")),
+        ("output projection [rows, vocab]", ("Transformer.decode",)),
+    ),
+    "search": (
+        ("cache reorder", ("_gather_rows",)),
+        ("log-softmax / lse and top-k over the vocabulary", (
+            "_best_extensions", "_greedy_choice", "_step_logprobs",
+            "_argmax")),
+        ("candidates, finished merge, sequences", (
+            "_candidates", "_merge_finished", "_take", "body")),
+    ),
+}
+_SEARCH_REST = "stopping rule, loop control"
+# Control flow: a while or conditional op's time covers the ops it runs.
+_CONTROL_FLOW = re.compile(r"\s(while|conditional|call)\(%")
+
+
+def _stack_frames(hlo_text: str) -> dict[str, list[str]]:
+  """Op name -> the function names of its jax source stack, innermost first
+  (the optimized HLO's FileLocations and StackFrames tables); control-flow
+  ops left out."""
+  def table(name):
+    found = re.search(r"^%s\n(.*?)\n\n" % name, hlo_text, re.M | re.S)
+    return found.group(1).split("\n") if found else []
+  functions = {int(l.split()[0]): l.split(None, 1)[1].strip('"')
+               for l in table("FunctionNames")}
+  locations = {int(l.split()[0]): functions[int(re.search(
+      r"function_name_id=(\d+)", l).group(1))] for l in table("FileLocations")}
+  frames = {}
+  for line in table("StackFrames"):
+    fields = dict(re.findall(r"(\w+)=(\d+)", line))
+    # The parent is the frame listed at parent_frame_id - 1 (0: none).
+    frames[int(line.split()[0])] = (int(fields["file_location_id"]),
+                                    int(fields.get("parent_frame_id", 0)) - 1)
+
+  def stack(frame):
+    names = []
+    while frame in frames and len(names) < 100:
+      location, parent = frames[frame]
+      names.append(locations[location].split(".<locals>.")[-1])
+      frame = parent
+    return names
+
+  ops = {}
+  for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?stack_frame_id=(\d+)",
+                       hlo_text, re.M):
+    if not _CONTROL_FLOW.search(m.group(0)):
+      ops[m.group(1)] = stack(int(m.group(2)))
+  return ops
+
+
+def _profile_category(stack: list[str]) -> str:
+  phase = next(p for p, words in _PHASES
+               if any(w in name for name in stack for w in words))
+  if phase not in _PARTS:
+    return phase
+  if phase == "search":  # the first rule any function matches
+    for part, words in _PARTS[phase]:
+      if any(w in name for name in stack for w in words):
+        return f"{phase}: {part}"
+  for name in stack:  # in the step: the innermost function that matches
+    for part, words in _PARTS[phase]:
+      if any(w in name for w in words):
+        return f"{phase}: {part}"
+  return f"{phase}: " + (_SEARCH_REST if phase == "search" else "other")
+
+
+def profile(name, module, model_config, params, batch, *, beam_size, alpha,
+            extra, eos_id, repeats=2) -> None:
+  """Traces the compiled search of `module` (a translate module) on one
+  batch (`jax.profiler`) and prints XLA's op time summed by category (the
+  jax source of each op)."""
+  fn = module._translate_fn(model_config, beam_size, float(alpha), eos_id)  # pylint: disable=protected-access
+  static, devices, rows = module._search_inputs(  # pylint: disable=protected-access
+      model_config, batch.inputs, max_decode_extra=extra,
+      max_decode_len=batch.max_decode_len,
+      first_stage_extra=translate.FIRST_STAGE_EXTRA, devices=(),
+      extra_rows=())
+  params = jax.device_put(params)
+  start = time.perf_counter()
+  compiled = fn.lower(params, *rows, devices=devices, num_best=0,
+                      **static).compile()
+  compile_seconds = time.perf_counter() - start
+  ops = _stack_frames(compiled.as_text())
+  jax.block_until_ready(compiled(params, *rows))
+  with tempfile.TemporaryDirectory() as logdir:
+    start = time.perf_counter()
+    with jax.profiler.trace(logdir):
+      for _ in range(repeats):
+        out = jax.block_until_ready(compiled(params, *rows))
+    seconds = (time.perf_counter() - start) / repeats
+    path = glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"),
+                     recursive=True)[0]
+    with gzip.open(path) as f:
+      events = json.load(f)["traceEvents"]
+  totals, counts = collections.Counter(), collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and e.get("name") in ops:
+      category = _profile_category(ops[e["name"]])
+      totals[category] += e.get("dur", 0) / 1e3 / repeats
+      counts[category] += 1 / repeats
+  total = sum(totals.values())
+  steps = int((np.asarray(out) != 0).sum(axis=1).max())
+  print(f"profile of {name}, beam {beam_size}, one batch "
+        f"{batch.inputs.shape} (cache {batch.max_decode_len}), {steps} steps "
+        f"for its longest output: compiled in {compile_seconds:.1f} s; "
+        f"{seconds * 1e3:.0f} ms "
+        f"a search (traced), XLA op time {total:.0f} ms summed over threads "
+        f"({len(ops)} ops in the optimized HLO):")
+  for category, ms in totals.most_common():
+    if ms / total >= 0.002:
+      print(f"  {category:48s} {ms:8.1f} ms {ms / total:6.1%} "
+            f"{counts[category]:7.0f} op runs")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default=None,
@@ -386,6 +540,10 @@ def main():
                       "on the same checkpoint, sentences and batches")
   parser.add_argument("--ct2_threads", type=int, default=os.cpu_count(),
                       help="CTranslate2's intra_threads (default: all cores)")
+  parser.add_argument("--profile", action="store_true",
+                      help="trace the current search on one batch of the "
+                      "most frequent shape (greedy and beam) and print XLA's "
+                      "op time by category instead of timing the passes")
   parser.add_argument("--baseline", default=BASELINE,
                       help="a git revision whose search is timed beside the "
                       "current one; 'none': the current search alone")
@@ -399,6 +557,23 @@ def main():
   # each output to its source length + extra.
   (model_config, params, encoded, tokenizer, references, alpha, cache_extra,
    extra, eos_id) = setup(args)
+  if args.profile:
+    batches = Path("new", translate, model_config, encoded, args.batch_size,
+                   cache_extra).batches
+    shapes = collections.Counter(batch.shape_key for batch in batches)
+    batch = next(b for b in batches
+                 if b.shape_key == shapes.most_common(1)[0][0])
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
+    modules = [("new", translate)]
+    if args.baseline != "none":
+      modules.insert(0, (f"old ({args.baseline})",
+                         load_baseline(args.baseline)))
+    for beam in ([1] * (not args.no_greedy)) + [args.beam_size]:
+      for name, module in modules:
+        profile(name, module, model_config, params, batch, beam_size=beam,
+                alpha=alpha, extra=extra, eos_id=eos_id,
+                repeats=args.repeats)
+    return
   paths = []
   if args.baseline != "none":
     paths.append(Path(f"old ({args.baseline})", load_baseline(args.baseline),

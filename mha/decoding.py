@@ -137,13 +137,25 @@ def _expand_cache(cache: PyTree, cache_rows: PyTree, batch_size: int,
   return jax.tree_util.tree_map_with_path(expand, cache_rows, cache)
 
 
+def _by_sentence(x: jax.Array, batch_size: int) -> jax.Array:
+  """`[batch * n, ...]` rows as `[batch, n, ...]` (a reshape, no copy)."""
+  return x.reshape((batch_size, x.shape[0] // batch_size) + x.shape[1:])
+
+
 def _gather_rows(cache: PyTree, cache_rows: PyTree,
-                 rows: jax.Array) -> PyTree:
-  """Gathers the HYPOTHESIS leaves of `cache` along axis 0 (`rows`: [n])."""
+                 parents: jax.Array) -> PyTree:
+  """Reorders the HYPOTHESIS leaves of `cache`: row `b * beam + k` takes row
+  `b * beam + parents[b, k]` (`parents`: [batch, beam]).
+
+  Gathered within each sentence (`take_along_axis` over `[batch, beam,
+  ...]`): the same rows as a gather of the flat row indices, which was
+  slower in isolation on XLA:CPU (bench/README.md, issue 33's profile).
+  """
+  batch_size = parents.shape[0]
 
   def gather(kind: CacheRows, x):
     if kind is CacheRows.HYPOTHESIS:
-      return jnp.take(x, rows, axis=0, mode="clip")  # rows are in range
+      return _take(_by_sentence(x, batch_size), parents).reshape(x.shape)
     return x
 
   return jax.tree.map(gather, cache_rows, cache)
@@ -160,13 +172,54 @@ def _max_lengths(max_lengths: jax.Array | None, batch_size: int,
   return jnp.clip(max_lengths, 1, max_decode_len)
 
 
-def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
-                   cache: PyTree) -> tuple[jax.Array, PyTree]:
+def _step_logits(tokens_to_logits: TokensToLogits, tokens: jax.Array,
+                 cache: PyTree) -> tuple[jax.Array, PyTree]:
+  """float32 logits `[n, V]` of one step and the new cache."""
   logits, new_cache = tokens_to_logits(tokens, cache)
   logits = jnp.asarray(logits, jnp.float32)
   if logits.ndim == 3:  # [n, 1, V] from a decoder called on one position
     logits = logits[:, 0]
+  return logits, new_cache
+
+
+def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
+                   cache: PyTree) -> tuple[jax.Array, PyTree]:
+  logits, new_cache = _step_logits(tokens_to_logits, tokens, cache)
   return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
+
+
+def _greedy_choice(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """`argmax(log_softmax(logits))` and its log-probability, the same token
+  and bits, without the `[rows, V]` log-softmax and its argmax.
+
+  As in `_best_extensions`: f(x) = (x - max x) - lse is non-decreasing in
+  x, so the best f is the best raw logit's unless f ties across the two
+  best raw logits (argmax would then take the lowest token of the tie,
+  perhaps outside them): the whole step then takes the full computation
+  (`lax.cond`), as it does for NaN.
+
+  Args:
+    logits: float32 `[rows, V]`.
+
+  Returns:
+    `(int32 [rows] tokens, float32 [rows] their log-probabilities)`.
+  """
+  def full():
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+    return token, jnp.take_along_axis(log_probs, token[:, None],
+                                      axis=-1)[:, 0]
+
+  if logits.shape[-1] < 2:
+    return full()
+  x_max = jnp.max(logits, axis=-1, keepdims=True, initial=-np.inf)
+  lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
+  top_x, top_token = lax.top_k(logits, 2)  # [rows, 2]
+  top_f = (top_x - x_max) - lse
+  exact = jnp.all(top_f[:, 0] > top_f[:, 1])
+  return lax.cond(exact,
+                  lambda: (top_token[:, 0].astype(jnp.int32), top_f[:, 0]),
+                  full)
 
 
 def _best_extensions(logits: jax.Array, live_logprobs: jax.Array,
@@ -321,11 +374,16 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
     return (state.step < state.seqs.shape[1]) & ~jnp.all(state.finished)
 
   def body(state: _GreedyState) -> _GreedyState:
-    log_probs, cache = _step_logprobs(tokens_to_logits, state.last[:, None],
-                                      state.cache)  # [batch, V]
-    token = choose(log_probs, state.step)  # [batch]
-    token_logprob = jnp.take_along_axis(log_probs, token[:, None],
-                                        axis=-1)[:, 0]  # [batch]
+    if choose is _argmax:  # without the [batch, V] log-softmax
+      logits, cache = _step_logits(tokens_to_logits, state.last[:, None],
+                                   state.cache)  # [batch, V]
+      token, token_logprob = _greedy_choice(logits)  # [batch] each
+    else:
+      log_probs, cache = _step_logprobs(tokens_to_logits,
+                                        state.last[:, None], state.cache)
+      token = choose(log_probs, state.step)  # [batch]
+      token_logprob = jnp.take_along_axis(log_probs, token[:, None],
+                                          axis=-1)[:, 0]  # [batch]
     alive = ~state.finished
     token = jnp.where(alive, token, PAD_ID)
     length = state.step + 1
@@ -406,6 +464,62 @@ def _take(x: jax.Array, indices: jax.Array) -> jax.Array:
   """x [batch, n, ...], indices [batch, m] -> [batch, m, ...]."""
   indices = indices.reshape(indices.shape + (1,) * (x.ndim - 2))
   return jnp.take_along_axis(x, indices, axis=1)
+
+
+def _candidates(logits: jax.Array, live_logprobs: jax.Array
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The best `2 * beam` extensions of the live hypotheses: even if beam of
+  them end, beam stay live.
+
+  In two rounds (the best of each hypothesis, then the best of those),
+  which selects the same candidates in the same order as one top_k over
+  all beam * V of them, ties included (both prefer the lower parent, then
+  the lower token), at a fraction of the cost. The first round is top_k of
+  live_logprobs + log_softmax(logits) per row, without the [rows, V]
+  log-softmax (`_best_extensions`).
+
+  Args:
+    logits: float32 `[b, beam, V]`.
+    live_logprobs: `[b, beam]`.
+
+  Returns:
+    `(log-probabilities, parent slots, tokens)` of the candidates, `[b, c]`
+    each, best first.
+  """
+  batch_size, beam_size, vocab_size = logits.shape
+  num_candidates = min(2 * beam_size, beam_size * vocab_size)
+  per_row = min(num_candidates, vocab_size)
+  row_logprobs, row_token = _best_extensions(
+      logits, live_logprobs, per_row)  # [b, beam, k]
+  cand_logprobs, cand_slot = lax.top_k(
+      row_logprobs.reshape(batch_size, beam_size * per_row),
+      num_candidates)  # [b, c]
+  cand_token = jnp.take_along_axis(
+      row_token.reshape(batch_size, beam_size * per_row), cand_slot,
+      axis=1).astype(jnp.int32)  # [b, c]
+  return cand_logprobs, cand_slot // per_row, cand_token
+
+
+def _merge_finished(state: _BeamState, ends: jax.Array,
+                    cand_logprobs: jax.Array, cand_seqs: jax.Array,
+                    length: jax.Array, alpha: float,
+                    beam_size: int) -> _BeamState:
+  """`state` with its finished slots: the best beam of the old finished
+  hypotheses and the candidates that end now (`ends` `[b, c]`)."""
+  new_scores = jnp.where(ends, cand_logprobs / length_penalty(length, alpha),
+                         NEG_INF)  # [b, c]
+  all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)
+  all_flags = jnp.concatenate([state.finished_flags, ends], axis=1)
+  all_seqs = jnp.concatenate([state.finished_seqs, cand_seqs], axis=1)
+  finished_scores, finished_index = lax.top_k(all_scores, beam_size)
+  all_logprobs = jnp.concatenate(
+      [state.finished_logprobs, jnp.where(ends, cand_logprobs, NEG_INF)],
+      axis=1)
+  return state._replace(
+      finished_seqs=_take(all_seqs, finished_index),
+      finished_scores=finished_scores,
+      finished_flags=_take(all_flags, finished_index),
+      finished_logprobs=_take(all_logprobs, finished_index))
 
 
 def beam_search(tokens_to_logits: TokensToLogits,
@@ -561,27 +675,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
     logits, cache = tokens_to_logits(state.last.reshape(num_rows, 1),
                                      state.cache)
     logits = jnp.asarray(logits, jnp.float32)
-    vocab_size = logits.shape[-1]
-    logits = logits.reshape(batch_size, beam_size, vocab_size)
-
-    # The best 2 * beam extensions: even if beam of them end, beam stay live.
-    # In two rounds (the best of each hypothesis, then the best of those),
-    # which selects the same candidates in the same order as one top_k over
-    # all beam * V of them, ties included (both prefer the lower parent,
-    # then the lower token), at a fraction of the cost.
-    num_candidates = min(2 * beam_size, beam_size * vocab_size)
-    per_row = min(num_candidates, vocab_size)
-    # The first round: top_k of live_logprobs + log_softmax(logits) per
-    # row, without the [rows, V] log-softmax (_best_extensions).
-    row_logprobs, row_token = _best_extensions(
-        logits, state.live_logprobs, per_row)  # [b, beam, k]
-    cand_logprobs, cand_slot = lax.top_k(
-        row_logprobs.reshape(batch_size, beam_size * per_row),
-        num_candidates)  # [b, c]
-    cand_parent = cand_slot // per_row  # [b, c]
-    cand_token = jnp.take_along_axis(
-        row_token.reshape(batch_size, beam_size * per_row), cand_slot,
-        axis=1).astype(jnp.int32)  # [b, c]
+    cand_logprobs, cand_parent, cand_token = _candidates(
+        logits.reshape(batch_size, beam_size, -1), state.live_logprobs)
     cand_seqs = _take(state.live_seqs, cand_parent)  # [b, c, len]
     cand_seqs = cand_seqs.at[:, :, state.step].set(cand_token)
     length = state.step + 1
@@ -592,33 +687,14 @@ def beam_search(tokens_to_logits: TokensToLogits,
     # Live: the best beam candidates that did not end.
     live_logprobs, live_index = lax.top_k(
         jnp.where(ends, NEG_INF, cand_logprobs), beam_size)  # [b, beam]
-    live_seqs = _take(cand_seqs, live_index)  # [b, beam, len]
     live_parent = _take(cand_parent, live_index)  # [b, beam]
-    rows = (jnp.arange(batch_size)[:, None] * beam_size +
-            live_parent).reshape(num_rows)  # [batch * beam]
-    cache = _gather_rows(cache, kinds, rows)
-
-    # Finished: the best beam of the old finished ones and the new endings.
-    new_scores = jnp.where(ends, cand_logprobs / length_penalty(length, alpha),
-                           NEG_INF)  # [b, c]
-    all_scores = jnp.concatenate([state.finished_scores, new_scores], axis=1)
-    all_flags = jnp.concatenate([state.finished_flags, ends], axis=1)
-    all_seqs = jnp.concatenate([state.finished_seqs, cand_seqs], axis=1)
-    finished_scores, finished_index = lax.top_k(all_scores, beam_size)
-    all_logprobs = jnp.concatenate(
-        [state.finished_logprobs, jnp.where(ends, cand_logprobs, NEG_INF)],
-        axis=1)
-
-    return state._replace(
+    return _merge_finished(state, ends, cand_logprobs, cand_seqs, length,
+                           alpha, beam_size)._replace(
         step=length,
-        live_seqs=live_seqs,
+        live_seqs=_take(cand_seqs, live_index),  # [b, beam, len]
         live_logprobs=live_logprobs,
         last=_take(cand_token, live_index),
-        finished_seqs=_take(all_seqs, finished_index),
-        finished_scores=finished_scores,
-        finished_flags=_take(all_flags, finished_index),
-        finished_logprobs=_take(all_logprobs, finished_index),
-        cache=cache,
+        cache=_gather_rows(cache, kinds, live_parent),
     )
 
   def grow(state: _BeamState, length: int) -> _BeamState:
@@ -628,14 +704,16 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
   def gather_sentences(state: _BeamState, index: jax.Array) -> _BeamState:
     """The state of sentences `index` ([n]) alone."""
-    rows = (index[:, None] * beam_size +
-            jnp.arange(beam_size)).reshape(-1)  # [n * beam]
+    batch_size = state.live_logprobs.shape[0]
 
     def leaf(kind: CacheRows, x):
       if kind is CacheRows.SHARED:
         return x
-      which = index if kind is CacheRows.ONE_PER_SENTENCE else rows
-      return jnp.take(x, which, axis=0, mode='clip')  # in range
+      if kind is CacheRows.ONE_PER_SENTENCE:
+        return jnp.take(x, index, axis=0, mode='clip')  # in range
+      # A sentence's beam_size rows as one slice (as in _gather_rows).
+      return jnp.take(_by_sentence(x, batch_size), index, axis=0,
+                      mode='clip').reshape((-1,) + x.shape[1:])
 
     per_sentence = {
         name: jnp.take(getattr(state, name), index, axis=0, mode='clip')

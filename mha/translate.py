@@ -136,12 +136,9 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
   """The Transformer's step function and initial cache for the search.
 
   `encode(inputs)` once per sentence; the cache is made by applying the
-  decoder with the parameters (`mutable=["cache"]`), which projects the
-  encoder-decoder keys and values once per sentence (`[batch, s, h, d]`,
-  `CacheRows.ONE_PER_SENTENCE`); the self-attention keys and values have a
-  row per hypothesis (rows ordered [batch, beam]). `decode(encoded, inputs,
-  tokens)` with the `cache` collection is the step function: the encoder
-  output and the source mask stay at one row per sentence.
+  decoder with the parameters (`_init_cache`); `decode(encoded, inputs,
+  tokens)` with the `cache` collection is the step function (`_step_fn`):
+  the encoder output and the source mask stay at one row per sentence.
 
   Args:
     model: the Transformer built with `decode=True, deterministic=True`.
@@ -156,23 +153,40 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
   sentences (the search's `shrink_sizes`).
 
   Returns:
-    `(tokens_to_logits, cache, grow_cache)` for `batch *
-    beam_size` rows; `grow_cache(cache, length)` pads every leaf whose shape
-    depends on the output length (the self-attention keys and values) with
-    zeros along the axes that depend on it, to the size of a cache made for
-    `length` (any number of rows).
+    `(tokens_to_logits, cache, grow_cache)` for `batch * beam_size` rows
+    (`_grow_cache_fn` for `grow_cache`).
   """
   encoded = model.apply({"params": params}, inputs, method="encode")
-  num_rows = inputs.shape[0] * beam_size
-
-  def init_cache(length: int) -> Any:
-    # Only the cache is kept: XLA drops the rest of this decoder pass.
-    _, made = model.apply({"params": params}, encoded, inputs,
-                          jnp.ones((num_rows, length), jnp.int32),
-                          mutable=["cache"], method="decode")
-    return made["cache"]
-
+  init_cache = functools.partial(_init_cache, model, params, encoded, inputs,
+                                 inputs.shape[0] * beam_size)
   first = init_cache(max_decode_len)
+  return (_step_fn(model, params),
+          {"model": first, "encoded": encoded, "inputs": inputs},
+          _grow_cache_fn(init_cache, first))
+
+
+def _init_cache(model: Transformer, params: Any, encoded: jax.Array,
+                inputs: jax.Array, num_rows: int, length: int) -> Any:
+  """The decoder's cache for `num_rows` hypotheses and `length` outputs.
+
+  Made by applying the decoder with the parameters (`mutable=["cache"]`),
+  which projects the encoder-decoder keys and values once per sentence
+  (`[batch, s, h, d]`, `CacheRows.ONE_PER_SENTENCE`); the self-attention
+  keys and values have a row per hypothesis (rows ordered [batch, beam]).
+  """
+  # Only the cache is kept: XLA drops the rest of this decoder pass.
+  _, made = model.apply({"params": params}, encoded, inputs,
+                        jnp.ones((num_rows, length), jnp.int32),
+                        mutable=["cache"], method="decode")
+  return made["cache"]
+
+
+def _grow_cache_fn(init_cache: Callable[[int], Any], first: Any
+                   ) -> Callable[[Any, int], Any]:
+  """`grow_cache(cache, length)`: every leaf of the search's cache whose
+  shape depends on the output length (the self-attention keys and values)
+  padded with zeros along the axes that depend on it, to the size of a
+  cache `init_cache(length)` (any number of rows)."""
   first_shapes = jax.tree.map(lambda x: x.shape, first)
 
   def grow_cache(cache: Any, length: int) -> Any:
@@ -187,15 +201,20 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
     return dict(cache, model=jax.tree.map(pad, cache["model"], first_shapes,
                                           shapes))
 
+  return grow_cache
+
+
+def _step_fn(model: Transformer, params: Any) -> decoding.TokensToLogits:
+  """The search's step function: tokens `[rows, 1]` and the search's cache
+  -> (logits `[rows, V]`, the cache with the decoder's part advanced)."""
+
   def tokens_to_logits(tokens: jax.Array, cache: Any):
-    # tokens [rows, 1] -> logits [rows, 1, V]
     logits, mutated = model.apply(
         {"params": params, "cache": cache["model"]}, cache["encoded"],
         cache["inputs"], tokens, mutable=["cache"], method="decode")
     return logits[:, 0], dict(cache, model=mutated["cache"])  # [rows, V]
 
-  return (tokens_to_logits,
-          {"model": first, "encoded": encoded, "inputs": inputs}, grow_cache)
+  return tokens_to_logits
 
 
 def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
@@ -207,6 +226,14 @@ def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
     sizes.append(n)
     n //= 2
   return tuple(sizes)
+
+
+@functools.lru_cache(maxsize=8)
+def _mesh(devices: tuple[jax.Device, ...]) -> jax.sharding.Mesh:
+  """The one-axis mesh (`_AXIS`) of `devices`, built once per tuple: the
+  sharded search, the rows put on the devices and the replicated
+  parameters all use this one."""
+  return jax.sharding.Mesh(np.asarray(devices), (_AXIS,))
 
 
 def _on_devices(local: Callable[..., Any], devices: tuple[jax.Device, ...],
@@ -222,7 +249,7 @@ def _on_devices(local: Callable[..., Any], devices: tuple[jax.Device, ...],
   """
   if len(devices) < 2:
     return local(*shared, *rows)
-  mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,))
+  mesh = _mesh(devices)
   split = jax.sharding.PartitionSpec(_AXIS)
   # check_vma=False: no collective; the loop's constant-initialised state
   # becomes per-device, which the type check would want spelled out.
@@ -355,8 +382,7 @@ def _put_rows(rows: list[jax.Array], devices: tuple[jax.Device, ...]
   if not devices:
     return rows
   return jax.device_put(rows, jax.sharding.NamedSharding(
-      jax.sharding.Mesh(np.asarray(devices), (_AXIS,)),
-      jax.sharding.PartitionSpec(_AXIS)))
+      _mesh(devices), jax.sharding.PartitionSpec(_AXIS)))
 
 
 class PlacedParams:
@@ -383,9 +409,8 @@ def replicate(params: Any, devices: tuple[jax.Device, ...]) -> Any:
   unchanged for fewer than two devices."""
   if len(devices) < 2:
     return params
-  mesh = jax.sharding.Mesh(np.asarray(devices), (_AXIS,))
   return jax.device_put(params, jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec()))
+      _mesh(devices), jax.sharding.PartitionSpec()))
 
 
 def translate_batch(model_config: TransformerConfig, params: Any,

@@ -432,18 +432,19 @@ def test_sentence_leaves_are_repeated_per_beam_but_never_gathered():
   np.testing.assert_array_equal(
       expanded['layer']['source_key'],
       np.repeat(np.arange(batch * 4).reshape(batch, 4), beam, axis=0))
-  rows = jnp.array([2, 2, 0, 3, 5, 4])  # within each sentence, as the search
-  gathered = decoding._gather_rows(expanded, kinds, rows)
+  parents = jnp.array([[2, 2, 0], [0, 2, 1]])  # within each sentence
+  rows = np.array([2, 2, 0, 3, 5, 4])  # the same as rows of the batch
+  gathered = decoding._gather_rows(expanded, kinds, parents)
   np.testing.assert_array_equal(gathered['layer']['cached_key'],
                                 np.asarray(expanded['layer']['cached_key'])[
-                                    np.asarray(rows)])
+                                    rows])
   assert gathered['layer']['source_key'] is expanded['layer']['source_key']
   assert int(gathered['layer']['cache_index']) == 3
   # ONE_PER_SENTENCE: kept at one row per sentence, never gathered.
   kinds['layer']['source_key'] = CacheRows.ONE_PER_SENTENCE
   expanded = decoding._expand_cache(cache, kinds, batch, beam)
   assert expanded['layer']['source_key'] is cache['layer']['source_key']
-  gathered = decoding._gather_rows(expanded, kinds, rows)
+  gathered = decoding._gather_rows(expanded, kinds, parents)
   assert gathered['layer']['source_key'] is cache['layer']['source_key']
   cache['layer']['source_key'] = jnp.zeros((batch * beam, 4))
   with pytest.raises(ValueError, match=r"source_key.*batch_size = 2"):

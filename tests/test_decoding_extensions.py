@@ -65,3 +65,36 @@ def test_a_tie_that_reaches_past_the_raw_candidates():
                    jnp.asarray(live, jnp.float32), 2)
   assert want[1][0, 0].max() < 40 - 4  # the tie reaches past the raw best 4
   check(logits, live, 2)
+
+
+def check_greedy(logits):
+  """decoding._greedy_choice against argmax(log_softmax) and its value."""
+  logits = jnp.asarray(logits, jnp.float32)
+  token, logprob = jax.jit(decoding._greedy_choice)(logits)
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  want = np.asarray(jnp.argmax(log_probs, axis=-1))
+  np.testing.assert_array_equal(np.asarray(token), want)
+  np.testing.assert_array_equal(
+      np.asarray(logprob), np.asarray(log_probs)[np.arange(len(want)), want])
+
+
+def test_greedy_choice_random_and_tied_logits():
+  rng = np.random.default_rng(2)
+  check_greedy(rng.normal(size=(6, 300)) * 5.0)
+  logits = rng.normal(size=(3, 50))
+  logits[0, [7, 3, 40]] = 9.0  # an exact tie: the lowest token wins
+  logits[1, 0] = -np.inf
+  check_greedy(logits)
+  check_greedy(logits[:, :1])  # one token
+
+
+def test_greedy_choice_a_tie_in_log_probability_past_the_best_two():
+  # Distinct logits 1e-8 apart near 0: minus lse = log(40) (one ulp ~2e-7)
+  # their log-probabilities round together, so argmax takes the lowest
+  # token of the tie, neither of the two best raw logits (the fall-back).
+  logits = np.tile(1e-8 * np.arange(40), (2, 1))
+  logits[1] = np.random.default_rng(3).normal(size=40)
+  log_probs = np.asarray(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32)))
+  assert len(np.unique(logits[0].astype(np.float32))) == 40
+  assert np.argmax(log_probs[0]) < 38  # not among the raw best two
+  check_greedy(logits)
