@@ -6,7 +6,21 @@ import os
 import pathlib
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+def xla_flags(num_devices: int) -> str:
+  """XLA_FLAGS of the tests, in this process and their subprocesses:
+  `num_devices` fake CPU devices, and XLA:CPU compiling for compile time:
+  its LLVM back end at optimisation level 0 and its older (elemental)
+  fusion code generator. The suite's programs are tiny and each runs a few
+  times, so compiling them costs more than running them. Every process of
+  the suite uses the same flags (the quickstart test, which runs the
+  README's commands as a user does, uses none)."""
+  return (f"--xla_force_host_platform_device_count={num_devices} "
+          "--xla_backend_optimization_level=0 "
+          "--xla_cpu_use_fusion_emitters=false")
+
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(4))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The commands restart themselves once with huge pages on CPU hosts

@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO_ROOT
 from conftest import TINY_OVERRIDES
 from conftest import tiny_config
+from conftest import xla_flags
 from mha import data
 from mha import distributed
 from mha.data import multihost
@@ -265,7 +266,7 @@ def test_two_processes_process_zero_prepares_the_other_reads(tmp_path):
   procs = []
   for i in range(2):
     env = dict(os.environ, **_slurm_env(2, i), JAX_COORDINATOR_PORT=port,
-               XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               XLA_FLAGS=xla_flags(2),
                MHA_TFDS_DIR=str(tmp_path / "tfds"))
     procs.append(subprocess.Popen(
         [sys.executable, str(REPO_ROOT / "tests" / "multiprocess_data.py"),

@@ -277,9 +277,12 @@ def test_int8_export_loads_and_translates(copy_workdir, copy_model,
       [[tokenizer.id_to_piece(i) for i in tokenizer.encode(s)]
        for s, _ in pairs], beam_size=4, max_decoding_length=32)
   assert all(r.hypotheses[0] for r in results)
-  # Rounded weights, the same model: scores near float32's.
+  # Rounded weights and activations, the same model: scores near float32's
+  # (a wrong scale or layout would be off by whole units; the rounding moves
+  # the log-probability of a token the model finds unlikely, near -10, by
+  # a few tenths, depending on the trained weights).
   assert_scores_equal(tmp_path / "int8", model_config, params, tokenizer,
-                      pairs, atol=0.2)
+                      pairs, atol=0.5)
 
 
 # -------------------------------------------------- variants, random models

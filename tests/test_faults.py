@@ -27,6 +27,7 @@ import tensorflow as tf
 from conftest import TINY_OVERRIDES
 from conftest import TINY_WORKDIR_LOOP
 from conftest import tiny_config
+from conftest import xla_flags
 from mha import checkpoints
 from mha import errors
 from mha import evaluator
@@ -235,7 +236,7 @@ def _train_cmd(workdir: pathlib.Path, **changes) -> list[str]:
 
 def _env() -> dict[str, str]:
   return dict(os.environ, JAX_PLATFORMS="cpu",
-              XLA_FLAGS="--xla_force_host_platform_device_count=2")
+              XLA_FLAGS=xla_flags(2))
 
 
 def _wait_for(predicate, process: subprocess.Popen,

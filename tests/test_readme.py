@@ -44,11 +44,11 @@ def test_quickstart_command_reaches_the_readmes_bleu(tmp_path):
   # Run from another folder, keeping the README's relative workdir (and so
   # checking relative paths), with the scripts and configs made absolute.
   # The whole run, as a new user makes it: ~1.5 minutes on 2 cores.
-  # As a user's shell runs them: with the huge pages the commands turn on
-  # for themselves on CPU hosts (conftest turns them off for the tests that
-  # patch a command in-process; without them this run spends far more CPU
-  # time in the kernel, returning XLA's buffers).
-  user_env = {k: v for k, v in os.environ.items() if k != "MHA_HUGE_PAGES"}
+  # As a user's shell runs them, without the suite's settings (conftest.py):
+  # the machine's one CPU device, XLA's default optimisation, and the huge
+  # pages the commands turn on for themselves on CPU hosts.
+  user_env = {k: v for k, v in os.environ.items()
+              if k not in ("MHA_HUGE_PAGES", "XLA_FLAGS")}
   outputs = []
   workdir = None
   for program in programs:
@@ -105,7 +105,7 @@ def test_readme_quickstart_claims_match_the_config():
   from configs import quickstart
   text = (REPO / "README.md").read_text()
   after = text.split("<!-- quickstart-command -->", 1)[1][:2000]
-  steps = int(re.search(r"\((\d+) steps at", after).group(1))
+  steps = int(re.search(r"\((\d+) steps of\s+training", after).group(1))
   assert steps == quickstart.get_config().num_train_steps
   sample = readme_quickstart_output()
   assert re.match(rf"test, step {steps}, beam "

@@ -30,6 +30,7 @@ from mha import validation
 from mha import workdir as workdir_lib
 from conftest import TINY_OVERRIDES
 from conftest import tiny_config
+from conftest import xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -386,7 +387,7 @@ def test_train_py_bad_input_is_one_line_and_exit_1(existing, tmp_path):
        "known: tiny, A1,"),
   ]
   before = {p: snapshot(p) for p in (regular, bad_json, locked)}
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1),
              JAX_PLATFORMS="cpu")
   result = subprocess.run(
       [sys.executable, "-c", _DRIVER, json.dumps([c for c, _ in cases])],
