@@ -46,8 +46,8 @@ import numpy as np
 
 from mha import translate
 from mha.data import tokenizer as tokenizer_lib
-from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
+from mha.transformer import create_model
 
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
@@ -158,7 +158,7 @@ def attention_weights(model_config: TransformerConfig, params: Any,
 @functools.lru_cache(maxsize=16)
 def _weights_fn(cfg: TransformerConfig, enc: int, dec: int):
   """A jitted map (params, source, target) -> the sown weights of a layer."""
-  model = Transformer(cfg)
+  model = create_model(cfg)
 
   def weights(params, source, target):
     _, state = model.apply({"params": params}, source, target,

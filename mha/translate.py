@@ -62,6 +62,7 @@ from mha import decoding
 from mha.data.batching import round_up
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
+from mha.transformer import create_model
 
 # Padded source lengths. Few sizes = few compilations of the search; the
 # decode cache is bucket + max_decode_extra long whatever the batch holds.
@@ -274,7 +275,7 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
   the n best, `(tokens [batch, n, len], scores [batch, n], log_probs
   [batch, n])`.
   """
-  model = Transformer(model_config.replace(decode=True, deterministic=True))
+  model = create_model(model_config, decode=True, deterministic=True)
 
   def local_search(params: Any, inputs: jax.Array, max_lengths: jax.Array,
                    max_decode_len: int, stage_lengths: tuple[int, ...],
@@ -321,7 +322,7 @@ def _sample_fn(model_config: TransformerConfig, eos_id: int, greedy: bool,
   the seed and i alone, whatever the batch and the devices. Returns
   `(tokens [batch, len], log_probs [batch])`.
   """
-  model = Transformer(model_config.replace(decode=True, deterministic=True))
+  model = create_model(model_config, decode=True, deterministic=True)
 
   def local_sample(params, seed, temperature, inputs, max_lengths,
                    sentence_ids, max_decode_len, stage_lengths):
@@ -352,7 +353,7 @@ def _sample_fn(model_config: TransformerConfig, eos_id: int, greedy: bool,
 def _score_fn(model_config: TransformerConfig) -> Callable[..., Any]:
   """The jitted forced decoding (`mha.decoding.forced_log_probs`): the
   search's step function fed the targets; `[batch, T]` log-probabilities."""
-  model = Transformer(model_config.replace(decode=True, deterministic=True))
+  model = create_model(model_config, decode=True, deterministic=True)
 
   def local_score(params, inputs, targets):
     tokens_to_logits, cache, _ = _model_fns(model, params, inputs, 1,

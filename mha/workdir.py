@@ -11,9 +11,9 @@
 `Workdir` owns these paths and the lock (one training run per workdir);
 evaluation reads a workdir through its read-only loaders (`load_config`,
 `load_tokenizer`) and takes no lock. The names are defined here, except the
-two the data layer writes itself (`spm.model`, `tokenized/`): mha/data is the
-lowest layer and imports nothing above it, so they are defined there and
-read from there.
+two the data layer writes itself (`spm.model`, `tokenized/`): mha/data sits
+below this module (only the file layer, errors, token ids and validation are
+under it), so they are defined there and read from there.
 
 A workdir may be a local folder or a `gs://bucket/...` URL: every file here
 is read and written through the one file layer (`mha/files.py`), and
