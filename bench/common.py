@@ -7,7 +7,6 @@ next to its figures. Nothing here asserts on a time.
 import importlib
 import io
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -19,6 +18,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from mha import flops
 
 
 def count_params(tree: Any, skip: str | None = None) -> int:
@@ -36,18 +37,6 @@ def count_params(tree: Any, skip: str | None = None) -> int:
   return total
 
 
-def cpu_model() -> str:
-  """`lscpu`'s model name (from /proc/cpuinfo), or the platform's."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
-
-
 def load_average() -> float:
   """The 1-minute load average (other processes' work included)."""
   return os.getloadavg()[0]
@@ -56,7 +45,7 @@ def load_average() -> float:
 def machine_line() -> str:
   """One line naming the host, the devices and the load."""
   devices = jax.local_devices()
-  return (f"{cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+  return (f"{flops.cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
           f"{len(devices)} {devices[0].platform} device(s); load average "
           f"{load_average():.2f}")
 

@@ -17,8 +17,10 @@ key size d_k and value size d_v, L_e / L_d layers and vocabulary V:
 i.e. 6·(non-embedding parameters)·tokens plus the vocabulary projection and
 the attention products, each ×3. The embedding lookup is a gather (0 FLOPs);
 softmax, layer norm, the loss and Adam are not counted (as in MFU
-conventions).
+conventions). `cpu_model` names the CPU a figure was measured on.
 """
+import platform
+
 from mha.transformer import TransformerConfig
 
 
@@ -40,3 +42,15 @@ def training_flops(cfg: TransformerConfig, rows: int, source_len: int,
                  le * source_len ** 2
                  + ld * (target_len ** 2 + target_len * source_len)))
   return 3.0 * forward
+
+
+def cpu_model() -> str:
+  """The CPU's model name (from /proc/cpuinfo), or the platform's."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"

@@ -48,7 +48,6 @@ import glob
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -68,6 +67,7 @@ import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-positi
 
 from configs import table3 as table3_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha import flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import metrics as metrics_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -467,22 +467,10 @@ def combine_loads(loads: Sequence[dict[str, Any]]) -> dict[str, Any]:
           "other_busy_cores": mean("other_busy_cores")}
 
 
-def cpu_model() -> str:
-  """The CPU's model name (from /proc/cpuinfo), or the platform's."""
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
-
-
 def machine() -> dict[str, Any]:
   """The host and its devices."""
   devices = jax.local_devices()
-  return {"cpu": cpu_model(), "cores": os.cpu_count(),
+  return {"cpu": flops.cpu_model(), "cores": os.cpu_count(),
           "jax": jax.__version__, "devices": len(devices),
           "platform": devices[0].platform}
 
