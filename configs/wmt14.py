@@ -19,10 +19,12 @@ Arguments (after the colon, comma-separated):
   devices=N              the number of accelerators over all hosts: every
                          update sees the paper's batch of about 25,000
                          source and 25,000 target tokens (§5.1: 8 GPUs of
-                         about 3,125 tokens each). With N < 8 each device
-                         still takes about 3,125 tokens a micro-batch and
-                         `grad_accum_steps` = 8 / N micro-batches make one
-                         update (N = 1: 8, N = 2: 4, N = 4: 2); with N >= 8
+                         about 3,125 tokens each). With N < 8,
+                         A = `grad_accum_steps` = 8 // N (integer
+                         division) micro-batches of 25,000 // A tokens,
+                         each split over the N devices, make one update
+                         (N = 1, 2, 4: about 3,125 tokens per device;
+                         N = 3: A = 2, about 4,167); with N >= 8
                          the 25,000 tokens are split over the N devices
                          (N = 32: about 780 per device, the pod slice then
                          runs below its capacity but trains the paper's

@@ -12,8 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from mha.validation import ATTENTION_IMPLS
-from mha.validation import ATTENTION_TYPES
+from mha import validation
 
 # The self-attention decode cache is stored as [B, H, D, L]: the axes of a
 # [B, L, H, D] key or value in this order (`_append_to_cache`).
@@ -346,12 +345,8 @@ class MultiHeadAttention(nn.Module):
     Returns:
       `[B, Q, out_features]`.
     """
-    if self.attention_type not in ATTENTION_TYPES:
-      raise ValueError(f"attention_type must be one of {ATTENTION_TYPES}, got "
-                       f"{self.attention_type!r}.")
-    if self.attention_impl not in ATTENTION_IMPLS:
-      raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got "
-                       f"{self.attention_impl!r}.")
+    validation.check_field("attention_type", self.attention_type)
+    validation.check_field("attention_impl", self.attention_impl)
     d_model = inputs_q.shape[-1]
     d_k = self.d_k or d_model // self.num_heads
     d_v = self.d_v or d_model // self.num_heads

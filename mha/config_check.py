@@ -33,22 +33,21 @@ def _check_fields(config: ml_collections.ConfigDict) -> None:
       validation.check_field(field, config[field])
 
 
-def _check_model(config: ml_collections.ConfigDict) -> None:
-  """The model config as a whole: heads, key sizes, filters, impl."""
+def _check_model(config: ml_collections.ConfigDict) -> TransformerConfig:
+  """The model config as a whole: heads, key sizes, filters, impl; returns
+  it (built once, here)."""
   if (config.get("attention_impl") == "xla"
       and config.get("attention_dropout_rate", 0.0) > 0):
     raise _refuse("attention_dropout_rate", config.attention_dropout_rate,
                   "0 with config.attention_impl='xla' (it has no attention "
                   "dropout; use attention_impl='einsum')")
-  try:
-    TransformerConfig.from_config(config)
-  except ValueError as e:  # its messages name config.<field> already
-    raise ConfigError(str(e)) from None
+  model_config = TransformerConfig.from_config(config)  # ConfigError
   for field in ("max_source_length", "max_target_length"):
     if config[field] > config.max_len:
       raise _refuse(field, config[field],
                     f"<= config.max_len={config.max_len}, the longest "
                     "position the model encodes")
+  return model_config
 
 
 def min_max_tokens(config: ml_collections.ConfigDict,
@@ -65,7 +64,7 @@ def min_max_tokens(config: ml_collections.ConfigDict,
 
 
 def validate(config: ml_collections.ConfigDict,
-             num_devices: int | None = None) -> None:
+             num_devices: int | None = None) -> TransformerConfig:
   """Refuses a training config with a field whose value cannot be right.
 
   Args:
@@ -73,11 +72,15 @@ def validate(config: ml_collections.ConfigDict,
     num_devices: the global device count; given, `max_tokens` is checked
       against its real minimum (`min_max_tokens`).
 
+  Returns:
+    The model config the checks built (`TransformerConfig.from_config`),
+    for the run: it is built once.
+
   Raises:
     ConfigError: naming `config.<field>`, the value and the allowed range.
   """
   _check_fields(config)
-  _check_model(config)
+  model_config = _check_model(config)
   if num_devices is not None:
     least = min_max_tokens(config, num_devices)
     if config.max_tokens < least:
@@ -88,3 +91,4 @@ def validate(config: ml_collections.ConfigDict,
           f"{config.max_target_length}, padded to {least // num_devices} "
           f"tokens) on each of {num_devices} device(s). Raise it or lower "
           "the length limits.")
+  return model_config

@@ -58,14 +58,17 @@ import numpy as np
 
 from mha import evaluator
 from mha import files
+from mha import validation
 from mha.data import tokenizer as tokenizer_lib
 from mha.errors import ExportError
 from mha.positional import sinusoidal_encoding
 from mha.transformer import TransformerConfig
 
-FORMATS = ("ctranslate2",)
-# CTranslate2 quantisations offered (its own, made at conversion).
-QUANTIZATIONS = ("float32", "int8")
+# The formats, and CTranslate2's quantisations offered (its own, made at
+# conversion): the one table of rules holds them, beside the rules of the
+# flags that choose them.
+FORMATS = validation.EXPORT_FORMATS
+QUANTIZATIONS = validation.QUANTIZATIONS
 MANIFEST_FILE = "mha_export.json"  # marks a folder written by this module
 VOCABULARY_FILE = "spm.model"
 # flax.linen.LayerNorm's default epsilon, which every norm of the model uses.
@@ -324,23 +327,17 @@ def _write_folder(spec, vocabulary: bytes, manifest: dict[str, Any],
 def check_flags(*, export_format: str = "ctranslate2",
                 quantization: str | None = None, step: int | None = None,
                 average_last: int | None = None) -> None:
-  """Checks the flags that need no workdir.
+  """Checks the flags that need no workdir, each by its rule in the one
+  table of rules (`mha.validation.FLAGS`).
 
   Raises:
     ExportError: naming the first flag out of range.
   """
-  if export_format not in FORMATS:
-    raise ExportError(f"--format must be one of {FORMATS}, got "
-                      f"{export_format!r}.")
-  if quantization is not None and quantization not in QUANTIZATIONS:
-    raise ExportError(f"--quantization must be one of {QUANTIZATIONS}, got "
-                      f"{quantization!r}.")
-  for name, value in (("step", step), ("average_last", average_last)):
-    low = 0 if name == "step" else 1
-    if value is not None and (not isinstance(value, int)
-                              or isinstance(value, bool) or value < low):
-      raise ExportError(f"--{name} must be an integer >= {low}, got "
-                        f"{value!r}.")
+  for name, value in (("format", export_format),
+                      ("quantization", quantization), ("step", step),
+                      ("average_last", average_last)):
+    if value is not None:
+      validation.check_flag(name, value, ExportError)
 
 
 def export(workdir: str, output_dir: str, *,

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha.validation import POSITION_ENCODINGS
+from mha import validation
 
 
 
@@ -48,9 +48,7 @@ class AddPositionEncoding(nn.Module):
   def __call__(self, x: jax.Array,
                positions: jax.Array | None = None) -> jax.Array:
     """Adds PE(pos); `positions` `[B, L]` overrides 0..L-1 (packed rows)."""
-    if self.kind not in POSITION_ENCODINGS:
-      raise ValueError(f"position_encoding must be one of {POSITION_ENCODINGS},"
-                       f" got {self.kind!r}.")
+    validation.check_field("position_encoding", self.kind)
     length, d_model = x.shape[1], x.shape[2]
     if self.kind == "learned":
       table = self.param("embedding", nn.initializers.normal(stddev=0.02),

@@ -84,15 +84,14 @@ def check_inputs(config: ml_collections.ConfigDict,
     UserError: a ConfigError, WorkdirError or DataError naming the field,
       file or split at fault.
   """
-  config_check.validate(config, jax.device_count())
+  model_config = config_check.validate(config, jax.device_count())
   saved = workdir.check_usable()
   workdir_lib.check_saved_config(config, saved, workdir.path)
   tokenizer = (workdir.load_tokenizer(config)  # reads it: writes nothing
                if files.exists(workdir.vocabulary_path) else None)
   latest = (checkpoints.latest_step(workdir.path)
             if files.isdir(workdir.checkpoints_path) else None)
-  inputs = Inputs(saved, TransformerConfig.from_config(config), tokenizer,
-                  latest)
+  inputs = Inputs(saved, model_config, tokenizer, latest)
   if latest is not None:
     # A damaged latest step is refused here, before config.json or the
     # event files are touched, naming the newest intact step.

@@ -17,6 +17,7 @@ import numpy as np
 
 from mha import validation
 from mha.attention import MultiHeadAttention
+from mha.errors import ConfigError
 from mha.positional import AddPositionEncoding
 
 _DTYPES = {name: getattr(jnp, name) for name in validation.DTYPES}
@@ -62,6 +63,9 @@ class TransformerConfig:
 
     `num_encoder_layers` / `num_decoder_layers` default to `num_layers`, and
     `dtype` is a name (`float32`, `bfloat16`).
+
+    Raises:
+      ConfigError: a model field that cannot be right, naming it.
     """
     values = {f.name: config[f.name] for f in dataclasses.fields(cls)
               if f.name in config}
@@ -71,9 +75,7 @@ class TransformerConfig:
     if "location_filter_sizes" in values:  # a list when read from config.json
       values["location_filter_sizes"] = tuple(values["location_filter_sizes"])
     if isinstance(values.get("dtype"), str):
-      if values["dtype"] not in _DTYPES:
-        raise ValueError(f"config.dtype must be one of {sorted(_DTYPES)}, got "
-                         f"{values['dtype']!r}.")
+      validation.check_field("dtype", values["dtype"])
       values["dtype"] = _DTYPES[values["dtype"]]
     values.update(changes)
     model_config = cls(**values)
@@ -81,16 +83,17 @@ class TransformerConfig:
     return model_config
 
   def validate(self) -> None:
+    """Refuses fields that cannot be right together (ConfigError)."""
     validation.check_field("layer_norm", self.layer_norm)
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
-      raise ValueError(f"config.d_model={self.d_model} is not divisible by "
+      raise ConfigError(f"config.d_model={self.d_model} is not divisible by "
                        f"config.num_heads={self.num_heads}; set d_k and d_v.")
     if self.attention_type == "location":
       sizes = self.location_filter_sizes
       if (len(sizes) not in (1, self.num_heads)
           or any(not isinstance(w, int) or w < 1 or w % 2 == 0
                  for w in sizes)):
-        raise ValueError(
+        raise ConfigError(
             "config.location_filter_sizes must be one odd width or one odd "
             f"width per head (num_heads={self.num_heads}), got {sizes!r}.")
 

@@ -11,8 +11,10 @@ into the one-line message every check gives:
     --alpha must be a finite number >= 0 (the length penalty; ...), got nan.
 
 The training config's checks (`mha.config_check`), the model config's
-(`TransformerConfig.validate`) and the evaluation's flags
-(`mha.evaluator.check_flags`) read this table. Rules that tie several
+(`TransformerConfig`), the modules that act on a choice (`mha.attention`,
+`mha.positional`), the evaluation's flags (`mha.evaluator.check_flags`)
+and the export's (`mha.export.check_flags`, `mha.cli.export`) read this
+table. Rules that tie several
 fields together (d_model and num_heads, max_tokens and the lengths) stay
 with the code that knows them.
 
@@ -36,6 +38,8 @@ POSITION_ENCODINGS = ("sinusoidal", "learned")
 LAYER_NORMS = ("post", "pre")
 DTYPES = ("float32", "bfloat16", "float16")  # jax.numpy's names
 TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
+EXPORT_FORMATS = ("ctranslate2",)  # mha-export --format
+QUANTIZATIONS = ("float32", "int8")  # mha-export --quantization
 _SPECIAL_PIECES = 3  # PAD, EOS, UNK (mha.token_ids)
 
 
@@ -144,8 +148,12 @@ FIELDS: dict[str, Rule] = {
 }
 
 FLAGS: dict[str, Rule] = {
+    # eval.py, mha-translate
     "checkpoint_step": integer(0), "average_last": integer(1),
     "batch_size": integer(1), "plot_attention": integer(0),
+    # mha-export
+    "format": one_of(EXPORT_FORMATS), "quantization": one_of(QUANTIZATIONS),
+    "step": integer(0),
 }
 
 

@@ -201,8 +201,16 @@ def test_xla_impl_equals_einsum_impl(d_k, d_v):
                              xla.apply(params, x, x, mask), atol=1e-5)
 
 
-def test_bad_attention_type_is_refused():
-  module = mha.MultiHeadAttention(num_heads=2, attention_type="cosine")
+@pytest.mark.parametrize("module, message", [
+    (mha.MultiHeadAttention(num_heads=2, attention_type="cosine"),
+     "config.attention_type must be one of scaled_dot, dot, additive, "
+     "location, got 'cosine'"),
+    (mha.MultiHeadAttention(num_heads=2, attention_impl="cudnn"),
+     "config.attention_impl must be one of einsum, xla, got 'cudnn'"),
+])
+def test_bad_attention_choice_is_refused(module, message):
+  """The module refuses a name the one table of rules does not offer, with
+  the config's words (a ConfigError is a ValueError)."""
   x = jnp.ones((1, 2, 4))
-  with pytest.raises(ValueError, match="attention_type"):
+  with pytest.raises(ValueError, match=message):
     module.init(jax.random.key(0), x, x)

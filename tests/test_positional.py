@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import mha
 
@@ -51,3 +52,10 @@ def test_learned_positions_are_parameters():
   table = jnp.arange(120.0).reshape(20, 6)
   out = module.apply({"params": {"embedding": table}}, jnp.zeros((1, 3, 6)))
   np.testing.assert_array_equal(out[0], table[:3])
+
+
+def test_bad_position_encoding_is_refused():
+  module = mha.AddPositionEncoding(max_len=8, kind="rotary")
+  with pytest.raises(ValueError, match="config.position_encoding must be one "
+                     "of sinusoidal, learned, got 'rotary'"):
+    module.init(jax.random.key(0), jnp.ones((1, 3, 4)))

@@ -6,6 +6,7 @@ import pytest
 
 import mha
 from configs import base
+from mha.errors import ConfigError
 from mha.transformer import Dropout
 from mha.transformer import EncoderLayer
 from mha.transformer import dropout_keep_mask
@@ -232,7 +233,12 @@ def test_table3_rows_as_config_arguments():
 
 
 def test_config_errors_name_the_field():
-  with pytest.raises(ValueError, match="layer_norm"):
+  """A model built from a config without the training's checks (mha.load,
+  a user's script) refuses a bad field as a ConfigError naming it."""
+  with pytest.raises(ConfigError, match="config.layer_norm must be one of"):
     mha.create_model(tiny(layer_norm="middle"))
-  with pytest.raises(ValueError, match="num_heads"):
+  with pytest.raises(ConfigError, match="num_heads"):
     mha.create_model(tiny(d_model=30, num_heads=4))
+  with pytest.raises(ConfigError, match="config.dtype must be one of float32, "
+                     "bfloat16, float16, got 'int8'"):
+    mha.create_model(tiny(dtype="int8"))

@@ -9,6 +9,7 @@ from conftest import tiny_config
 from mha import checkpoints
 from mha import warm_start
 from mha.errors import ConfigError
+from mha.transformer import TransformerConfig
 
 
 def _params(seed, hidden=8):
@@ -97,8 +98,9 @@ def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path,
   source, _ = checkpoints.restore_params(str(tiny_workdir), 4)
   new = tmp_path / "warm"
   # Each input is loaded once: the checks load it, the set-up uses that.
-  restored, files_read, configs_read = [], [], []
+  restored, files_read, configs_read, models = [], [], [], []
   _count_reads(monkeypatch, checkpoints, "restore_params", restored)
+  _count_reads(monkeypatch, TransformerConfig, "from_config", models)
   _count_reads(monkeypatch, warm_start.files, "read_bytes", files_read)
   _count_reads(monkeypatch, workdir_lib, "_read_json", configs_read)
   # learning_rate_scale 1e-30: the one update moves nothing a float32 holds,
@@ -109,6 +111,7 @@ def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path,
   assert restored == [str(tiny_workdir)]
   assert files_read.count(str(tiny_workdir / "spm.model")) == 1
   assert configs_read == []  # a new workdir: no config.json to read
+  assert len(models) == 1  # the model config: built by the checks, once
   monkeypatch.undo()
   started, step = checkpoints.restore_params(str(new))
   assert step == 1

@@ -12,22 +12,18 @@ lines). It needs the optional `ctranslate2` package.
 from absl import app
 from absl import flags
 
+from mha import validation  # no JAX: may be imported before the restart
 from mha.cli import startup
-
-# mha.export.FORMATS and QUANTIZATIONS (that module imports JAX: not before
-# the restart of mha.cli.startup).
-_FORMATS = ("ctranslate2",)
-_QUANTIZATIONS = ("float32", "int8")
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The training workdir "
                                "(local or gs://); only read.")
-_FORMAT = flags.DEFINE_enum("format", "ctranslate2", _FORMATS,
+_FORMAT = flags.DEFINE_enum("format", "ctranslate2", validation.EXPORT_FORMATS,
                             "The export format.")
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "A new or empty local folder, or an earlier export "
     "(replaced).")
 _QUANTIZATION = flags.DEFINE_enum(
-    "quantization", "float32", _QUANTIZATIONS,
+    "quantization", "float32", validation.QUANTIZATIONS,
     "Weights: float32, or int8 (CTranslate2's 8-bit quantisation).")
 _STEP = flags.DEFINE_integer("step", None, "The checkpoint step; default: "
                              "the latest.")
