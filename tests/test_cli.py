@@ -139,6 +139,17 @@ def test_shared_flags_are_defined_once_for_several_commands():
   assert (code, err) == (0, [])
 
 
+def test_every_command_module_imports_in_one_process():
+  # They share --workdir, --step, --average_last (startup.define_once): a
+  # second definition of one would be absl's DuplicateFlagError.
+  code, err = _command("-c", (
+      "from mha.cli import train, eval, translate, export; "
+      "from absl import flags; flags.FLAGS(['x', '--workdir=w', '--step=3', "
+      "'--output_dir=o', '--config=configs/quickstart.py']); "
+      "assert (flags.FLAGS.workdir, flags.FLAGS.step) == ('w', 3)"))
+  assert (code, err) == (0, [])
+
+
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_commands_import_no_jax_before_the_restart(command):
   code, err = _command("-c", (

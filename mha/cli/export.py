@@ -15,21 +15,23 @@ from absl import flags
 from mha import validation  # no JAX: may be imported before the restart
 from mha.cli import startup
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "The training workdir "
-                               "(local or gs://); only read.")
+FLAGS = flags.FLAGS
+# Flags that other commands define too (one process may import several).
+startup.define_once(flags.DEFINE_string, "workdir", None,
+                    "The training workdir (local or gs://); only read.")
+startup.define_once(flags.DEFINE_integer, "step", None,
+                    "The checkpoint step; default: the latest.")
+startup.define_once(flags.DEFINE_integer, "average_last", None,
+                    "Export the mean of the last N checkpoints (up to "
+                    "--step).")
+startup.define_once(flags.DEFINE_string, "output_dir", None,
+                    "A new or empty local folder, or an earlier export "
+                    "(replaced).")
 _FORMAT = flags.DEFINE_enum("format", "ctranslate2", validation.EXPORT_FORMATS,
                             "The export format.")
-_OUTPUT_DIR = flags.DEFINE_string(
-    "output_dir", None, "A new or empty local folder, or an earlier export "
-    "(replaced).")
 _QUANTIZATION = flags.DEFINE_enum(
     "quantization", "float32", validation.QUANTIZATIONS,
     "Weights: float32, or int8 (CTranslate2's 8-bit quantisation).")
-_STEP = flags.DEFINE_integer("step", None, "The checkpoint step; default: "
-                             "the latest.")
-_AVERAGE_LAST = flags.DEFINE_integer(
-    "average_last", None, "Export the mean of the last N checkpoints (up to "
-    "--step).")
 startup.define_flags()
 flags.mark_flags_as_required(["workdir", "output_dir"])
 
@@ -41,11 +43,11 @@ def main(argv: list[str]) -> int:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   from mha import export  # pylint: disable=g-import-not-at-top  (JAX)
   manifest = export.export(
-      _WORKDIR.value, _OUTPUT_DIR.value, export_format=_FORMAT.value,
-      quantization=_QUANTIZATION.value, step=_STEP.value,
-      average_last=_AVERAGE_LAST.value)
-  print(f"Exported step(s) {manifest['averaged_steps']} of {_WORKDIR.value} "
-        f"to {_OUTPUT_DIR.value} ({manifest['format']}, "
+      FLAGS.workdir, FLAGS.output_dir, export_format=_FORMAT.value,
+      quantization=_QUANTIZATION.value, step=FLAGS.step,
+      average_last=FLAGS.average_last)
+  print(f"Exported step(s) {manifest['averaged_steps']} of {FLAGS.workdir} "
+        f"to {FLAGS.output_dir} ({manifest['format']}, "
         f"{manifest['quantization']}).")
   return 0
 

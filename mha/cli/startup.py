@@ -31,7 +31,7 @@ import importlib.util
 import os
 import re
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import app
 from absl import flags
@@ -62,6 +62,16 @@ def define_flags() -> None:
     library_logs.define_flag()
 
 
+def define_once(define: Callable[..., Any], name: str, default: Any,
+                help_text: str) -> None:
+  """`define(name, default, help_text)` unless a command module imported
+  before defined a flag of that name (several commands in one process, as
+  in tests or a user's script, share --workdir, --step, --average_last:
+  a second definition would be absl's DuplicateFlagError)."""
+  if name not in FLAGS:
+    define(name, default, help_text)
+
+
 def define_search_flags() -> None:
   """Defines the flags of the commands that read a trained workdir and
   search (mha-eval, mha-translate): --workdir, --average_last, --beam_size,
@@ -77,8 +87,7 @@ def define_search_flags() -> None:
        "Output length limit = input length + this (default: config)."),
       (flags.DEFINE_integer, "batch_size", 64,
        "Sentences per decoding batch.")):
-    if name not in FLAGS:
-      define(name, default, help_text)
+    define_once(define, name, default, help_text)
 
 
 def command_name(argv0: str | None = None) -> str:

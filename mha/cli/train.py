@@ -35,7 +35,8 @@ from mha.cli import startup
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file.",
                                 lock_config=True)
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics and vocabulary.")
+startup.define_once(flags.DEFINE_string, "workdir", None,
+                    "Checkpoints, metrics and vocabulary.")
 # mha.distributed.MODES (that module imports JAX: not before the restart).
 flags.DEFINE_enum("distributed", "auto", ("auto", "on", "off"),
                   "Multi-process start-up: auto = when JAX detects a cluster "

@@ -40,7 +40,8 @@ from mha.cli import startup
 from mha.errors import ConfigError
 
 startup.define_search_flags()
-flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+startup.define_once(flags.DEFINE_integer, "step", None,
+                    "Checkpoint step (default: the latest).")
 flags.DEFINE_integer("nbest", 0, "Write the N best hypotheses of each line "
                      "with their scores (0 = the best only, no scores).")
 flags.DEFINE_bool("sample", False, "Sample each translation from the model "
