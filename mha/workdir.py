@@ -453,10 +453,14 @@ class Workdir:
 
     For a run's set-up (vocabulary, tokenized data, config.json, batch
     plan): bad data found there must not leave a half-made workdir. The
-    entries the block created at the top of the workdir are removed (the
-    lock excepted: its holder releases it), and config.json and
-    metrics.jsonl get their earlier bytes back (locally their times too;
-    an object store sets its own).
+    entries the block created at the top of the workdir are removed, and
+    config.json and metrics.jsonl get their earlier bytes back (locally
+    their times too; an object store sets its own). What another process
+    wrote meanwhile stays: an evaluation beside the run (`eval.py
+    --follow` never takes the lock) writes `eval/`, an event file named by
+    its own host and process, and lines of metrics.jsonl, which are
+    appended again after the earlier bytes (the set-up only drops lines of
+    metrics.jsonl, never writes one). The lock is its holder's to release.
     """
     local = not files.is_gcs(self.path)
     before = set(files.listdir(self.path))
@@ -471,13 +475,21 @@ class Workdir:
     try:
       yield
     except errors:
-      for name in set(files.listdir(self.path)) - before - {LOCK_FILE}:
+      created = set(files.listdir(self.path)) - before
+      for name in created - {LOCK_FILE, EVAL_DIR}:
+        if not _written_here(name):
+          continue
         path = os.path.join(self.path, name)
         if files.isdir(path) and not (local and os.path.islink(path)):
           files.rmtree(path)
         else:
           with contextlib.suppress(FileNotFoundError):
             files.remove(path)
+      if self.metrics_path in saved and files.isfile(self.metrics_path):
+        data, times = saved[self.metrics_path]
+        saved[self.metrics_path] = (
+            data + _lines_added(data, files.read_bytes(self.metrics_path)),
+            times)
       for path, (data, times) in saved.items():
         files.write_bytes_atomic(path, data)
         if times is not None:
@@ -507,3 +519,18 @@ class Workdir:
       if created:  # a run that wrote nothing leaves no empty folder behind
         files.rmdir_if_empty(self.path)
       raise
+
+
+def _written_here(name: str) -> bool:
+  """False for a TensorBoard event file of another process (its name holds
+  the host and process id of its writer, `event_files.EventFileWriter`)."""
+  if not name.startswith("events.out.tfevents."):
+    return True
+  return f".{socket.gethostname()}.{os.getpid()}." in name
+
+
+def _lines_added(before: bytes, now: bytes) -> bytes:
+  """The whole lines of `now` that `before` does not hold, in order."""
+  known = set(before.splitlines(keepends=True))
+  return b"".join(line for line in now.splitlines(keepends=True)
+                  if line.endswith(b"\n") and line not in known)

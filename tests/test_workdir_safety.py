@@ -93,6 +93,34 @@ def test_bad_data_found_in_set_up_leaves_the_workdir_as_it_was(copy,
   assert not new.exists()
 
 
+def test_failed_set_up_keeps_what_an_evaluation_beside_it_wrote(tmp_path):
+  """eval.py --follow takes no lock: what it writes while a resumed run's
+  set-up fails (its eval/ folder, its own event file, its metrics.jsonl
+  lines) survives the set-up's rollback; what the set-up wrote does not."""
+  folder = workdir_lib.Workdir(str(tmp_path))
+  old_lines = b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'
+  (tmp_path / "metrics.jsonl").write_bytes(old_lines)
+  (tmp_path / "config.json").write_text("{}")
+  ours = f"events.out.tfevents.1.{socket.gethostname()}.{os.getpid()}.0.v2"
+  theirs = f"events.out.tfevents.1.{socket.gethostname()}.1.0.v2"
+  follower_line = b'{"step": 1, "val/bleu": 3.0}\n'
+  with pytest.raises(errors.DataError, match="bad data"):
+    with folder.restored_on((errors.UserError,)):
+      (tmp_path / "metrics.jsonl").write_bytes(old_lines[:25])  # truncated
+      (tmp_path / "spm.model").write_bytes(b"set-up")
+      (tmp_path / ours).write_bytes(b"set-up")
+      (tmp_path / "eval").mkdir()
+      (tmp_path / "eval" / "follow_val.json").write_text("{}")
+      (tmp_path / theirs).write_bytes(b"follower")
+      with open(tmp_path / "metrics.jsonl", "ab") as f:
+        f.write(follower_line + b'{"step": 1, "val')  # a line half-written
+      raise errors.DataError("bad data")
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      ["config.json", "eval", "metrics.jsonl", theirs])
+  assert (tmp_path / "metrics.jsonl").read_bytes() == old_lines + follower_line
+  assert (tmp_path / "eval" / "follow_val.json").exists()
+
+
 BAD_FIELDS = [
     (dict(num_heads=0), r"config.num_heads must be >= 1, got 0\."),
     (dict(num_heads=3), r"config.d_model=32 is not divisible by "
