@@ -50,7 +50,9 @@ baseline and the current code in turn, and prints XLA's op time summed by
 category (encoder, the step's output projection, feed-forward and attention
 matmuls, the cache write, the cache reorder, the vocabulary's lse and top-k,
 shrinking, loop control), each op placed by the jax source stack the
-optimized HLO records for it; with the compile time and the search's time.
+optimized HLO records for it (ops XLA added, without one, in a category of
+their own: loop-carry copies, layout transposes); with the compile time and
+the search's time.
 Op time is summed over XLA's threads and inflated by the machine's load:
 compare shares and the two codes within one run.
 
@@ -84,6 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
+from bench import common
 from configs import multi30k
 import mha
 from mha import data
@@ -427,6 +430,9 @@ _PARTS = {
     ),
 }
 _SEARCH_REST = "stopping rule, loop control"
+# Ops of the optimized HLO without a jax source stack: those XLA added (the
+# copies of a loop's carried arrays, transposes for a product's layout).
+_NO_SOURCE = "no jax source: copies and transposes XLA added"
 # Control flow: a while or conditional op's time covers the ops it runs.
 _CONTROL_FLOW = re.compile(r"\s(while|conditional|call)\(%")
 
@@ -458,14 +464,18 @@ def _stack_frames(hlo_text: str) -> dict[str, list[str]]:
     return names
 
   ops = {}
-  for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?stack_frame_id=(\d+)",
-                       hlo_text, re.M):
+  for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*", hlo_text,
+                       re.M):
     if not _CONTROL_FLOW.search(m.group(0)):
-      ops[m.group(1)] = stack(int(m.group(2)))
+      frame = re.search(r"stack_frame_id=(\d+)", m.group(0))
+      # No frame: an op XLA added (a loop-carry copy, a layout transpose).
+      ops[m.group(1)] = stack(int(frame.group(1))) if frame else []
   return ops
 
 
 def _profile_category(stack: list[str]) -> str:
+  if not stack:
+    return _NO_SOURCE
   phase = next(p for p, words in _PHASES
                if any(w in name for name in stack for w in words))
   if phase not in _PARTS:
@@ -559,6 +569,12 @@ def main():
     parser.error("--ctranslate2 needs --workdir (a trained model to export)")
 
   total_start = time.perf_counter()
+  print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"{common.machine_line()}.")
+  best, median = common.matmul_peak_flops()
+  print(f"float32 matmul peak (2048 x 2048 jnp.dot, 9 runs): best "
+        f"{common.fmt_si(best, 'FLOP/s')}, median "
+        f"{common.fmt_si(median, 'FLOP/s')}.", flush=True)
   setup = _workdir_setup if args.workdir else _random_setup
   # cache_extra sizes the decode cache (batch.max_decode_len), extra limits
   # each output to its source length + extra.
