@@ -82,9 +82,14 @@ ROW_MULTIPLE = 8
 # depend on which sentences share a batch.
 MIN_SEARCH_ROWS = 64
 _AXIS = "sentences"  # the mesh axis the sharded search splits rows over
-# The first stage of the search: outputs up to the padded input length + 10
+# The first stage of the search: outputs up to the padded input length + 3
 # (in a trained model nearly all searches end there; see `mha.decoding`).
-FIRST_STAGE_EXTRA = 10
+# Every step's reorder and attention cost grows with the stage's length,
+# and a search that goes on pays for the growth: on the trained Multi30k
+# model + 3 was faster than + 10 for greedy and beam search alike, with the
+# same outputs, and + 0 slowed greedy search down (bench/README.md, issue
+# 33).
+FIRST_STAGE_EXTRA = 3
 
 
 # ------------------------------------------------- the Transformer's search
