@@ -37,10 +37,12 @@ and beam search on the same sentences, in the same batches (mha's
 length-sorted batches of `--batch_size`), the same beam size and α (as
 CTranslate2's own length penalty, |Y|^α, not GNMT's), with
 `--ct2_threads` threads (default: all cores, as XLA uses), one batch per
-call. Its length limit is per call: the batch's longest source + the
-config's `max_decode_extra` (mha's is per sentence), and
-min_decoding_length=0 as in mha. Prints its sentences/s, the mha/CTranslate2
-speed ratios, BLEU, and how many outputs equal mha's.
+call, timed batch by batch in turn with mha's searches (as the baseline
+is: the load of a shared machine hits every engine alike). Its length
+limit is per call: the batch's longest source + the config's
+`max_decode_extra` (mha's is per sentence), and min_decoding_length=0 as
+in mha. Prints its sentences/s, the mha/CTranslate2 speed ratios, BLEU,
+and how many outputs equal mha's.
 
 Where the time goes: `--profile` traces the compiled search (greedy, then
 beam) of one batch of the most frequent shape with `jax.profiler`, for the
@@ -48,7 +50,9 @@ baseline and the current code in turn, and prints XLA's op time summed by
 category (encoder, the step's output projection, feed-forward and attention
 matmuls, the cache write, the cache reorder, the vocabulary's lse and top-k,
 shrinking, loop control), each op placed by the jax source stack the
-optimized HLO records for it; with the compile time and the search's time.
+optimized HLO records for it (ops XLA added, without one, in a category of
+their own: loop-carry copies, layout transposes); with the compile time and
+the search's time.
 Op time is summed over XLA's threads and inflated by the machine's load:
 compare shares and the two codes within one run.
 
@@ -82,6 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
+from bench import common
 from configs import multi30k
 import mha
 from mha import data
@@ -195,10 +200,11 @@ def _count_tokens(outputs: list[np.ndarray], eos_id: int) -> int:
 def _timed(paths, model_config, params, num_sentences, *, repeats,
            **kwargs):
   """Compiles every batch shape of every path, then times `repeats` passes
-  of each. The paths take turns batch by batch (old, new, then new, old at
-  the next batch, ...), each batch waited for, so that the load of a shared
-  machine, which changes within a pass, hits both alike; a pass's time is
-  the sum of its batches'."""
+  of each. The paths take turns batch by batch (at batch i the order is
+  rotated by i: old, new, then new, old, ...; with CTranslate2's paths,
+  each goes first as often as the others), each batch waited for, so that
+  the load of a shared machine, which changes within a pass, hits every
+  path alike; a pass's time is the sum of its batches'."""
   results = {}
   for path in paths:
     start = time.perf_counter()
@@ -209,7 +215,8 @@ def _timed(paths, model_config, params, num_sentences, *, repeats,
     seconds = {path.name: 0.0 for path in paths}
     raw = {path.name: [] for path in paths}
     for i in range(len(paths[0].batches)):
-      for path in paths if i % 2 == 0 else paths[::-1]:
+      k = i % len(paths)
+      for path in paths[k:] + paths[:k]:
         start = time.perf_counter()
         raw[path.name] += path.run(model_config, params, [path.batches[i]],
                                    **kwargs)
@@ -298,13 +305,17 @@ class CTranslate2Path:
   """A CTranslate2 export of the workdir's checkpoint, run on mha's batches.
 
   `batches` are a `Path`'s (mha's length-sorted batches), so both engines
-  see the same sentences together; outputs are mha-style id arrays (EOS
-  included) in input order.
+  see the same sentences together, and `_timed` runs it batch by batch in
+  turn with mha's paths, as it runs them (the same interface as `Path`);
+  outputs are mha-style id arrays (EOS included) in input order.
   """
 
   def __init__(self, name, model_dir, tokenizer, encoded, batches, threads):
     import ctranslate2  # pylint: disable=import-outside-toplevel
     self.name, self.encoded, self.batches = name, encoded, batches
+    self.shapes = {}  # nothing to compile: one warm-up batch per shape
+    for batch in batches:
+      self.shapes.setdefault(batch.shape_key, batch)
     self.translator = ctranslate2.Translator(
         str(model_dir), device="cpu", inter_threads=1, intra_threads=threads)
     self.piece_ids = {tokenizer.id_to_piece(i): i
@@ -312,31 +323,29 @@ class CTranslate2Path:
     self.sources = [[tokenizer.id_to_piece(t) for t in ids[:-1]]
                     for ids in encoded]  # CTranslate2 adds the EOS
 
-  def run(self, batch, *, beam_size, alpha, extra) -> list[np.ndarray]:
-    rows = [self.sources[i] for i in batch.indices]
-    results = self.translator.translate_batch(
-        rows, beam_size=beam_size, length_penalty=alpha,
-        max_decoding_length=max(len(r) for r in rows) + 1 + extra,
-        min_decoding_length=0, max_input_length=0, return_end_token=True)
-    return [np.asarray([self.piece_ids[p] for p in r.hypotheses[0]],
-                       np.int64) for r in results]
+  def run(self, model_config, params, batches, *, beam_size, alpha,
+          max_decode_extra, eos_id) -> list[tuple[np.ndarray, list]]:
+    """Per batch: (its sentence indices, their output ids)."""
+    del model_config, params, eos_id  # its own model; EOS ends an output
+    found = []
+    for batch in batches:
+      rows = [self.sources[i] for i in batch.indices]
+      results = self.translator.translate_batch(
+          rows, beam_size=beam_size, length_penalty=alpha,
+          max_decoding_length=max(len(r) for r in rows) + 1 + max_decode_extra,
+          min_decoding_length=0, max_input_length=0, return_end_token=True)
+      found.append((batch.indices, [
+          np.asarray([self.piece_ids[p] for p in r.hypotheses[0]], np.int64)
+          for r in results]))
+    return found
 
-  def timed(self, num_sentences, *, repeats, **kwargs) -> dict:
-    """One untimed pass, then `repeats` timed ones (the fastest counts)."""
-    for batch in self.batches:
-      self.run(batch, **kwargs)
-    times, outputs = [], [None] * len(self.encoded)
-    for _ in range(repeats):
-      start = time.perf_counter()
-      for batch in self.batches:
-        for i, out in zip(batch.indices, self.run(batch, **kwargs)):
-          outputs[i] = out
-      times.append(time.perf_counter() - start)
-    seconds = min(times)
-    tokens = _count_tokens(outputs, data.EOS_ID)
-    return {"seconds": seconds, "outputs": outputs, "tokens": tokens,
-            "sentences_per_sec": num_sentences / seconds,
-            "tokens_per_sec": tokens / seconds}
+  def outputs(self, raw) -> list[np.ndarray]:
+    """Per sentence, in input order: its output ids (EOS included)."""
+    result = [None] * len(self.encoded)
+    for indices, outs in raw:
+      for i, out in zip(indices, outs):
+        result[i] = out
+    return result
 
 
 def _ct2_paths(args, folder, tokenizer, encoded, batches):
@@ -364,13 +373,14 @@ def _compare(ours: list[np.ndarray], theirs: list[np.ndarray]
   return same, capped
 
 
-def _ct2_report(search, ct2_paths, mha_result, references, tokenizer,
-                num_sentences, *, repeats, beam_size, alpha, extra):
-  """Times each CTranslate2 path and prints it beside mha's result."""
+def _ct2_report(search, ct2_paths, results, references, tokenizer,
+                num_sentences):
+  """Prints each CTranslate2 path's result (timed in turn with mha's) beside
+  mha's current search."""
+  ours = results["new"]
   for path in ct2_paths:
-    r = path.timed(num_sentences, repeats=repeats, beam_size=beam_size,
-                   alpha=alpha, extra=extra)
-    same, capped = _compare(mha_result["outputs"], r["outputs"])
+    r = results[path.name]
+    same, capped = _compare(ours["outputs"], r["outputs"])
     hypotheses = [tokenizer.decode(out) for out in r["outputs"]]
     print(f"{search:>7} {path.name:>14}: {r['sentences_per_sec']:7.1f} "
           f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
@@ -378,7 +388,7 @@ def _ct2_report(search, ct2_paths, mha_result, references, tokenizer,
           f"{scoring.score(hypotheses, references)['bleu']:.2f}; "
           f"{same}/{num_sentences} outputs equal mha's, {capped} more "
           f"differ only past mha's cap; mha/{path.name} "
-          f"speed ratio {r['seconds'] / mha_result['seconds']:.2f}x",
+          f"speed ratio {r['seconds'] / ours['seconds']:.2f}x",
           flush=True)
 
 
@@ -420,6 +430,9 @@ _PARTS = {
     ),
 }
 _SEARCH_REST = "stopping rule, loop control"
+# Ops of the optimized HLO without a jax source stack: those XLA added (the
+# copies of a loop's carried arrays, transposes for a product's layout).
+_NO_SOURCE = "no jax source: copies and transposes XLA added"
 # Control flow: a while or conditional op's time covers the ops it runs.
 _CONTROL_FLOW = re.compile(r"\s(while|conditional|call)\(%")
 
@@ -451,14 +464,18 @@ def _stack_frames(hlo_text: str) -> dict[str, list[str]]:
     return names
 
   ops = {}
-  for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?stack_frame_id=(\d+)",
-                       hlo_text, re.M):
+  for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*", hlo_text,
+                       re.M):
     if not _CONTROL_FLOW.search(m.group(0)):
-      ops[m.group(1)] = stack(int(m.group(2)))
+      frame = re.search(r"stack_frame_id=(\d+)", m.group(0))
+      # No frame: an op XLA added (a loop-carry copy, a layout transpose).
+      ops[m.group(1)] = stack(int(frame.group(1))) if frame else []
   return ops
 
 
 def _profile_category(stack: list[str]) -> str:
+  if not stack:
+    return _NO_SOURCE
   phase = next(p for p, words in _PHASES
                if any(w in name for name in stack for w in words))
   if phase not in _PARTS:
@@ -552,6 +569,12 @@ def main():
     parser.error("--ctranslate2 needs --workdir (a trained model to export)")
 
   total_start = time.perf_counter()
+  print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+        f"{common.machine_line()}.")
+  best, median = common.matmul_peak_flops()
+  print(f"float32 matmul peak (2048 x 2048 jnp.dot, 9 runs): best "
+        f"{common.fmt_si(best, 'FLOP/s')}, median "
+        f"{common.fmt_si(median, 'FLOP/s')}.", flush=True)
   setup = _workdir_setup if args.workdir else _random_setup
   # cache_extra sizes the decode cache (batch.max_decode_len), extra limits
   # each output to its source length + extra.
@@ -594,7 +617,7 @@ def main():
   searches = [("greedy", 1)] * (not args.no_greedy) + [
       (f"beam {args.beam_size}", args.beam_size)]
   for search, beam in searches:
-    results = _timed(paths, model_config, params, len(encoded),
+    results = _timed(paths + ct2_paths, model_config, params, len(encoded),
                      repeats=args.repeats, beam_size=beam, alpha=alpha,
                      max_decode_extra=extra, eos_id=eos_id)
     for path in paths:
@@ -619,9 +642,8 @@ def main():
             f"{len(encoded)} sentences "
             f"{'identical' if same else 'DIFFER'}.", flush=True)
     if ct2_paths:
-      _ct2_report(search, ct2_paths, results["new"], references, tokenizer,
-                  len(encoded), repeats=args.repeats, beam_size=beam,
-                  alpha=alpha, extra=extra)
+      _ct2_report(search, ct2_paths, results, references, tokenizer,
+                  len(encoded))
   ct2_folder.cleanup()
   beam_name = f"beam {args.beam_size}"
   speed = speeds[beam_name, "new"]

@@ -188,6 +188,15 @@ def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
   return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
 
 
+def _row_max(top_x: jax.Array) -> jax.Array:
+  """The row max of the logits, `[..., 1]`, from their `lax.top_k` values
+  `[..., m]` (its first: the same value), which saves a pass over the
+  `[rows, V]` logits. The barrier keeps XLA from fusing the top-k with the
+  exp-sum that reads this max: fused, the search was several times slower
+  (bench/README.md, issue 33)."""
+  return lax.optimization_barrier(top_x)[..., :1]
+
+
 def _greedy_choice(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
   """`argmax(log_softmax(logits))` and its log-probability, the same token
   and bits, without the `[rows, V]` log-softmax and its argmax.
@@ -212,9 +221,9 @@ def _greedy_choice(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
 
   if logits.shape[-1] < 2:
     return full()
-  x_max = jnp.max(logits, axis=-1, keepdims=True, initial=-np.inf)
-  lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
   top_x, top_token = lax.top_k(logits, 2)  # [rows, 2]
+  x_max = _row_max(top_x)  # [rows, 1]
+  lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
   top_f = (top_x - x_max) - lse
   exact = jnp.all(top_f[:, 0] > top_f[:, 1])
   return lax.cond(exact,
@@ -250,9 +259,9 @@ def _best_extensions(logits: jax.Array, live_logprobs: jax.Array,
   vocab_size = logits.shape[-1]
   m = min(2 * k, vocab_size)
   live = live_logprobs[:, :, None]
-  x_max = jnp.max(logits, axis=-1, keepdims=True, initial=-np.inf)
-  lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
   top_x, top_token = lax.top_k(logits, m)  # [b, beam, m]
+  x_max = _row_max(top_x)  # [b, beam, 1]
+  lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
   top_f = live + ((top_x - x_max) - lse)
   neg_f, token = lax.sort((-top_f, top_token.astype(jnp.int32)),
                           dimension=-1, num_keys=2)

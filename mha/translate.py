@@ -55,6 +55,7 @@ from typing import Any, Callable, Sequence
 from absl import logging
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from mha import data
@@ -81,9 +82,14 @@ ROW_MULTIPLE = 8
 # depend on which sentences share a batch.
 MIN_SEARCH_ROWS = 64
 _AXIS = "sentences"  # the mesh axis the sharded search splits rows over
-# The first stage of the search: outputs up to the padded input length + 10
+# The first stage of the search: outputs up to the padded input length + 3
 # (in a trained model nearly all searches end there; see `mha.decoding`).
-FIRST_STAGE_EXTRA = 10
+# Every step's reorder and attention cost grows with the stage's length,
+# and a search that goes on pays for the growth: on the trained Multi30k
+# model + 3 was faster than + 10 for greedy and beam search alike, with the
+# same outputs, and + 0 slowed greedy search down (bench/README.md, issue
+# 33).
+FIRST_STAGE_EXTRA = 3
 
 
 # ------------------------------------------------- the Transformer's search
@@ -99,7 +105,8 @@ CACHE_ROWS = {
     "cached_value": decoding.CacheRows.HYPOTHESIS,
     # Location-aware attention: [rows, h, 1, keys], the previous step's row.
     "previous_weights": decoding.CacheRows.HYPOTHESIS,
-    # Encoder-decoder keys and values, [batch, s, h, d_k / d_v]: one row per
+    # Encoder-decoder keys and values, [batch, s, h, d_k / d_v] (in the
+    # search's cache [batch, h, d, s]: `_source_kv_stored`): one row per
     # sentence, read by the sentence's every hypothesis.
     "source_key": decoding.CacheRows.ONE_PER_SENTENCE,
     "source_value": decoding.CacheRows.ONE_PER_SENTENCE,
@@ -162,8 +169,38 @@ def _model_fns(model: Transformer, params: Any, inputs: jax.Array,
                                  inputs.shape[0] * beam_size)
   first = init_cache(max_decode_len)
   return (_step_fn(model, params),
-          {"model": first, "encoded": encoded, "inputs": inputs},
+          {"model": _source_kv_stored(first), "encoded": encoded,
+           "inputs": inputs},
           _grow_cache_fn(init_cache, first))
+
+
+# The encoder-decoder keys and values, `[b, S, h, d]` in the decoder's
+# cache, ride in the search's cache as `[b, h, d, S]`: the layout in which
+# the attention products read them (`_step_fn` hands the decoder a
+# transposed view, which XLA folds into the products' operands). Stored as
+# the decoder makes them, they were transposed at every step of the search.
+_SOURCE_KV = ("source_key", "source_value")
+_SOURCE_KV_LAYOUT = (0, 2, 3, 1)  # [b, S, h, d] -> [b, h, d, S]
+
+
+def _map_source_kv(cache: Any, fn: Callable[[jax.Array], jax.Array]) -> Any:
+  def leaf(path, x):
+    return fn(x) if getattr(path[-1], "key", None) in _SOURCE_KV else x
+  return jax.tree_util.tree_map_with_path(leaf, cache)
+
+
+def _source_kv_stored(cache: Any) -> Any:
+  """The decoder's cache with its encoder-decoder keys and values as the
+  search stores them (`[b, h, d, S]`)."""
+  return _map_source_kv(cache, lambda x: jnp.transpose(x, _SOURCE_KV_LAYOUT))
+
+
+def _source_kv_view(cache: Any) -> Any:
+  """The search's stored cache as the decoder reads it (`[b, S, h, d]`)."""
+  # The barrier keeps XLA from cancelling this transposition against the
+  # stored one (it would carry [b, S, h, d] again).
+  return _map_source_kv(cache, lambda x: jnp.transpose(
+      lax.optimization_barrier(x), tuple(np.argsort(_SOURCE_KV_LAYOUT))))
 
 
 def _init_cache(model: Transformer, params: Any, encoded: jax.Array,
@@ -211,9 +248,12 @@ def _step_fn(model: Transformer, params: Any) -> decoding.TokensToLogits:
 
   def tokens_to_logits(tokens: jax.Array, cache: Any):
     logits, mutated = model.apply(
-        {"params": params, "cache": cache["model"]}, cache["encoded"],
-        cache["inputs"], tokens, mutable=["cache"], method="decode")
-    return logits[:, 0], dict(cache, model=mutated["cache"])  # [rows, V]
+        {"params": params, "cache": _source_kv_view(cache["model"])},
+        cache["encoded"], cache["inputs"], tokens, mutable=["cache"],
+        method="decode")
+    # [rows, V]; the cache back in the search's layout.
+    return logits[:, 0], dict(cache, model=_source_kv_stored(
+        mutated["cache"]))
 
   return tokens_to_logits
 
