@@ -70,6 +70,21 @@ def scalar_value(tag: str, value: float) -> summary_pb2.Summary.Value:
                                                        description=""))
 
 
+_PREFIX = "events.out.tfevents."
+
+
+def _writer_part() -> str:
+  """The part of an event file's name that names its writer's host and
+  process."""
+  return f".{socket.gethostname()}.{os.getpid()}."
+
+
+def written_by_another_process(name: str) -> bool:
+  """Whether `name` is an event file that another process (another host or
+  process id) writes, going by the name `EventFileWriter` gives it."""
+  return name.startswith(_PREFIX) and _writer_part() not in name
+
+
 class EventFileWriter:
   """Writes one new event file in `logdir` (a local folder or gs://).
 
@@ -83,8 +98,8 @@ class EventFileWriter:
     self._gcs = files.is_gcs(logdir)
     # TensorFlow's name: time, host, process and a number that keeps two
     # writers of one process apart.
-    name = (f"events.out.tfevents.{int(time.time()):010d}."
-            f"{socket.gethostname()}.{os.getpid()}.{next(_FILE_NUMBERS)}.v2")
+    name = (f"{_PREFIX}{int(time.time()):010d}{_writer_part()}"
+            f"{next(_FILE_NUMBERS)}.v2")
     self.path = f"{logdir.rstrip('/')}/{name}"
     self._pending = bytearray()  # gs://: the whole file
     self._closed = False

@@ -29,6 +29,7 @@ from typing import Iterator
 from absl import logging
 import ml_collections
 
+from mha import event_files
 from mha import files
 from mha.data import tokenized
 from mha.data import tokenizer
@@ -477,7 +478,7 @@ class Workdir:
     except errors:
       created = set(files.listdir(self.path)) - before
       for name in created - {LOCK_FILE, EVAL_DIR}:
-        if not _written_here(name):
+        if event_files.written_by_another_process(name):
           continue
         path = os.path.join(self.path, name)
         if files.isdir(path) and not (local and os.path.islink(path)):
@@ -519,14 +520,6 @@ class Workdir:
       if created:  # a run that wrote nothing leaves no empty folder behind
         files.rmdir_if_empty(self.path)
       raise
-
-
-def _written_here(name: str) -> bool:
-  """False for a TensorBoard event file of another process (its name holds
-  the host and process id of its writer, `event_files.EventFileWriter`)."""
-  if not name.startswith("events.out.tfevents."):
-    return True
-  return f".{socket.gethostname()}.{os.getpid()}." in name
 
 
 def _lines_added(before: bytes, now: bytes) -> bytes:

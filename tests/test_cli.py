@@ -128,25 +128,19 @@ def test_train_distributed_modes_are_the_librarys():
   assert code == 0, err
 
 
-def test_shared_flags_are_defined_once_for_several_commands():
-  # Two command modules in one process (as tests import them) share the
-  # start-up's flags; a second definition would be absl's DuplicateFlagError.
-  code, err = _command("-c", (
-      "from mha.cli import eval, startup; startup.define_flags(); "
-      "from absl import flags; flags.FLAGS(['x', '--traceback', "
-      "'--compilation_cache_dir=', '--verbose_libraries', '--workdir=w']); "
-      "assert flags.FLAGS.traceback and flags.FLAGS.verbose_libraries"))
-  assert (code, err) == (0, [])
-
-
 def test_every_command_module_imports_in_one_process():
-  # They share --workdir, --step, --average_last (startup.define_once): a
-  # second definition of one would be absl's DuplicateFlagError.
+  # They share the start-up's flags (startup.define_flags, called again
+  # here) and --workdir, --step, --average_last, --output_dir
+  # (startup.define_once): a second definition of one would be absl's
+  # DuplicateFlagError.
   code, err = _command("-c", (
-      "from mha.cli import train, eval, translate, export; "
+      "from mha.cli import train, eval, translate, export, startup; "
+      "startup.define_flags(); "
       "from absl import flags; flags.FLAGS(['x', '--workdir=w', '--step=3', "
-      "'--output_dir=o', '--config=configs/quickstart.py']); "
-      "assert (flags.FLAGS.workdir, flags.FLAGS.step) == ('w', 3)"))
+      "'--output_dir=o', '--config=configs/quickstart.py', '--traceback', "
+      "'--compilation_cache_dir=', '--verbose_libraries']); "
+      "assert (flags.FLAGS.workdir, flags.FLAGS.step) == ('w', 3); "
+      "assert flags.FLAGS.traceback and flags.FLAGS.verbose_libraries"))
   assert (code, err) == (0, [])
 
 
