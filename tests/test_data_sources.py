@@ -110,6 +110,21 @@ def test_a_slice_beyond_a_parallel_text_split_is_one_line(tmp_path):
                                                                   "three"]
 
 
+def test_an_empty_slice_of_the_synthetic_pair_names_the_split_and_its_size():
+  config = tiny_config()
+  assert config.dataset_name == "synthetic"
+  for split in ("test[500:]", "test[3:3]", "test[-1:-1]"):
+    with pytest.raises(data.DataError) as refused:
+      data.load_text_pairs(config, split)
+    assert str(refused.value) == (
+        f"Split {split!r} of the synthetic dataset selects nothing of split "
+        "'test', which has 500 sentence pairs: slice within it (e.g. "
+        "'test[:100]').")
+  sources, targets = data.load_text_pairs(config, "test[-2:]")
+  assert len(sources) == len(targets) == 2
+  assert sources == data.load_text_pairs(config, "test")[0][-2:]
+
+
 @pytest.mark.parametrize("dataset", ["synthetic", "parallel_text"])
 def test_a_missing_split_is_one_line_without_leading_spaces(tmp_path,
                                                              dataset):

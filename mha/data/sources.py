@@ -122,6 +122,12 @@ def _synthetic_split(config: ml_collections.ConfigDict, split: str
                     "e.g. 'test[:40]').")
   name = match.group(1)
   rows = slice(*(int(x) if x else None for x in match.group(2, 3)))
+  size = synthetic.SPLIT_SIZES[name]
+  if not range(size)[rows]:
+    raise DataError(
+        f"Split {split.strip()!r} of the synthetic dataset selects nothing "
+        f"of split {name!r}, which has {size} sentence pairs: slice within "
+        f"it (e.g. '{name}[:{min(size, 100)}]').")
   seed = int(config.get("synthetic_seed", 0))
 
   def read(chunk_size: int) -> Iterator[Chunk]:
