@@ -2,8 +2,10 @@
 
 The flag must be set before jax is imported anywhere, hence at conftest import.
 """
+import hashlib
 import os
 import pathlib
+import shutil
 import tempfile
 
 
@@ -99,6 +101,24 @@ def tiny_workdir(tmp_path_factory) -> pathlib.Path:
   from mha import trainer  # pylint: disable=import-outside-toplevel
   path = tmp_path_factory.mktemp("tiny_workdir") / "run"
   trainer.train_and_evaluate(tiny_config(**TINY_WORKDIR_LOOP), str(path))
+  return path
+
+
+def file_hashes(path: pathlib.Path) -> dict[str, str | None]:
+  """sha256 of every file under `path` (folders: None), by relative path:
+  equal before and after = nothing under `path` was added, removed or
+  changed."""
+  return {str(p.relative_to(path)):
+          hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+          for p in sorted(path.rglob("*"))}
+
+
+@pytest.fixture
+def copy(tiny_workdir, tmp_path) -> pathlib.Path:
+  """A private copy of tiny_workdir without its eval/ (tmp_path/'run'): the
+  tests that write into a trained workdir, or damage it, work on this."""
+  path = tmp_path / "run"
+  shutil.copytree(tiny_workdir, path, ignore=shutil.ignore_patterns("eval"))
   return path
 
 

@@ -8,7 +8,6 @@ are named with the fix.
 """
 import codecs
 import gzip
-import hashlib
 import json
 import logging
 import math
@@ -20,6 +19,7 @@ import shutil
 import numpy as np
 import pytest
 
+from conftest import file_hashes
 from configs import quickstart
 from mha import checkpoints
 from mha import data
@@ -34,27 +34,12 @@ from mha.errors import UserError
 SPLIT = "test[:4]"
 
 
-def _hashes(path: pathlib.Path) -> dict[str, str | None]:
-  """sha256 of every file under `path` (folders: None)."""
-  return {str(p.relative_to(path)):
-          hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-          for p in sorted(path.rglob("*"))}
-
-
-@pytest.fixture
-def copy(tiny_workdir, tmp_path) -> pathlib.Path:
-  """A private copy of the trained tiny workdir (it may be written)."""
-  path = tmp_path / "run"
-  shutil.copytree(tiny_workdir, path, ignore=shutil.ignore_patterns("eval"))
-  return path
-
-
 # ------------------------------------------------------------------- flags
 
 
 def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
                                                       capsys):
-  before = _hashes(copy)
+  before = file_hashes(copy)
   cases = [
       (dict(alpha=math.nan), r"--alpha must be a finite number >= 0 \(the "
        r"length penalty; the paper: 0.6\), got nan"),
@@ -81,20 +66,20 @@ def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
   assert out == "" and err == (
       "eval.py: --alpha must be a finite number >= 0 (the length penalty; "
       "the paper: 0.6), got nan.\n")
-  assert _hashes(copy) == before
+  assert file_hashes(copy) == before
 
 
 def test_bad_config_defaults_name_config_json(copy):
   config = json.loads((copy / "config.json").read_text())
   config["alpha"] = -1.0
   (copy / "config.json").write_text(json.dumps(config))
-  before = _hashes(copy)
+  before = file_hashes(copy)
   with pytest.raises(evaluator.EvalError, match=re.escape(
       f"{copy / 'config.json'}: alpha (the default of --alpha) must be a "
       "finite number >= 0 (the length penalty; the paper: 0.6), got -1.0. "
       "Give --alpha.")):
     evaluator.evaluate(str(copy), split=SPLIT)
-  assert _hashes(copy) == before
+  assert file_hashes(copy) == before
 
 
 def test_a_tokenized_reference_file_is_only_compound_split(
@@ -143,7 +128,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   first = evaluator.evaluate(str(copy), split=SPLIT)
   out = copy / "eval" / "test_4_6"
   assert first["output_dir"] == str(out)
-  kept = _hashes(out)
+  kept = file_hashes(out)
   metrics = json.loads((out / "metrics.json").read_text())
   assert (metrics["beam_size"], metrics["alpha"]) == (4, 0.6)
 
@@ -155,7 +140,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
     assert result["output_dir"] == str(copy / "eval" / name)
     assert json.loads((copy / "eval" / name / "metrics.json").read_text())[
         "alpha"] == kwargs.get("alpha", 0.6)
-  assert _hashes(out) == kept
+  assert file_hashes(out) == kept
 
   # A folder that records other settings is refused before any checkpoint
   # is read.
@@ -174,7 +159,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
       "averaged_steps [6], not [4])")):
     evaluator.evaluate(str(copy), split="test[:3]", checkpoint_step=4,
                        output_dir=str(out))
-  assert _hashes(out) == kept
+  assert file_hashes(out) == kept
 
   # A failure after decoding (here a NaN score: a bug, so it keeps its type)
   # leaves the earlier results as they were and no temporary folder.
@@ -183,7 +168,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   monkeypatch.setattr(evaluator, "score", lambda h, r: {"bleu": math.nan})
   with pytest.raises(ValueError, match="Out of range float"):
     evaluator.evaluate(str(copy), split=SPLIT)
-  assert _hashes(out) == kept
+  assert file_hashes(out) == kept
   assert sorted(p.name for p in (copy / "eval").iterdir()) == [
       "test_4_6", "test_4_6_beam8_alpha1.0", "test_4_6_extra3",
       "test_4_avg2_6_alpha0.0"]
@@ -244,7 +229,7 @@ def test_damaged_checkpoint_names_path_and_intact_step(tmp_path, damage,
   else:
     (step_dir / damage).unlink()
     problem = f"{damage} is missing"
-  before = _hashes(tmp_path)
+  before = file_hashes(tmp_path)
   head = f"Checkpoint {re.escape(str(step_dir))} is damaged: {problem}; "
   aside = re.escape(f"(mv {step_dir} {tmp_path}/damaged_checkpoint_3)")
   manager = checkpoints.make_manager(tmp_path, keep=5)
@@ -268,7 +253,7 @@ def test_damaged_checkpoint_names_path_and_intact_step(tmp_path, damage,
     with pytest.raises(CheckpointError, match=head + eval_fix):
       evaluator.load_params(str(tmp_path))
   assert checkpoints.restore_params(tmp_path, 1)[1] == 1
-  assert _hashes(tmp_path) == before
+  assert file_hashes(tmp_path) == before
   # No stack from Orbax's or asyncio's threads (they would print to fd 2).
   assert "Traceback" not in capfd.readouterr().err
 
@@ -290,18 +275,18 @@ def test_no_intact_checkpoint_says_so(tmp_path):
 def test_eval_py_damaged_checkpoint_and_vocabulary(copy, eval_py, capsys,
                                                    tmp_path):
   (copy / "checkpoints" / "6" / "state" / "_METADATA").unlink()
-  before = _hashes(copy)
+  before = file_hashes(copy)
   capsys.readouterr()
   assert eval_py(f"--workdir={copy}", f"--split={SPLIT}") == 1
   assert capsys.readouterr().err == (
       f"eval.py: Checkpoint {copy}/checkpoints/6 is damaged: state/_METADATA "
       "is missing; the newest intact checkpoint is step 4: evaluate it with "
       "--checkpoint_step=4.\n")
-  assert _hashes(copy) == before
+  assert file_hashes(copy) == before
 
   # A damaged spm.model: named, never retrained (train or eval), unchanged.
   (copy / "spm.model").write_bytes(b"\x00not a model")
-  before = _hashes(copy)
+  before = file_hashes(copy)
   message = (f"{copy}/spm.model is not a SentencePiece model (damaged or "
              "another file)")
   assert eval_py(f"--workdir={copy}") == 1
@@ -309,7 +294,7 @@ def test_eval_py_damaged_checkpoint_and_vocabulary(copy, eval_py, capsys,
   assert err.startswith(f"eval.py: {message}") and err.count("\n") == 1
   with pytest.raises(data.DataError, match=re.escape(message)):
     data.get_tokenizer(quickstart.get_config("tiny"), str(copy))
-  assert _hashes(copy) == before
+  assert file_hashes(copy) == before
 
   # An invalid config.json: one line naming the file.
   (copy / "config.json").write_text("{")
@@ -326,12 +311,12 @@ def test_train_refuses_a_damaged_latest_step_before_writing(copy):
   config = workdir_lib.load_config(str(copy))
   config.num_train_steps = 8
   (copy / "checkpoints" / "6" / "state" / "_METADATA").unlink()
-  before = _hashes(copy)
+  before = file_hashes(copy)
   with pytest.raises(CheckpointError, match=(
       f"{re.escape(str(copy))}/checkpoints/6 is damaged: state/_METADATA is "
       "missing; the newest intact checkpoint is step 4: to resume from it")):
     trainer.train_and_evaluate(config, str(copy))
-  assert _hashes(copy) == before  # no config.json, events file or lock
+  assert file_hashes(copy) == before  # no config.json, events file or lock
 
 
 # ------------------------------------------------- average_last and deletion

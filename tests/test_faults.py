@@ -10,7 +10,6 @@ are as they were, and that nothing is left running or waiting.
 """
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import pathlib
@@ -26,6 +25,7 @@ import tensorflow as tf
 
 from conftest import TINY_OVERRIDES
 from conftest import TINY_WORKDIR_LOOP
+from conftest import file_hashes
 from conftest import tiny_config
 from conftest import xla_flags
 from mha import checkpoints
@@ -42,13 +42,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # collected unawaited (train.py hides this warning, pytest resets filters).
 pytestmark = pytest.mark.filterwarnings(
     "ignore:coroutine .* was never awaited:RuntimeWarning")
-
-
-def _hashes(path: pathlib.Path) -> dict[str, str | None]:
-  """sha256 of every file under `path` (folders: None)."""
-  return {str(p.relative_to(path)):
-          hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-          for p in sorted(path.rglob("*"))}
 
 
 def _run(cmd: list[str], *args, **kwargs) -> subprocess.CompletedProcess:
@@ -133,13 +126,6 @@ def _assert_metrics_and_events_whole(workdir: pathlib.Path) -> None:
 RESUMED = dict(TINY_WORKDIR_LOOP, num_train_steps=8)
 
 
-@pytest.fixture
-def copy(tiny_workdir, tmp_path) -> pathlib.Path:
-  path = tmp_path / "run"
-  shutil.copytree(tiny_workdir, path, ignore=shutil.ignore_patterns("eval"))
-  return path
-
-
 # -------------------------------------------------- saving checkpoints
 
 
@@ -148,7 +134,7 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
   with small_disk(tmp_path / "disk", 16) as disk:
     run = disk / "run"
     shutil.copytree(tiny_workdir, run, ignore=shutil.ignore_patterns("eval"))
-    before = _hashes(run / "checkpoints")
+    before = file_hashes(run / "checkpoints")
     # Room for the metrics lines and a new event file, not a checkpoint.
     filler = _fill(disk, leave=200_000)
     with pytest.raises(checkpoints.CheckpointSaveError) as refused:
@@ -165,7 +151,7 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
     assert not _orbax_threads_waiting()
     assert not (run / "lock").exists()
     # Earlier checkpoints as they were, the failed step's files removed.
-    assert _hashes(run / "checkpoints") == before
+    assert file_hashes(run / "checkpoints") == before
     _assert_metrics_and_events_whole(run)
     filler.unlink()
     result = trainer.train_and_evaluate(tiny_config(**RESUMED), str(run))
@@ -173,7 +159,7 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
 
 
 def test_read_only_checkpoints_folder_stops_with_one_line(copy):
-  before = _hashes(copy / "checkpoints")
+  before = file_hashes(copy / "checkpoints")
   with read_only(copy / "checkpoints"):
     with pytest.raises(checkpoints.CheckpointSaveError) as refused:
       trainer.train_and_evaluate(tiny_config(**RESUMED), str(copy))
@@ -186,7 +172,7 @@ def test_read_only_checkpoints_folder_stops_with_one_line(copy):
       f"{copy}/checkpoints writable and run train.py again to resume from "
       "it.")
   assert not (copy / "lock").exists()
-  assert _hashes(copy / "checkpoints") == before
+  assert file_hashes(copy / "checkpoints") == before
   _assert_metrics_and_events_whole(copy)
 
 
@@ -305,7 +291,7 @@ def test_a_users_folder_as_output_dir_is_refused_before_decoding(
   mine.mkdir()
   (mine / "translations.txt").write_text("my own translations\n")
   (mine / "notes.txt").write_text("mine\n")
-  before = _hashes(tmp_path)
+  before = file_hashes(tmp_path)
   monkeypatch.setattr(evaluator, "load_params", _no_reading)
   with pytest.raises(evaluator.EvalError) as refused:
     evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(mine))
@@ -313,7 +299,7 @@ def test_a_users_folder_as_output_dir_is_refused_before_decoding(
       f"--output_dir={mine} holds files that are not the results of an "
       "evaluation (it has no metrics.json); eval.py never writes over them: "
       "give a new or empty folder.")
-  assert _hashes(tmp_path) == before
+  assert file_hashes(tmp_path) == before
   # An empty folder the user made for the results is fine.
   monkeypatch.undo()
   monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
@@ -392,7 +378,7 @@ def test_ctrl_c_during_an_evaluation_is_one_line_and_writes_nothing(
 def test_read_only_workdir_without_output_dir_is_refused_before_decoding(
     copy, tmp_path, monkeypatch):
   monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
-  before = _hashes(copy)
+  before = file_hashes(copy)
   with read_only(copy):
     with monkeypatch.context() as patch:
       patch.setattr(evaluator, "load_params", _no_reading)
@@ -407,7 +393,7 @@ def test_read_only_workdir_without_output_dir_is_refused_before_decoding(
       f"Workdir {copy} cannot be written ({reason}: {copy}/eval): give "
       "--output_dir=<a folder you can write> for the results.")
   assert result["output_dir"] == str(tmp_path / "out")
-  assert _hashes(copy) == before
+  assert file_hashes(copy) == before
 
 
 def test_full_output_disk_is_refused_before_decoding(copy, tmp_path,
@@ -467,7 +453,7 @@ def test_a_workdir_inside_another_runs_workdir_is_refused(copy, tmp_path):
   # A symbolic link is followed to where the files would go.
   link = tmp_path / "link"
   link.symlink_to(copy / "checkpoints")
-  before = _hashes(tmp_path)
+  before = file_hashes(tmp_path)
   for inside in (copy / "checkpoints", copy / "sub" / "run", link):
     with pytest.raises(errors.WorkdirError) as refused:
       trainer.train_and_evaluate(tiny_config(), str(inside))
@@ -481,7 +467,7 @@ def test_a_workdir_inside_another_runs_workdir_is_refused(copy, tmp_path):
   assert str(refused.value) == (
       f"--workdir={tmp_path} holds {copy}, the workdir of another run: give "
       "that folder to resume it, or a new folder outside it.")
-  assert _hashes(tmp_path) == before
+  assert file_hashes(tmp_path) == before
 
 
 def test_full_output_disk_after_decoding_keeps_earlier_results(
@@ -490,12 +476,12 @@ def test_full_output_disk_after_decoding_keeps_earlier_results(
   with small_disk(tmp_path / "disk", 1) as disk:
     out = disk / "out"
     evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(out))
-    kept = _hashes(out)
+    kept = file_hashes(out)
     # One page free: the lock takes it, the results find none.
     _fill(disk, leave=4096)
     with pytest.raises(evaluator.EvalError) as refused:
       evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(out))
-    assert _hashes(out) == kept
+    assert file_hashes(out) == kept
     assert sorted(p.name for p in disk.iterdir()) == ["filler", "out"]
   assert str(refused.value) == (
       f"The results could not be written into {out} (the disk is full); "

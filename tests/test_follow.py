@@ -23,15 +23,13 @@ NAME = "test_4"
 
 
 @pytest.fixture
-def run(tiny_workdir, tmp_path) -> tuple[pathlib.Path, pathlib.Path]:
-  """(a copy of tiny_workdir without checkpoints and eval/, its checkpoints
-  set aside for the test to bring in)."""
-  path = tmp_path / "run"
-  shutil.copytree(tiny_workdir, path, ignore=shutil.ignore_patterns("eval"))
+def run(copy, tmp_path) -> tuple[pathlib.Path, pathlib.Path]:
+  """(`copy` of tiny_workdir with its checkpoints set aside for the test to
+  bring in, the folder they were set aside in)."""
   saved = tmp_path / "saved"
-  shutil.move(path / "checkpoints", saved)
-  (path / "checkpoints").mkdir()
-  return path, saved
+  shutil.move(copy / "checkpoints", saved)
+  (copy / "checkpoints").mkdir()
+  return copy, saved
 
 
 class Trainer:
