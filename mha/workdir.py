@@ -461,7 +461,9 @@ class Workdir:
     --follow` never takes the lock) writes `eval/`, an event file named by
     its own host and process, and lines of metrics.jsonl, which are
     appended again after the earlier bytes (the set-up only drops lines of
-    metrics.jsonl, never writes one). The lock is its holder's to release.
+    metrics.jsonl, never writes one; a metrics.jsonl that was not there
+    before is the evaluation's and stays as it is). The lock is its
+    holder's to release.
     """
     local = not files.is_gcs(self.path)
     before = set(files.listdir(self.path))
@@ -477,7 +479,9 @@ class Workdir:
       yield
     except errors:
       created = set(files.listdir(self.path)) - before
-      for name in created - {LOCK_FILE, EVAL_DIR}:
+      # A metrics.jsonl made meanwhile is the evaluation's: kept as it is.
+      kept = {LOCK_FILE, EVAL_DIR, os.path.basename(self.metrics_path)}
+      for name in created - kept:
         if event_files.written_by_another_process(name):
           continue
         path = os.path.join(self.path, name)

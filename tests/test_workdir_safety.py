@@ -121,6 +121,24 @@ def test_failed_set_up_keeps_what_an_evaluation_beside_it_wrote(tmp_path):
   assert (tmp_path / "eval" / "follow_val.json").exists()
 
 
+def test_a_metrics_file_an_evaluation_made_during_a_failed_set_up_stays(
+    tmp_path):
+  # A workdir without metrics.jsonl (e.g. checkpoints brought from
+  # elsewhere): the set-up never writes one, so the one that appears while
+  # it fails is the follower's, and the rollback leaves it as it is, a line
+  # still being written included.
+  folder = workdir_lib.Workdir(str(tmp_path))
+  (tmp_path / "config.json").write_text("{}")
+  follower = b'{"step": 6, "val/bleu": 3.0}\n{"step": 8, "val'
+  with pytest.raises(errors.DataError, match="bad data"):
+    with folder.restored_on((errors.UserError,)):
+      (tmp_path / "spm.model").write_bytes(b"set-up")
+      (tmp_path / "metrics.jsonl").write_bytes(follower)
+      raise errors.DataError("bad data")
+  assert sorted(os.listdir(tmp_path)) == ["config.json", "metrics.jsonl"]
+  assert (tmp_path / "metrics.jsonl").read_bytes() == follower
+
+
 BAD_FIELDS = [
     (dict(num_heads=0), r"config.num_heads must be >= 1, got 0\."),
     (dict(num_heads=3), r"config.d_model=32 is not divisible by "
