@@ -438,6 +438,14 @@ def test_command(tiny_workdir, tmp_path):
   assert len(errors) == 1 and "--output_dir=" in errors[0], done.stderr
   assert "Traceback" not in done.stderr
   assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+  # Without --output_dir: one line too.
+  done = subprocess.run(command, env=env, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert done.returncode == 1
+  assert [line for line in done.stderr.splitlines()
+          if not line.startswith("I")] == [
+              "mha-export: --output_dir is required: the folder to write the "
+              "exported model into."], done.stderr
 
 
 def test_missing_package_is_one_line(tiny_workdir, tmp_path, monkeypatch):

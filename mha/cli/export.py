@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 
 from mha import validation  # no JAX: may be imported before the restart
+from mha.errors import ConfigError
 from mha.cli import startup
 
 FLAGS = flags.FLAGS
@@ -33,7 +34,10 @@ _QUANTIZATION = flags.DEFINE_enum(
     "quantization", "float32", validation.QUANTIZATIONS,
     "Weights: float32, or int8 (CTranslate2's 8-bit quantisation).")
 startup.define_flags()
-flags.mark_flags_as_required(["workdir", "output_dir"])
+# --workdir is required by every command; --output_dir is checked in main:
+# marked required, it would be required of eval.py too in a process that
+# imports both (the flag is shared).
+flags.mark_flag_as_required("workdir")
 
 
 @startup.guarded
@@ -41,6 +45,9 @@ def main(argv: list[str]) -> int:
   """Exports --workdir's checkpoint into --output_dir."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  if not FLAGS.output_dir:
+    raise ConfigError("--output_dir is required: the folder to write the "
+                      "exported model into.")
   from mha import export  # pylint: disable=g-import-not-at-top  (JAX)
   manifest = export.export(
       FLAGS.workdir, FLAGS.output_dir, export_format=_FORMAT.value,
