@@ -25,8 +25,10 @@ import math
 import numbers
 import os
 import select
+import threading
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+from absl import logging
 import numpy as np
 
 from mha import data
@@ -399,6 +401,72 @@ def line_translator(translator: Translator, *, nbest: int = 0,
   return lambda lines, first: _lines(translator.translate(lines, **search))
 
 
+# The source buckets (`translate.LENGTH_BUCKETS`, EOS included) of the
+# searches `WarmedUp` prepares: a typed sentence of up to 23 pieces.
+WARM_UP_BUCKETS = (8, 16, 24)
+
+
+def warm_up_line(tokenizer: data.Tokenizer, bucket: int) -> str | None:
+  """A line of repeated words whose ids (with EOS) fall in `bucket`, the
+  longest such line; None if the vocabulary gives none."""
+  found = None
+  for count in range(1, bucket):
+    line = " ".join(["a"] * count)
+    length = len(tokenizer.encode(line)) + 1
+    if length > bucket:
+      break
+    if translate.bucket_length(length, bucket) == bucket:
+      found = line
+  return found
+
+
+class WarmedUp:
+  """A `LineFunction` whose searches for one line of each bucket of
+  `buckets` (up to the model's `max_len`) are prepared in a thread of
+  their own from the moment it is made.
+
+  For a line-by-line session at a terminal (`mha-translate`): the search
+  is traced and compiled (or loaded from the compilation cache) per batch
+  shape on its first call, seconds that would come after the first line;
+  here they pass while it is typed. The first call stops the warm-up after
+  the bucket in progress and waits for it (so that no shape is compiled
+  twice at once), then translates. The warm-up's outputs are dropped; a
+  failure there is only logged (the same call fails again, in the open, on
+  a real line).
+  """
+
+  def __init__(self, function: LineFunction, tokenizer: data.Tokenizer,
+               max_len: int, buckets: Sequence[int] = WARM_UP_BUCKETS):
+    self._function = function
+    buckets = [b for b in buckets if b <= max_len]
+    self._lines = [line for line in (warm_up_line(tokenizer, b)
+                                     for b in buckets) if line is not None]
+    self._stop = threading.Event()
+    logging.info("Preparing the search for typed lines (source buckets %s) "
+                 "while the first line is typed.",
+                 ", ".join(str(b) for b in buckets))
+    self._thread = threading.Thread(target=self._warm, name="mha-warm-up")
+    self._thread.start()
+
+  def _warm(self) -> None:
+    for line in self._lines:
+      if self._stop.is_set():
+        return
+      try:
+        self._function([line], 0)
+      except Exception as e:  # pylint: disable=broad-except
+        logging.info("Warm-up of the search failed (%s).", e)
+
+  def wait(self) -> None:
+    """Returns once the warm-up has prepared every bucket (or stopped)."""
+    self._thread.join()
+
+  def __call__(self, lines: list[str], first: int) -> str:
+    self._stop.set()
+    self._thread.join()
+    return self._function(lines, first)
+
+
 def _lines(texts: Sequence[str]) -> str:
   return "".join(text + "\n" for text in texts)
 
@@ -475,4 +543,5 @@ def translate_stream(function: LineFunction, batches: Iterator[list[str]],
 
 __all__ = ["BLANK_HYPOTHESIS", "Hypothesis", "LineFunction", "Sample", "Score", "SearchSettings",
            "Translator", "format_nbest", "line_translator", "load",
-           "read_batches", "translate_stream"]
+           "read_batches", "translate_stream", "warm_up_line", "WarmedUp",
+           "WARM_UP_BUCKETS"]

@@ -4,6 +4,7 @@ expected outputs come from `mha.load` in this process (the same layer; one
 sentence at a time where the command gets one at a time). n-best lines and
 samples of the command's line functions: tests/test_translator.py."""
 import os
+import pty
 import queue
 import re
 import subprocess
@@ -64,6 +65,38 @@ def test_prints_each_translation_before_more_input_comes(
   assert lines.empty()
   stderr = process.stderr.read().decode("utf-8")
   assert "Loaded" in stderr and "Translated 4 line(s)" in stderr
+  assert "Preparing the search" not in stderr  # not a terminal: no warm-up
+
+
+def test_at_a_terminal_the_search_is_prepared_while_the_line_is_typed(
+    random_workdir, translator, sources):
+  # Standard input a terminal (a pseudo-terminal here): the warm-up starts
+  # (its log line), and the lines typed are translated as from a pipe;
+  # Ctrl-D after a partial line sends it, a second one ends the input.
+  want = translator.translate(sources[:2])
+  leader, follower = pty.openpty()
+  process = subprocess.Popen(command(random_workdir), cwd=REPO,
+                             stdin=follower, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+  os.close(follower)
+  lines = queue.Queue()
+  threading.Thread(target=lambda: [lines.put(l) for l in process.stdout],
+                   daemon=True).start()
+  try:
+    os.write(leader, sources[0].encode("utf-8") + b"\n")
+    assert lines.get(timeout=TIMEOUT).decode("utf-8") == want[0] + "\n"
+    # A partial line is the last line once the input ends.
+    os.write(leader, sources[1].encode("utf-8") + b"\x04")
+    os.write(leader, b"\x04")
+    assert lines.get(timeout=TIMEOUT).decode("utf-8") == want[1] + "\n"
+    assert process.wait(timeout=TIMEOUT) == 0
+  finally:
+    process.kill()
+    process.wait()
+    os.close(leader)
+  stderr = process.stderr.read().decode("utf-8")
+  assert "Preparing the search for typed lines (source buckets 8, 16, 24)" in (
+      stderr) and "Translated 2 line(s)" in stderr, stderr[-3000:]
 
 
 def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):

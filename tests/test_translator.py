@@ -24,6 +24,7 @@ from configs import quickstart
 from mha import checkpoints
 from mha import data
 from mha import evaluator
+from mha import translate
 from mha import translator as translator_lib
 from mha.errors import UserError
 from mha.transformer import Transformer
@@ -223,3 +224,65 @@ def test_line_translator_nbest_lines_and_samples(translator, sources):
               dict(nbest=5)]:
     with pytest.raises(UserError):
       translator_lib.line_translator(translator, **bad)
+
+
+def test_a_terminal_sessions_searches_are_prepared_before_the_first_line(
+    translator, sources):
+  # A setting no other test uses (alpha 0.37): its search starts compiled
+  # for no shape. After the warm-up, a one-line input in a warmed bucket
+  # compiles nothing more, and gets the translation it would get anyway.
+  # pylint: disable=protected-access
+  search = translate._translate_fn(translator.model_config,
+                                   translator.defaults.beam_size, 0.37,
+                                   data.EOS_ID)
+  function = translator_lib.line_translator(translator, alpha=0.37)
+  assert search._cache_size() == 0
+  tokenizer = translator.tokenizer
+  warm = {b: translator_lib.warm_up_line(tokenizer, b) for b in (8, 16, 24)}
+  for bucket, line in warm.items():
+    length = len(tokenizer.encode(line)) + 1
+    assert translate.bucket_length(length, 64) == bucket
+    assert translate.bucket_length(len(tokenizer.encode(line + " a")) + 1,
+                                   64) > bucket  # the longest such line
+  line = next(s for s in sources
+              if translate.bucket_length(len(tokenizer.encode(s)) + 1,
+                                         64) == 16)
+  warmed = translator_lib.WarmedUp(function, tokenizer, max_len=64)
+  warmed.wait()
+  assert search._cache_size() == 3
+  assert warmed([line], 0) == translator.translate([line], alpha=0.37)[0] + (
+      "\n")
+  assert search._cache_size() == 3
+  # pylint: enable=protected-access
+
+
+def test_the_first_line_stops_the_warm_up_after_the_bucket_in_progress(
+    translator):
+  # The warm-up is held inside its first line (bucket 8) while the first
+  # real line arrives: the call waits for that bucket, then the warm-up
+  # stops (16 and 24 are never prepared) and the line is translated.
+  # Buckets past the model's max_len are never warmed (their line would be
+  # cut, with a warning).
+  calls, inside, release = [], threading.Event(), threading.Event()
+
+  def function(lines, first):
+    calls.append(lines)
+    if len(calls) == 1:
+      inside.set()
+      assert release.wait(timeout=120)
+    return "out\n"
+
+  warmed = translator_lib.WarmedUp(function, translator.tokenizer,
+                                   max_len=20)
+  assert inside.wait(timeout=120)
+  result = []
+  caller = threading.Thread(target=lambda: result.append(warmed(["x"], 0)))
+  caller.start()
+  # The call has stopped the warm-up; it waits for it.
+  assert warmed._stop.wait(timeout=120)  # pylint: disable=protected-access
+  assert calls == [[translator_lib.warm_up_line(translator.tokenizer, 8)]]
+  release.set()
+  caller.join(timeout=120)
+  assert result == ["out\n"]
+  assert calls == [[translator_lib.warm_up_line(translator.tokenizer, 8)],
+                   ["x"]]

@@ -10,7 +10,9 @@ r"""mha-translate: a trained model translating line by line.
 --average_last), then reads standard input one line at a time and writes
 each translation as soon as it is made, flushed: it never waits for more
 input than the line it translates (lines that have already arrived are
-translated together). Blank lines give blank lines. Log lines go to
+translated together); at a terminal, the search for a typed line's length
+is prepared (compiled, or loaded from the compilation cache) while the
+first line is typed. Blank lines give blank lines. Log lines go to
 standard error. The search defaults to the workdir's config (the paper:
 beam 4, alpha 0.6, outputs of at most input length + 50 tokens).
 
@@ -92,6 +94,9 @@ def _translate(write) -> int:
   if FLAGS.input in (None, "-"):
     batches = translator_lib.read_batches(sys.stdin.fileno(),
                                           FLAGS.batch_size)
+    if os.isatty(sys.stdin.fileno()):  # typed: prepare while it is typed
+      function = translator_lib.WarmedUp(
+          function, translator.tokenizer, translator.model_config.max_len)
   else:
     lines = evaluator.read_lines(FLAGS.input, "--input")
     batches = (lines[i:i + FLAGS.batch_size * 16]
