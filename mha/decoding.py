@@ -67,6 +67,7 @@ stopping rule are the same, only the room in the arrays grows.
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -450,6 +451,166 @@ def greedy_search(tokens_to_logits: TokensToLogits,
                          stage_lengths=stage_lengths, grow_cache=grow_cache,
                          cache_rows=cache_rows)
   return tokens
+
+
+# ---------------------------------------------------- greedy, rows refilled
+
+StartRows = Callable[[PyTree, jax.Array, jax.Array], PyTree]
+
+
+class _RefillState(NamedTuple):
+  sentence: jax.Array  # [rows] the sentence each row searches for
+  pos: jax.Array  # [rows] tokens of its output so far
+  seqs: jax.Array  # [rows, stage length] its output so far
+  last: jax.Array  # [rows] token fed at the next step
+  logprob: jax.Array  # [rows] log P(Y | X) of its tokens so far
+  live: jax.Array  # [rows] bool: the row's sentence is not done
+  next: jax.Array  # [] the first sentence no row has taken yet
+  out_seqs: jax.Array  # [sentences, max_decode_len] outputs of done ones
+  out_logprob: jax.Array  # [sentences]
+  out_length: jax.Array  # [sentences] |Y|
+  cache: PyTree
+
+
+def _refill_step(state: _RefillState, logits: jax.Array, cache: PyTree,
+                 limits: jax.Array, eos_id: int,
+                 start_rows: StartRows) -> _RefillState:
+  """One greedy step of every row (`logits` `[rows, V]`), the outputs of
+  the sentences that end kept, and their rows given the next sentences."""
+  num_rows, room = state.seqs.shape
+  num_sentences = state.out_seqs.shape[0]
+  token, token_logprob = _greedy_choice(logits)  # [rows] each
+  token = jnp.where(state.live, token, PAD_ID)
+  rows = jnp.arange(num_rows)
+  seqs = state.seqs.at[rows, jnp.where(state.live, state.pos, room)].set(
+      token, mode='drop')
+  logprob = state.logprob + jnp.where(state.live, token_logprob, 0.0)
+  length = state.pos + state.live
+  limit = jnp.take(limits, state.sentence, mode='clip')
+  ends = state.live & ((token == eos_id) | (length >= limit))
+  done = jnp.where(ends, state.sentence, num_sentences)  # past the end: none
+  live = state.live & ~ends
+  # Free rows take the next sentences, in row order.
+  free = ~live
+  taken = state.next + jnp.cumsum(free) - 1
+  start = free & (taken < num_sentences)
+  sentence = jnp.where(start, taken, state.sentence)
+  return _RefillState(
+      sentence=sentence,
+      pos=jnp.where(start, 0, length),
+      seqs=jnp.where(start[:, None], 0, seqs),
+      last=jnp.where(start, PAD_ID, token),
+      logprob=jnp.where(start, 0.0, logprob),
+      live=live | start,
+      next=jnp.minimum(state.next + jnp.sum(free), num_sentences),
+      out_seqs=state.out_seqs.at[done, :room].set(seqs, mode='drop'),
+      out_logprob=state.out_logprob.at[done].set(logprob, mode='drop'),
+      out_length=state.out_length.at[done].set(length, mode='drop'),
+      cache=start_rows(cache, start, sentence))
+
+
+def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
+                  start_rows: StartRows, num_rows: int, max_decode_len: int,
+                  eos_id: int, max_lengths: jax.Array, alpha: float = 0.0,
+                  stage_lengths: tuple[int, ...] = (),
+                  grow_cache: Callable[[PyTree, int], PyTree] | None = None
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Greedy search of more sentences than rows: a row whose sentence is
+  done takes the next one (continuous batching), so the step function
+  runs `num_rows` rows of live sentences until the last sentences drain.
+
+  Sentence i's output is greedy search's, given a step function whose
+  results for a row depend on that row alone (the Transformer's, at a
+  fixed number of rows: `mha.translate`), each row at its own position.
+  Rows 0..num_rows-1 start on sentences 0..num_rows-1; then a freed row
+  takes the first sentence not yet taken.
+
+  Args:
+    tokens_to_logits: the step function `(tokens [num_rows, 1], cache) ->
+      (logits [num_rows, V], cache)`; each row at its own position.
+    cache: its cache for sentences 0..num_rows-1, sized for the first
+      stage (`stage_lengths`), else for `max_decode_len`.
+    start_rows: `(cache, start [num_rows] bool, sentence [num_rows]) ->
+      cache` in which every row with `start` begins sentence
+      `sentence[row]` afresh (position 0, that sentence's source); other
+      rows unchanged.
+    num_rows: rows of the step function.
+    max_decode_len: the outputs' static length.
+    eos_id: end-of-sentence token id.
+    max_lengths: int32 `[sentences]`, each sentence's limit on |Y| (<=
+      max_decode_len); the number of sentences is its length.
+    alpha: length-penalty exponent of the scores.
+    stage_lengths, grow_cache: as in `greedy_search`, but two lengths at
+      most: the first stage's and `max_decode_len`. The rows run with the
+      first stage's room until a live row reaches it, then with the whole
+      output length while a live row is past the first room, then with
+      the first room again, and so on (`_refill_stages`).
+
+  Returns:
+    `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
+    [sentences])`, as `greedy_search` gives them sentence by sentence.
+  """
+  num_sentences = max_lengths.shape[0]
+  if num_sentences < num_rows:
+    raise ValueError(f'{num_sentences} sentences for {num_rows} rows: '
+                     'expected at least one per row.')
+  limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
+  lengths = all_stage_lengths(stage_lengths, max_decode_len)
+  if len(lengths) > 2:
+    raise ValueError(f'greedy_refill takes one stage length at most, got '
+                     f'{stage_lengths}.')
+  init = _RefillState(
+      sentence=jnp.arange(num_rows, dtype=jnp.int32),
+      pos=jnp.zeros((num_rows,), jnp.int32),
+      seqs=jnp.zeros((num_rows, lengths[0]), jnp.int32),
+      last=jnp.full((num_rows,), PAD_ID, jnp.int32),
+      logprob=jnp.zeros((num_rows,), jnp.float32),
+      live=jnp.ones((num_rows,), jnp.bool_),
+      next=jnp.array(num_rows, jnp.int32),
+      out_seqs=jnp.zeros((num_sentences, max_decode_len), jnp.int32),
+      out_logprob=jnp.zeros((num_sentences,), jnp.float32),
+      out_length=jnp.zeros((num_sentences,), jnp.int32),
+      cache=cache)
+
+  def cond(state: _RefillState) -> jax.Array:
+    room = state.pos < state.seqs.shape[1]
+    return jnp.any(state.live) & jnp.all(room | ~state.live)
+
+  def body(state: _RefillState) -> _RefillState:
+    logits, cache = _step_logits(tokens_to_logits, state.last[:, None],
+                                 state.cache)
+    return _refill_step(state, logits, cache, limits, eos_id, start_rows)
+
+  _check_grow_cache(lengths, grow_cache)
+  stages = functools.partial(_refill_stages, cond, body, grow_cache, lengths)
+  state = lax.while_loop(lambda state: jnp.any(state.live), stages, init)
+  return (state.out_seqs,
+          state.out_logprob / length_penalty(state.out_length, alpha),
+          state.out_logprob)
+
+
+def _refill_stages(cond, body, grow_cache, lengths: list[int],
+                   state: _RefillState) -> _RefillState:
+  """`greedy_refill`'s steps in the first stage's room until a live row
+  needs more; then, while some live row does, with the room of the last
+  stage (the output length), after which the state and cache are cut
+  back to the first stage's room (what is cut off no live row has
+  written)."""
+  state = lax.while_loop(cond, body, state)
+  if len(lengths) == 1:
+    return state
+  short, full = lengths[0], lengths[-1]
+
+  def longer(state):
+    grown = state._replace(seqs=_pad_axis(state.seqs, 1, full),
+                           cache=grow_cache(state.cache, full))
+    grown = lax.while_loop(
+        lambda s: jnp.any(s.live & (s.pos >= short)), body, grown)
+    cut = lambda x, before: x[tuple(slice(0, n) for n in before.shape)]
+    return grown._replace(seqs=grown.seqs[:, :short],
+                          cache=jax.tree.map(cut, grown.cache, state.cache))
+
+  return lax.cond(jnp.any(state.live), longer, lambda state: state, state)
 
 
 # ------------------------------------------------------------------------ beam

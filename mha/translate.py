@@ -231,6 +231,8 @@ def _grow_cache_fn(init_cache: Callable[[int], Any], first: Any
     shapes = jax.eval_shape(functools.partial(init_cache, length))
 
     def pad(x, made_first, made):
+      if x.ndim != len(made_first):  # per-row positions ([rows], not [])
+        return x
       # Only the axes that grow with the output length; the rows stay.
       shape = [n if a == b else c for n, a, b, c in zip(
           x.shape, made_first, made.shape, made.shape)]
@@ -256,6 +258,134 @@ def _step_fn(model: Transformer, params: Any) -> decoding.TokensToLogits:
         mutated["cache"]))
 
   return tokens_to_logits
+
+
+# ------------------------------------- greedy search with refilled rows
+
+# Greedy search of several batches of the same shape as one search whose
+# rows, as their sentences end, take the next batches' sentences
+# (`decoding.greedy_refill`): without it a batch's rows wait for its
+# longest output (half of them idle on test_2016_flickr). At most this many
+# batches share one search (one compilation per number of batches).
+MAX_REFILL_BATCHES = 16
+_POSITIONS = ("cache_index", "position_index")
+
+
+def _leaf_name(path) -> Any:
+  return getattr(path[-1], "key", None)
+
+
+def _source_leaves(cache: Any) -> list[jax.Array]:
+  """The encoder-decoder keys and values of a decoder's cache, in tree
+  order."""
+  return [x for path, x in jax.tree_util.tree_flatten_with_path(cache)[0]
+          if _leaf_name(path) in _SOURCE_KV]
+
+
+def _refill_queue(model: Transformer, params: Any, inputs: jax.Array,
+                  length: int) -> tuple[list[jax.Array], Any]:
+  """The source keys and values of every sentence of `inputs` `[k, rows,
+  s]` (k batches), `[k * rows, h, d, s]` each (the search's layout), made
+  batch by batch as `_model_fns` makes a batch's; and the shapes of one
+  batch's decoder cache for `length` outputs, as the decoder makes it."""
+  def make(batch_inputs):
+    encoded = model.apply({"params": params}, batch_inputs, method="encode")
+    return _init_cache(model, params, encoded, batch_inputs, inputs.shape[1],
+                       length)
+
+  queue = lax.map(lambda x: _source_leaves(_source_kv_stored(make(x))),
+                  inputs)
+  return ([x.reshape((-1,) + x.shape[2:]) for x in queue],
+          jax.eval_shape(make, inputs[0]))
+
+
+def _refill_cache(shapes: Any, queue: list[jax.Array], inputs: jax.Array,
+                  num_rows: int, d_model: int) -> Any:
+  """The search's cache of rows 0..rows-1 on sentences 0..rows-1:
+  positions one per row, source keys and values from the `queue`, the
+  rest zeros as the decoder makes them (`inputs`: `[sentences, s]`)."""
+  sources = iter(queue)
+
+  def leaf(path, shape):
+    if _leaf_name(path) in _SOURCE_KV:
+      return next(sources)[:num_rows]
+    if _leaf_name(path) in _POSITIONS:
+      return jnp.zeros((num_rows,), shape.dtype)
+    return jnp.zeros(shape.shape, shape.dtype)
+
+  model_cache = jax.tree_util.tree_map_with_path(leaf, shapes)
+  # The encoder output is not read by a step (the source keys and values
+  # are cached): zeros of its shape.
+  return {"model": model_cache, "inputs": inputs[:num_rows],
+          "encoded": jnp.zeros((num_rows, inputs.shape[1], d_model))}
+
+
+def _start_rows_fn(queue: list[jax.Array], queue_inputs: jax.Array
+                   ) -> decoding.StartRows:
+  """`decoding.greedy_refill`'s `start_rows` for the cache of
+  `_refill_cache`: a started row's positions back to 0, its
+  `previous_weights` zeros, and its sentence's source keys, values and ids
+  copied in, row by row (a loop over the started rows only)."""
+  def start_rows(cache, start, sentence):
+    def reset(path, x):
+      if _leaf_name(path) in _POSITIONS:
+        return jnp.where(start, 0, x)
+      if _leaf_name(path) == "previous_weights":
+        return jnp.where(start[:, None, None, None], 0.0, x)
+      return x
+
+    model_cache = jax.tree_util.tree_map_with_path(reset, cache["model"])
+    flat, tree = jax.tree_util.tree_flatten_with_path(model_cache)
+    where = [i for i, (path, _) in enumerate(flat)
+             if _leaf_name(path) in _SOURCE_KV]
+    sources = queue + [queue_inputs]
+    order = jnp.argsort(~start, stable=True)  # the started rows first
+
+    def copy(i, leaves):
+      row, taken = order[i], sentence[order[i]]
+      return [lax.dynamic_update_index_in_dim(
+          x, lax.dynamic_index_in_dim(y, taken, 0, keepdims=False), row, 0)
+              for x, y in zip(leaves, sources)]
+
+    leaves = lax.fori_loop(0, jnp.sum(start), copy,
+                           [flat[i][1] for i in where] + [cache["inputs"]])
+    values = [x for _, x in flat]
+    for i, x in zip(where, leaves):
+      values[i] = x
+    return dict(cache, model=jax.tree_util.tree_unflatten(tree, values),
+                inputs=leaves[-1])
+
+  return start_rows
+
+
+@functools.lru_cache(maxsize=32)
+def _refill_fn(model_config: TransformerConfig, alpha: float,
+               eos_id: int) -> Callable[..., Any]:
+  """The jitted greedy search of `[k, rows, s]` inputs (k batches) with
+  refilled rows (`decoding.greedy_refill`): `[k * rows, max_decode_len]`
+  outputs, those of each batch's own greedy search (`_translate_fn`)."""
+  model = create_model(model_config, decode=True, deterministic=True)
+
+  @functools.partial(jax.jit, static_argnames=("max_decode_len",
+                                               "stage_lengths"))
+  def search(params: Any, inputs: jax.Array, max_lengths: jax.Array, *,
+             max_decode_len: int, stage_lengths: tuple[int, ...]) -> Any:
+    num_rows = inputs.shape[1]
+    lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
+    queue, shapes = _refill_queue(model, params, inputs, lengths[0])
+    queue_inputs = inputs.reshape((-1, inputs.shape[2]))
+    cache = _refill_cache(shapes, queue, queue_inputs, num_rows,
+                          model_config.d_model)
+    init_cache = functools.partial(_init_cache, model, params,
+                                   cache["encoded"], inputs[0], num_rows)
+    tokens, _, _ = decoding.greedy_refill(
+        _step_fn(model, params), cache,
+        _start_rows_fn(queue, queue_inputs), num_rows, max_decode_len,
+        eos_id, max_lengths, stage_lengths=tuple(lengths[:-1]),
+        grow_cache=_grow_cache_fn(init_cache, shapes))
+    return tokens
+
+  return search
 
 
 def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
@@ -722,14 +852,89 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   output runs to its length limit: decoding benchmarks of random models).
   `first_stage_extra`: as in `translate_batch` (None: one stage).
   """
-  return _run_batches(params, batches, devices, lambda batch, params, used:
-                      translate_batch(
-                          model_config, params, batch.inputs,
-                          beam_size=beam_size, alpha=alpha,
-                          max_decode_extra=max_decode_extra, eos_id=eos_id,
+  def run(batch, params, used):
+    return translate_batch(
+        model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
+        max_decode_extra=max_decode_extra, eos_id=eos_id,
+        max_decode_len=batch.max_decode_len,
+        first_stage_extra=first_stage_extra, devices=used, num_best=num_best)
+
+  if beam_size != 1 or num_best:
+    return _run_batches(params, batches, devices, run)
+
+  def refill(group, params):
+    return _refill_batches(model_config, params, group, alpha=alpha,
+                           max_decode_extra=max_decode_extra, eos_id=eos_id,
+                           first_stage_extra=first_stage_extra)
+
+  return _run_refilled(params, batches, devices, run, refill)
+
+
+def _refill_groups(batches: Sequence[DecodeBatch],
+                   devices: tuple[jax.Device, ...]) -> list[list[int]]:
+  """The batches (their indices) searched together by `_refill_batches`:
+  runs of consecutive batches of one shape and `max_decode_len`, at most
+  `MAX_REFILL_BATCHES` each, of at least `MIN_SEARCH_ROWS` rows (fewer
+  may give a row other bits in another row) on the default device; every
+  other batch alone."""
+  groups: list[list[int]] = []
+  key = lambda b: (b.shape_key, b.max_decode_len)
+  joins = lambda b: (b.inputs.shape[0] >= MIN_SEARCH_ROWS
+                     and not search_devices(b.inputs.shape[0], devices))
+  for i, batch in enumerate(batches):
+    last = groups[-1] if groups else []
+    if (last and len(last) < MAX_REFILL_BATCHES and joins(batch)
+        and joins(batches[last[0]]) and key(batches[last[0]]) == key(batch)):
+      last.append(i)
+    else:
+      groups.append([i])
+  return groups
+
+
+def _refill_batches(model_config: TransformerConfig, params: Any,
+                    batches: Sequence[DecodeBatch], *, alpha: float,
+                    max_decode_extra: int, eos_id: int,
+                    first_stage_extra: int | None) -> jax.Array:
+  """Greedy search of `batches` (one shape, one `max_decode_len`) as one
+  search with refilled rows (`_refill_fn`) on the default device: `[k *
+  rows, max_decode_len]` outputs, batch after batch, each batch's rows as
+  `translate_batch` gives them."""
+  found = [_search_inputs(model_config, batch.inputs,
+                          max_decode_extra=max_decode_extra,
                           max_decode_len=batch.max_decode_len,
-                          first_stage_extra=first_stage_extra, devices=used,
-                          num_best=num_best))
+                          first_stage_extra=first_stage_extra, devices=(),
+                          extra_rows=()) for batch in batches]
+  static = found[0][0]
+  inputs = jnp.stack([rows[0] for _, _, rows in found])  # [k, rows, s]
+  max_lengths = jnp.concatenate([rows[1] for _, _, rows in found])
+  return _refill_fn(model_config, float(alpha), int(eos_id))(
+      params, inputs, max_lengths, **static)
+
+
+def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
+                  devices: Sequence[jax.Device] | None,
+                  run: Callable[[DecodeBatch, Any, tuple[jax.Device, ...]],
+                                Any],
+                  refill: Callable[[list[DecodeBatch], Any], jax.Array]
+                  ) -> list[np.ndarray]:
+  """`_run_batches`' outputs, with each group of `_refill_groups` of two
+  or more batches searched by `refill(batches, params)` as one; all
+  dispatched before the first result is fetched."""
+  devices = tuple(jax.local_devices() if devices is None else devices)
+  placed = params if isinstance(params, PlacedParams) else PlacedParams(
+      params)
+  groups = _refill_groups(batches, devices)
+  outputs = []
+  for group in groups:
+    if len(group) == 1:
+      batch = batches[group[0]]
+      used = search_devices(batch.inputs.shape[0], devices)
+      outputs.append(run(batch, placed.on(used), used))
+    else:
+      outputs.append(refill([batches[i] for i in group], placed.on(())))
+  # A group's outputs [k * rows, len] split back into its k batches.
+  return [x for group, o in zip(groups, outputs)
+          for x in np.split(jax.tree.map(np.asarray, o), len(group))]
 
 
 def _run_batches(params: Any, batches: Sequence[DecodeBatch],
