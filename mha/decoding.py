@@ -582,35 +582,46 @@ def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
     return _refill_step(state, logits, cache, limits, eos_id, start_rows)
 
   _check_grow_cache(lengths, grow_cache)
-  stages = functools.partial(_refill_stages, cond, body, grow_cache, lengths)
+  stages = functools.partial(
+      _refill_stages, cond, body, lambda s: s.live, lambda s: s.pos,
+      lambda s, n: s._replace(seqs=_resize_axis(s.seqs, 1, n)), grow_cache,
+      lengths)
   state = lax.while_loop(lambda state: jnp.any(state.live), stages, init)
   return (state.out_seqs,
           state.out_logprob / length_penalty(state.out_length, alpha),
           state.out_logprob)
 
 
-def _refill_stages(cond, body, grow_cache, lengths: list[int],
-                   state: _RefillState) -> _RefillState:
-  """`greedy_refill`'s steps in the first stage's room until a live row
-  needs more; then, while some live row does, with the room of the last
-  stage (the output length), after which the state and cache are cut
-  back to the first stage's room (what is cut off no live row has
-  written)."""
+def _resize_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
+  """x padded with zeros or cut along `axis` to `length`."""
+  if x.shape[axis] >= length:
+    return lax.slice_in_dim(x, 0, length, axis=axis)
+  return _pad_axis(x, axis, length)
+
+
+def _refill_stages(cond, body, busy, position, resize, grow_cache,
+                   lengths: list[int], state):
+  """A refilled search's steps (`greedy_refill`, `beam_refill`) in the
+  first stage's room until a busy slot (`busy(state)`, `[slots]`) needs
+  more (its `position` reaches the room); then, while some busy slot is
+  past the first room, with the room of the last stage (the output
+  length), after which the state (`resize(state, n)`: its outputs' room)
+  and the cache are cut back to the first stage's room (what is cut off no
+  busy slot has written)."""
   state = lax.while_loop(cond, body, state)
   if len(lengths) == 1:
     return state
   short, full = lengths[0], lengths[-1]
 
   def longer(state):
-    grown = state._replace(seqs=_pad_axis(state.seqs, 1, full),
-                           cache=grow_cache(state.cache, full))
+    grown = resize(state, full)._replace(cache=grow_cache(state.cache, full))
     grown = lax.while_loop(
-        lambda s: jnp.any(s.live & (s.pos >= short)), body, grown)
+        lambda s: jnp.any(busy(s) & (position(s) >= short)), body, grown)
     cut = lambda x, before: x[tuple(slice(0, n) for n in before.shape)]
-    return grown._replace(seqs=grown.seqs[:, :short],
-                          cache=jax.tree.map(cut, grown.cache, state.cache))
+    return resize(grown, short)._replace(
+        cache=jax.tree.map(cut, grown.cache, state.cache))
 
-  return lax.cond(jnp.any(state.live), longer, lambda state: state, state)
+  return lax.cond(jnp.any(busy(state)), longer, lambda state: state, state)
 
 
 # ------------------------------------------------------------------------ beam

@@ -282,21 +282,37 @@ def _source_leaves(cache: Any) -> list[jax.Array]:
           if _leaf_name(path) in _SOURCE_KV]
 
 
-def _refill_queue(model: Transformer, params: Any, inputs: jax.Array,
-                  length: int) -> tuple[list[jax.Array], Any]:
-  """The source keys and values of every sentence of `inputs` `[k, rows,
-  s]` (k batches), `[k * rows, h, d, s]` each (the search's layout), made
-  batch by batch as `_model_fns` makes a batch's; and the shapes of one
-  batch's decoder cache for `length` outputs, as the decoder makes it."""
+def _refill_queue(model: Transformer, params: Any,
+                  inputs: Sequence[jax.Array], length: int
+                  ) -> tuple[list[jax.Array], jax.Array, Any]:
+  """The source keys and values of every sentence of `inputs`, arrays
+  `[k, rows, s]` of k batches each, `[sentences, h, d, s_max]` (the
+  search's layout, the source positions padded to the longest s with
+  zeros), made batch by batch as `_model_fns` makes a batch's; the source
+  ids `[sentences, s_max]`; and the shapes of the decoder's cache of one
+  batch of s_max positions for `length` outputs, as the decoder makes it.
+
+  The padding changes no bits of the decoder's outputs (its keys are
+  masked; checked on the trained Multi30k model, bench/README.md).
+  """
+  num_rows = inputs[0].shape[1]
+  width = max(x.shape[2] for x in inputs)
+
   def make(batch_inputs):
     encoded = model.apply({"params": params}, batch_inputs, method="encode")
-    return _init_cache(model, params, encoded, batch_inputs, inputs.shape[1],
+    return _init_cache(model, params, encoded, batch_inputs, num_rows,
                        length)
 
-  queue = lax.map(lambda x: _source_leaves(_source_kv_stored(make(x))),
-                  inputs)
-  return ([x.reshape((-1,) + x.shape[2:]) for x in queue],
-          jax.eval_shape(make, inputs[0]))
+  def padded(x):  # [k, rows, ..., s] -> [k * rows, ..., width]
+    x = decoding._pad_axis(x, x.ndim - 1, width)  # pylint: disable=protected-access
+    return x.reshape((-1,) + x.shape[2:])
+
+  parts = [lax.map(lambda x: _source_leaves(_source_kv_stored(make(x))), x)
+           for x in inputs]
+  queue = [jnp.concatenate([padded(part[i]) for part in parts])
+           for i in range(len(parts[0]))]
+  ids = jnp.concatenate([padded(x) for x in inputs])
+  return queue, ids, jax.eval_shape(make, ids[:num_rows])
 
 
 def _refill_cache(shapes: Any, queue: list[jax.Array], inputs: jax.Array,
@@ -361,27 +377,27 @@ def _start_rows_fn(queue: list[jax.Array], queue_inputs: jax.Array
 @functools.lru_cache(maxsize=32)
 def _refill_fn(model_config: TransformerConfig, alpha: float,
                eos_id: int) -> Callable[..., Any]:
-  """The jitted greedy search of `[k, rows, s]` inputs (k batches) with
-  refilled rows (`decoding.greedy_refill`): `[k * rows, max_decode_len]`
-  outputs, those of each batch's own greedy search (`_translate_fn`)."""
+  """The jitted greedy search, with refilled rows (`decoding.greedy_refill`),
+  of `inputs`, arrays `[k, rows, s]` (k batches of one source length each):
+  `[sentences, max_decode_len]` outputs, those of each batch's own greedy
+  search (`_translate_fn`)."""
   model = create_model(model_config, decode=True, deterministic=True)
 
   @functools.partial(jax.jit, static_argnames=("max_decode_len",
                                                "stage_lengths"))
-  def search(params: Any, inputs: jax.Array, max_lengths: jax.Array, *,
-             max_decode_len: int, stage_lengths: tuple[int, ...]) -> Any:
-    num_rows = inputs.shape[1]
+  def search(params: Any, inputs: tuple[jax.Array, ...],
+             max_lengths: jax.Array, *, max_decode_len: int,
+             stage_lengths: tuple[int, ...]) -> Any:
+    num_rows = inputs[0].shape[1]
     lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
-    queue, shapes = _refill_queue(model, params, inputs, lengths[0])
-    queue_inputs = inputs.reshape((-1, inputs.shape[2]))
-    cache = _refill_cache(shapes, queue, queue_inputs, num_rows,
-                          model_config.d_model)
+    queue, ids, shapes = _refill_queue(model, params, inputs, lengths[0])
+    cache = _refill_cache(shapes, queue, ids, num_rows, model_config.d_model)
     init_cache = functools.partial(_init_cache, model, params,
-                                   cache["encoded"], inputs[0], num_rows)
+                                   cache["encoded"], ids[:num_rows], num_rows)
     tokens, _, _ = decoding.greedy_refill(
-        _step_fn(model, params), cache,
-        _start_rows_fn(queue, queue_inputs), num_rows, max_decode_len,
-        eos_id, max_lengths, stage_lengths=tuple(lengths[:-1]),
+        _step_fn(model, params), cache, _start_rows_fn(queue, ids), num_rows,
+        max_decode_len, eos_id, max_lengths,
+        stage_lengths=tuple(lengths[:-1]),
         grow_cache=_grow_cache_fn(init_cache, shapes))
     return tokens
 
@@ -873,12 +889,12 @@ def decode_batches(model_config: TransformerConfig, params: Any,
 def _refill_groups(batches: Sequence[DecodeBatch],
                    devices: tuple[jax.Device, ...]) -> list[list[int]]:
   """The batches (their indices) searched together by `_refill_batches`:
-  runs of consecutive batches of one shape and `max_decode_len`, at most
+  runs of consecutive batches of one number of rows, at most
   `MAX_REFILL_BATCHES` each, of at least `MIN_SEARCH_ROWS` rows (fewer
   may give a row other bits in another row) on the default device; every
   other batch alone."""
   groups: list[list[int]] = []
-  key = lambda b: (b.shape_key, b.max_decode_len)
+  key = lambda b: b.inputs.shape[0]
   joins = lambda b: (b.inputs.shape[0] >= MIN_SEARCH_ROWS
                      and not search_devices(b.inputs.shape[0], devices))
   for i, batch in enumerate(batches):
@@ -894,32 +910,50 @@ def _refill_groups(batches: Sequence[DecodeBatch],
 def _refill_batches(model_config: TransformerConfig, params: Any,
                     batches: Sequence[DecodeBatch], *, alpha: float,
                     max_decode_extra: int, eos_id: int,
-                    first_stage_extra: int | None) -> jax.Array:
-  """Greedy search of `batches` (one shape, one `max_decode_len`) as one
-  search with refilled rows (`_refill_fn`) on the default device: `[k *
-  rows, max_decode_len]` outputs, batch after batch, each batch's rows as
-  `translate_batch` gives them."""
+                    first_stage_extra: int | None) -> list[jax.Array]:
+  """Greedy search of `batches` (one number of rows) as one search with
+  refilled rows (`_refill_fn`) on the default device: the outputs of each
+  batch, `[rows, its max_decode_len]`, as `translate_batch` gives them.
+
+  The sources of the batches' several lengths are padded to the longest
+  (`_refill_queue`); the first stage has room for the longest + 
+  `first_stage_extra` outputs."""
+  longest = max(batches, key=lambda b: (b.inputs.shape[1], b.max_decode_len))
   found = [_search_inputs(model_config, batch.inputs,
                           max_decode_extra=max_decode_extra,
                           max_decode_len=batch.max_decode_len,
                           first_stage_extra=first_stage_extra, devices=(),
-                          extra_rows=()) for batch in batches]
-  static = found[0][0]
-  inputs = jnp.stack([rows[0] for _, _, rows in found])  # [k, rows, s]
-  max_lengths = jnp.concatenate([rows[1] for _, _, rows in found])
-  return _refill_fn(model_config, float(alpha), int(eos_id))(
-      params, inputs, max_lengths, **static)
+                          extra_rows=())[2] for batch in batches]
+  static = _search_inputs(model_config, longest.inputs,
+                          max_decode_extra=max_decode_extra,
+                          max_decode_len=max(b.max_decode_len
+                                             for b in batches),
+                          first_stage_extra=first_stage_extra, devices=(),
+                          extra_rows=())[0]
+  inputs = []  # [k, rows, s] for each run of batches of one length s
+  for batch, rows in zip(batches, found):
+    if inputs and inputs[-1][0].shape == rows[0].shape:
+      inputs[-1].append(rows[0])
+    else:
+      inputs.append([rows[0]])
+  tokens = _refill_fn(model_config, float(alpha), int(eos_id))(
+      params, tuple(jnp.stack(x) for x in inputs),
+      jnp.concatenate([rows[1] for rows in found]), **static)
+  num_rows = batches[0].inputs.shape[0]
+  return [tokens[i * num_rows:(i + 1) * num_rows, :batch.max_decode_len]
+          for i, batch in enumerate(batches)]
 
 
 def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
                   devices: Sequence[jax.Device] | None,
                   run: Callable[[DecodeBatch, Any, tuple[jax.Device, ...]],
                                 Any],
-                  refill: Callable[[list[DecodeBatch], Any], jax.Array]
+                  refill: Callable[[list[DecodeBatch], Any], list[jax.Array]]
                   ) -> list[np.ndarray]:
   """`_run_batches`' outputs, with each group of `_refill_groups` of two
-  or more batches searched by `refill(batches, params)` as one; all
-  dispatched before the first result is fetched."""
+  or more batches searched by `refill(batches, params)` as one (a list of
+  the batches' outputs); all dispatched before the first result is
+  fetched."""
   devices = tuple(jax.local_devices() if devices is None else devices)
   placed = params if isinstance(params, PlacedParams) else PlacedParams(
       params)
@@ -932,9 +966,8 @@ def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
       outputs.append(run(batch, placed.on(used), used))
     else:
       outputs.append(refill([batches[i] for i in group], placed.on(())))
-  # A group's outputs [k * rows, len] split back into its k batches.
-  return [x for group, o in zip(groups, outputs)
-          for x in np.split(jax.tree.map(np.asarray, o), len(group))]
+  return [np.asarray(x) for group, o in zip(groups, outputs)
+          for x in (o if len(group) > 1 else [o])]
 
 
 def _run_batches(params: Any, batches: Sequence[DecodeBatch],

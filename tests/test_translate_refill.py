@@ -120,11 +120,13 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
                           jax.random.PRNGKey(0), dummy, dummy)['params']
   params = paper_reference.random_params(shapes, seed=5)
   rng = np.random.default_rng(0)
-  # 3 batches of 64 rows, one bucket (9..16 ids): one refilled search.
+  # 3 batches of 64 rows, of sources padded to 24 and 16 ids (the shorter
+  # ones padded to 24 in the search): one refilled search.
   encoded = [list(rng.integers(3, 16, n - 1)) + [EOS]
-             for n in rng.integers(9, 17, 3 * 64 - 5)]
+             for n in rng.integers(11, 21, 3 * 64 - 5)]
   batches = translate.make_batches(encoded, batch_size=64, max_len=64,
                                    max_decode_extra=8)
+  assert [b.inputs.shape for b in batches] == [(64, 24), (64, 24), (64, 16)]
   device = jax.local_devices()[:1]
   assert translate._refill_groups(batches, tuple(device)) == [[0, 1, 2]]  # pylint: disable=protected-access
   kwargs = dict(beam_size=1, alpha=0.6, max_decode_extra=8, eos_id=EOS)
@@ -138,5 +140,5 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
         devices=device, **kwargs)
     np.testing.assert_array_equal(tokens, np.asarray(alone))
     lengths += [int(np.flatnonzero(t).max()) + 1 for t in tokens]
-  # Outputs that end early and outputs past the first stage (16 + 3).
-  assert min(lengths) < 10 and max(lengths) > 19
+  # Outputs that end early and outputs past the first stage (24 + 3).
+  assert min(lengths) < 10 and max(lengths) > 27
