@@ -28,9 +28,9 @@ before issue 20's decoding work) loads `mha/decoding.py` and
 `mha/translate.py` as they were at REV (`git show`) beside the current ones,
 both running on the current model code (attention, Transformer) with the
 same parameters, and times the two searches on the same sentences, taking
-turns chunk by chunk (a chunk: the batches the current greedy search
-searches as one, its rows refilled with the next batches' sentences; each
-search gets a chunk's batches in one call). `--baseline=none` times the
+turns chunk by chunk (a chunk: the batches the current search searches as
+one, its slots refilled with the next batches' sentences; each search gets
+a chunk's batches in one call). `--baseline=none` times the
 current search alone.
 
 CTranslate2 beside it: `--ctranslate2` (with `--workdir`; needs the optional
@@ -201,12 +201,13 @@ def _count_tokens(outputs: list[np.ndarray], eos_id: int) -> int:
   return tokens
 
 
-def _chunks(batches) -> list[list[int]]:
+def _chunks(batches, beam_size) -> list[list[int]]:
   """The batches (indices) timed as one turn: the groups that the current
-  greedy search searches as one (`translate._refill_groups`: runs of
-  batches of one number of rows, whose rows take the next batches'
-  sentences as theirs end); each path gets a turn's batches in one call."""
-  return translate._refill_groups(batches, tuple(jax.local_devices()[:1]))  # pylint: disable=protected-access
+  search searches as one (`translate._refill_groups`: runs of batches
+  whose slots take the next batches' sentences as theirs end); each path
+  gets a turn's batches in one call."""
+  return translate._refill_groups(batches, tuple(jax.local_devices()[:1]),  # pylint: disable=protected-access
+                                  beam_size)
 
 
 def _timed(paths, model_config, params, num_sentences, *, repeats,
@@ -218,7 +219,7 @@ def _timed(paths, model_config, params, num_sentences, *, repeats,
   others), each chunk waited for, so that the load of a shared machine,
   which changes within a pass, hits every path alike; a pass's time is
   the sum of its chunks'."""
-  chunks = _chunks(paths[0].batches)
+  chunks = _chunks(paths[0].batches, kwargs["beam_size"])
   results = {}
   for path in paths:
     start = time.perf_counter()

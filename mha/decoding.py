@@ -189,6 +189,41 @@ def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
   return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
 
 
+# `_top_k`'s chunk of the vocabulary (64: the fastest of 16 to 256 for
+# [256, 8000] logits on bench/README.md's machine).
+_TOP_K_CHUNK = 64
+
+
+def _top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k(x, k)` (the same values and indices, ties to the lower
+  index), several times faster on XLA:CPU for a vocabulary-wide last axis:
+  the top k of the maxima of chunks of `_TOP_K_CHUNK` entries, then the top
+  k of those k chunks' entries.
+
+  Exact: if an entry e of the top k were in a chunk C outside the k chosen,
+  each chosen chunk would hold an entry before e in top_k's order (its max
+  is above max(C) >= e, or equal to it in a chunk of lower indices), k
+  entries before e. The chosen chunks are read in index order, so that
+  ties among their entries keep the lower index first. (NaN: the searches
+  below take their full computation then, as without this.)
+  """
+  n = x.shape[-1]
+  chunks = -(-n // _TOP_K_CHUNK)
+  if chunks <= k:
+    return lax.top_k(x, k)
+  padded = _pad_axis(x, x.ndim - 1, chunks * _TOP_K_CHUNK)
+  if chunks * _TOP_K_CHUNK > n:  # padding that no real entry ranks below
+    padded = jnp.where(jnp.arange(padded.shape[-1]) < n, padded, -jnp.inf)
+  padded = padded.reshape(x.shape[:-1] + (chunks, _TOP_K_CHUNK))
+  _, chosen = lax.top_k(jnp.max(padded, axis=-1), k)  # [..., k]
+  chosen = jnp.sort(chosen, axis=-1)
+  entries = jnp.take_along_axis(padded, chosen[..., None], axis=-2)
+  values, at = lax.top_k(entries.reshape(x.shape[:-1] + (-1,)), k)
+  index = (jnp.take_along_axis(chosen, at // _TOP_K_CHUNK, axis=-1)
+           * _TOP_K_CHUNK + at % _TOP_K_CHUNK)
+  return values, index.astype(jnp.int32)
+
+
 def _row_max(top_x: jax.Array) -> jax.Array:
   """The row max of the logits, `[..., 1]`, from their `lax.top_k` values
   `[..., m]` (its first: the same value), which saves a pass over the
@@ -222,7 +257,7 @@ def _greedy_choice(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
 
   if logits.shape[-1] < 2:
     return full()
-  top_x, top_token = lax.top_k(logits, 2)  # [rows, 2]
+  top_x, top_token = _top_k(logits, 2)  # [rows, 2]
   x_max = _row_max(top_x)  # [rows, 1]
   lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
   top_f = (top_x - x_max) - lse
@@ -260,7 +295,7 @@ def _best_extensions(logits: jax.Array, live_logprobs: jax.Array,
   vocab_size = logits.shape[-1]
   m = min(2 * k, vocab_size)
   live = live_logprobs[:, :, None]
-  top_x, top_token = lax.top_k(logits, m)  # [b, beam, m]
+  top_x, top_token = _top_k(logits, m)  # [b, beam, m]
   x_max = _row_max(top_x)  # [b, beam, 1]
   lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
   top_f = live + ((top_x - x_max) - lse)
@@ -948,6 +983,195 @@ def beam_search(tokens_to_logits: TokensToLogits,
   # forced to end at its max_length.
   found = run(init, 0, 0)
   return found if with_log_probs else found[:2]
+
+
+# ------------------------------------------------------ beam, slots refilled
+
+
+class _BeamRefillState(NamedTuple):
+  sentence: jax.Array  # [slots] the sentence each slot searches for
+  step: jax.Array  # [slots] its tokens so far
+  active: jax.Array  # [slots] bool: the slot's sentence is not done
+  beam: _BeamState  # the slots' search (its step unused: `step` above)
+  next: jax.Array  # [] the first sentence no slot has taken yet
+  out_seqs: jax.Array  # [sentences, max_decode_len] best of done ones
+  out_scores: jax.Array  # [sentences]
+  out_logprobs: jax.Array  # [sentences]
+  cache: PyTree  # the step function's (the beam's own `cache`: None)
+
+
+def _fresh_beams(limits: jax.Array, alpha: float, beam_size: int,
+                 length: int) -> dict[str, jax.Array]:
+  """`_BeamState` fields of slots that start a search: one live (empty)
+  hypothesis, no finished one; `limits` `[slots]`."""
+  slots = limits.shape[0]
+  return dict(
+      live_seqs=jnp.zeros((slots, beam_size, length), jnp.int32),
+      live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1),
+                                       jnp.float32), (slots, 1)),
+      last=jnp.full((slots, beam_size), PAD_ID, jnp.int32),
+      finished_seqs=jnp.zeros((slots, beam_size, length), jnp.int32),
+      finished_scores=jnp.full((slots, beam_size), NEG_INF, jnp.float32),
+      finished_flags=jnp.zeros((slots, beam_size), jnp.bool_),
+      finished_logprobs=jnp.full((slots, beam_size), NEG_INF, jnp.float32),
+      limits=limits, lp_limit=length_penalty(limits, alpha))
+
+
+def _beam_done(beams: _BeamState, step: jax.Array, alpha: float,
+               num_best: int) -> jax.Array:
+  """`beam_search`'s stopping rule, each slot at its own `step` `[slots]`:
+  its num_best best finished hypotheses can no longer be beaten."""
+  best_live = beams.live_logprobs[:, 0]
+  best_reachable = best_live / jnp.maximum(length_penalty(step + 1, alpha),
+                                           beams.lp_limit)
+  worst_finished = jnp.where(
+      jnp.all(beams.finished_flags[:, :num_best], axis=1),
+      beams.finished_scores[:, num_best - 1], NEG_INF)
+  return (best_live == NEG_INF) | (worst_finished > best_reachable)
+
+
+def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
+                      state: _BeamRefillState) -> _BeamRefillState:
+  """`beam_search`'s step for every slot, each at its own step."""
+  beams = state.beam
+  slots, beam_size, room = beams.live_seqs.shape
+  logits, cache = tokens_to_logits(beams.last.reshape(slots * beam_size, 1),
+                                   state.cache)
+  cand_logprobs, cand_parent, cand_token = _candidates(
+      jnp.asarray(logits, jnp.float32).reshape(slots, beam_size, -1),
+      beams.live_logprobs)
+  cand_seqs = _take(beams.live_seqs, cand_parent)  # [slots, c, len]
+  at = jnp.where(state.active, state.step, room)  # idle slots: nowhere
+  cand_seqs = cand_seqs.at[jnp.arange(slots), :, at].set(cand_token,
+                                                          mode='drop')
+  length = state.step + 1  # [slots]
+  ends = (cand_logprobs > NEG_INF) & (
+      (cand_token == eos_id) | (length >= beams.limits)[:, None])
+  live_logprobs, live_index = lax.top_k(
+      jnp.where(ends, NEG_INF, cand_logprobs), beam_size)
+  beams = _merge_finished(beams, ends, cand_logprobs, cand_seqs,
+                          length[:, None], alpha, beam_size)._replace(
+      live_seqs=_take(cand_seqs, live_index),
+      live_logprobs=live_logprobs,
+      last=_take(cand_token, live_index))
+  return state._replace(
+      step=jnp.where(state.active, length, state.step), beam=beams,
+      cache=_gather_rows(cache, kinds, _take(cand_parent, live_index)))
+
+
+def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
+                      alpha: float, num_best: int,
+                      start_rows: StartRows) -> _BeamRefillState:
+  """The best hypothesis of every slot whose sentence is done kept, and
+  the free slots given the next sentences, in slot order."""
+  beams = state.beam
+  slots, _, room = beams.live_seqs.shape
+  num_sentences = state.out_seqs.shape[0]
+  done = state.active & _beam_done(beams, state.step, alpha, num_best)
+  to = jnp.where(done, state.sentence, num_sentences)  # past the end: none
+  free = ~state.active | done
+  taken = state.next + jnp.cumsum(free) - 1
+  start = free & (taken < num_sentences)
+  sentence = jnp.where(start, taken, state.sentence)
+  fresh = _fresh_beams(jnp.take(max_lengths, sentence, mode='clip'), alpha,
+                       beams.live_seqs.shape[1], room)
+  beams = beams._replace(**{
+      name: jnp.where(start.reshape((slots,) + (1,) * (x.ndim - 1)), x,
+                      getattr(beams, name)) for name, x in fresh.items()})
+  return state._replace(
+      sentence=sentence, step=jnp.where(start, 0, state.step),
+      active=(state.active & ~done) | start, beam=beams,
+      cache=start_rows(state.cache, start, sentence),
+      next=jnp.minimum(state.next + jnp.sum(free), num_sentences),
+      out_seqs=state.out_seqs.at[to, :room].set(
+          state.beam.finished_seqs[:, 0], mode='drop'),
+      out_scores=state.out_scores.at[to].set(
+          state.beam.finished_scores[:, 0], mode='drop'),
+      out_logprobs=state.out_logprobs.at[to].set(
+          state.beam.finished_logprobs[:, 0], mode='drop'))
+
+
+def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
+                start_rows: StartRows, num_slots: int, beam_size: int,
+                alpha: float, max_decode_len: int, eos_id: int,
+                max_lengths: jax.Array, cache_rows: PyTree,
+                num_best: int = 1, stage_lengths: tuple[int, ...] = (),
+                grow_cache: Callable[[PyTree, int], PyTree] | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Beam search of more sentences than slots: `num_slots` sentences are
+  searched at a time (`num_slots * beam_size` rows), and a slot whose
+  sentence is done (`beam_search`'s stopping rule for `num_best`) takes
+  the next one, so that the rows stay busy until the last sentences drain.
+
+  Each sentence's best hypothesis is `beam_search`'s (with `num_best`: slot
+  0 is exact once the sentence is done, and it is read then), given a step
+  function whose results for a row depend on that row alone, each slot's
+  rows at their own position. Slots 0..num_slots-1 start on sentences
+  0..num_slots-1; then a freed slot takes the first sentence not yet taken.
+
+  Args:
+    tokens_to_logits: the step function on `num_slots * beam_size` rows,
+      ordered `[slot, beam]`.
+    cache: its cache for sentences 0..num_slots-1, sized for the first
+      stage (`stage_lengths`), else for `max_decode_len`; its HYPOTHESIS
+      leaves (`cache_rows`) with `num_slots * beam_size` rows.
+    start_rows: `(cache, start [num_slots] bool, sentence [num_slots]) ->
+      cache` in which the rows of every slot with `start` begin sentence
+      `sentence[slot]` afresh; other rows unchanged.
+    num_slots, beam_size, alpha, max_decode_len, eos_id: as in
+      `beam_search` (num_slots its batch_size).
+    max_lengths: int32 `[sentences]`, each sentence's limit on |Y|.
+    cache_rows: the `CacheRows` of each cache leaf (positions kept per
+      row are the same for a slot's rows: `SHARED`, never reordered).
+    num_best: as in `beam_search`; 1 for the best hypothesis alone.
+    stage_lengths, grow_cache: as in `greedy_refill`.
+
+  Returns:
+    `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
+    [sentences])` of each sentence's best hypothesis.
+  """
+  num_sentences = max_lengths.shape[0]
+  if num_sentences < num_slots:
+    raise ValueError(f'{num_sentences} sentences for {num_slots} slots: '
+                     'expected at least one per slot.')
+  limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
+  lengths = all_stage_lengths(stage_lengths, max_decode_len)
+  if len(lengths) > 2:
+    raise ValueError(f'beam_refill takes one stage length at most, got '
+                     f'{stage_lengths}.')
+  _check_grow_cache(lengths, grow_cache)
+  kinds = _row_kinds(cache, cache_rows)
+  init = _BeamRefillState(
+      sentence=jnp.arange(num_slots, dtype=jnp.int32),
+      step=jnp.zeros((num_slots,), jnp.int32),
+      active=jnp.ones((num_slots,), jnp.bool_),
+      beam=_BeamState(step=jnp.array(0, jnp.int32), cache=None,
+                      **_fresh_beams(limits[:num_slots], alpha, beam_size,
+                                     lengths[0])),
+      next=jnp.array(num_slots, jnp.int32),
+      out_seqs=jnp.zeros((num_sentences, max_decode_len), jnp.int32),
+      out_scores=jnp.full((num_sentences,), NEG_INF, jnp.float32),
+      out_logprobs=jnp.full((num_sentences,), NEG_INF, jnp.float32),
+      cache=cache)
+
+  def cond(state):
+    room = state.step < state.beam.live_seqs.shape[2]
+    return jnp.any(state.active) & jnp.all(room | ~state.active)
+
+  def body(state):
+    state = _beam_refill_step(tokens_to_logits, kinds, eos_id, alpha, state)
+    return _beam_refill_next(state, limits, alpha, num_best, start_rows)
+
+  def resize(state, n):
+    return state._replace(beam=state.beam._replace(
+        live_seqs=_resize_axis(state.beam.live_seqs, 2, n),
+        finished_seqs=_resize_axis(state.beam.finished_seqs, 2, n)))
+
+  stages = functools.partial(
+      _refill_stages, cond, body, lambda s: s.active, lambda s: s.step,
+      resize, grow_cache, lengths)
+  state = lax.while_loop(lambda state: jnp.any(state.active), stages, init)
+  return state.out_seqs, state.out_scores, state.out_logprobs
 
 
 # -------------------------------------------------------------------- sampling

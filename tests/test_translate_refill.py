@@ -132,7 +132,7 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
   kwargs = dict(beam_size=1, alpha=0.6, max_decode_extra=8, eos_id=EOS)
   refilled = translate.decode_batches(model_config, params, batches,
                                       devices=device, **kwargs)
-  assert translate._refill_fn(model_config, 0.6, EOS)._cache_size() == 1  # pylint: disable=protected-access
+  assert translate._refill_fn(model_config, 1, 0.6, EOS)._cache_size() == 1  # pylint: disable=protected-access
   lengths = []
   for batch, tokens in zip(batches, refilled):
     alone = translate.translate_batch(
@@ -142,3 +142,88 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
     lengths += [int(np.flatnonzero(t).max()) + 1 for t in tokens]
   # Outputs that end early and outputs past the first stage (24 + 3).
   assert min(lengths) < 10 and max(lengths) > 27
+
+
+class ToyBeamModel(ToyModel):
+  """ToyModel for beam search: its sentence stored once per slot
+  (`CacheRows.ONE_PER_SENTENCE`), its history per hypothesis (reordered
+  with the beam), its positions per row (the same for a slot's rows)."""
+
+  beam_size = 3
+
+  def init_cache(self, rows, length):
+    slots = rows // self.beam_size
+    return dict(super().init_cache(rows, length),
+                src=jnp.arange(slots, dtype=jnp.int32))
+
+  def cache_rows(self):
+    return {'pos': decoding.CacheRows.SHARED,
+            'src': decoding.CacheRows.ONE_PER_SENTENCE,
+            'history': decoding.CacheRows.HYPOTHESIS}
+
+  def step(self, tokens, cache):
+    per_row = jnp.repeat(cache['src'], self.beam_size)
+    logits, new = super().step(tokens, dict(cache, src=per_row))
+    return logits, dict(new, src=cache['src'])
+
+  def start_rows(self, cache, start, sentence):
+    rows = jnp.repeat(start, self.beam_size)
+    return dict(cache, pos=jnp.where(rows, 0, cache['pos']),
+                src=jnp.where(start, sentence, cache['src']))
+
+
+def test_refilled_beam_search_equals_the_whole_batchs_search():
+  num_sentences, slots, max_len = 11, 3, 9
+  model = ToyBeamModel(num_sentences, max_len, seed=4)
+  beam = model.beam_size
+  limits = jnp.asarray(np.random.default_rng(2).integers(
+      2, max_len + 1, num_sentences), jnp.int32)
+  whole = jax.jit(lambda cache: decoding.beam_search(
+      model.step, cache, num_sentences, beam, 0.6, max_len, EOS, limits,
+      cache_rows=model.cache_rows(), num_best=1, with_log_probs=True))(
+          model.init_cache(num_sentences * beam, max_len))
+  lengths = [int(np.count_nonzero(t)) for t in np.asarray(whole[0][:, 0])]
+  assert len(set(lengths)) > 3
+  for stages in [(), (4,)]:
+    found = jax.jit(lambda cache, stages=stages: decoding.beam_refill(
+        model.step, cache, model.start_rows, slots, beam, 0.6, max_len, EOS,
+        limits, model.cache_rows(), stage_lengths=stages,
+        grow_cache=model.grow_cache))(
+            model.init_cache(slots * beam, (stages or (max_len,))[0]))
+    for ours, theirs in zip(found, whole):
+      np.testing.assert_array_equal(np.asarray(ours),
+                                    np.asarray(theirs[:, 0]))
+
+
+def test_translate_refills_beam_slots_with_the_next_batches_sentences():
+  model_config = transformer.TransformerConfig.from_config(
+      base.get_config('tiny'), deterministic=True, num_encoder_layers=1,
+      num_decoder_layers=1, vocab_size=16, max_len=64,
+      share_embeddings=False)
+  dummy = np.ones((1, 4), np.int32)
+  shapes = jax.eval_shape(transformer.Transformer(model_config).init,
+                          jax.random.PRNGKey(0), dummy, dummy)['params']
+  params = paper_reference.random_params(shapes, seed=6)
+  rng = np.random.default_rng(1)
+  # 4 batches of 16 sentences (64 rows with 4 hypotheses each), the last
+  # of 12: one refilled search of 16 slots.
+  encoded = [list(rng.integers(3, 16, n - 1)) + [EOS]
+             for n in rng.integers(9, 17, 3 * 16 + 12)]
+  batches = translate.make_batches(encoded, batch_size=16, max_len=64,
+                                   max_decode_extra=8)
+  assert [b.inputs.shape for b in batches] == [(16, 16)] * 3 + [(16, 16)]
+  device = jax.local_devices()[:1]
+  assert translate._refill_groups(batches, tuple(device), 4) == [  # pylint: disable=protected-access
+      [0, 1, 2, 3]]
+  kwargs = dict(beam_size=4, alpha=0.6, max_decode_extra=8, eos_id=EOS)
+  refilled = translate.decode_batches(model_config, params, batches,
+                                      devices=device, **kwargs)
+  assert translate._refill_fn(model_config, 4, 0.6, EOS)._cache_size() == 1  # pylint: disable=protected-access
+  lengths = []
+  for batch, tokens in zip(batches, refilled):
+    alone = translate.translate_batch(
+        model_config, params, batch.inputs, max_decode_len=batch.max_decode_len,
+        devices=device, **kwargs)
+    np.testing.assert_array_equal(tokens, np.asarray(alone))
+    lengths += [int(np.count_nonzero(t)) for t in tokens]
+  assert min(lengths) < 10 and max(lengths) > 19
