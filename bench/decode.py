@@ -172,9 +172,6 @@ class Path:
     self.batches = module.make_batches(
         encoded, batch_size=batch_size, max_len=model_config.max_len,
         max_decode_extra=cache_extra)
-    self.shapes = {}
-    for batch in self.batches:
-      self.shapes.setdefault(batch.shape_key, batch)
 
   def run(self, model_config, params, batches, **kwargs) -> list[np.ndarray]:
     return self.module.decode_batches(model_config, params, batches, **kwargs)
@@ -227,7 +224,7 @@ def _timed(paths, model_config, params, num_sentences, *, repeats,
       path.run(model_config, params, [path.batches[i] for i in chunk],
                **kwargs)
     results[path.name] = {"warmup_seconds": time.perf_counter() - start,
-                          "num_shapes": len(path.shapes), "times": []}
+                          "times": []}
   for _ in range(repeats):
     seconds = {path.name: 0.0 for path in paths}
     raw = {path.name: [] for path in paths}
@@ -331,9 +328,6 @@ class CTranslate2Path:
   def __init__(self, name, model_dir, tokenizer, encoded, batches, threads):
     import ctranslate2  # pylint: disable=import-outside-toplevel
     self.name, self.encoded, self.batches = name, encoded, batches
-    self.shapes = {}  # nothing to compile: one warm-up batch per shape
-    for batch in batches:
-      self.shapes.setdefault(batch.shape_key, batch)
     self.translator = ctranslate2.Translator(
         str(model_dir), device="cpu", inter_threads=1, intra_threads=threads)
     self.piece_ids = {tokenizer.id_to_piece(i): i
@@ -643,9 +637,9 @@ def main():
       line = (f"{search:>7} {path.name:>14}: {r['sentences_per_sec']:7.1f} "
               f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
               f"({r['tokens']} tokens, {r['seconds']:.2f} s per pass; "
-              f"first pass {r['warmup_seconds']:.1f} s, compiling the "
-              f"{r['num_shapes']} batch shapes' searches: ~"
-              f"{r['compile_seconds']:.1f} s more than a timed pass)")
+              f"first pass {r['warmup_seconds']:.1f} s with its "
+              f"compilations: ~{r['compile_seconds']:.1f} s more than a "
+              f"timed pass)")
       if tokenizer is not None:
         hypotheses = [tokenizer.decode(out) for out in r["outputs"]]
         line += (f"  BLEU "
