@@ -62,6 +62,13 @@ length and the same loop continues. Every stage runs inside the one jitted
 search (the later loops take no step when the search is over), and the
 result is the single-stage result: the limits `max_lengths` and the
 stopping rule are the same, only the room in the arrays grows.
+
+Refilled rows: `greedy_refill` and `beam_refill` search more sentences than
+they have rows; a row (a beam's slot of rows) whose sentence is done takes
+the next sentence, its position back to 0 (the step function keeps a
+position per row), so that no row waits for the batch's longest output.
+Each sentence's output is the plain search's, given a step function whose
+results for a row depend on that row alone.
 """
 
 from __future__ import annotations

@@ -34,6 +34,12 @@ input order. A split therefore compiles the search a handful of times, and
 repeated calls on the same sentences (BLEU during training) reuse the
 compiled search.
 
+Several batches (`decode_batches`, the best output of each sentence) are
+searched as one where their rows allow it (`_refill_groups`): as a
+sentence is done, its rows (its slot of beam_size rows) take the next
+batches' sentences (`decoding.greedy_refill`, `decoding.beam_refill`), so
+that the rows stay busy; the outputs are those of each batch's own search.
+
 The search stops a sentence as soon as its best hypothesis, the one
 returned, can no longer be beaten (`num_best=1`), and once only half of a
 batch's sentences (or a quarter, ...) are left it goes on with those alone
@@ -877,7 +883,9 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   `devices` (default: `jax.local_devices()`; `search_devices`), the
   parameters replicated to them once. `eos_id=-1` disables early ends (every
   output runs to its length limit: decoding benchmarks of random models).
-  `first_stage_extra`: as in `translate_batch` (None: one stage).
+  `first_stage_extra`: as in `translate_batch` (None: one stage). Without
+  `num_best`, consecutive batches are searched as one with refilled rows
+  where `_refill_groups` allows it (the same outputs).
   """
   def run(batch, params, used):
     return translate_batch(
@@ -933,7 +941,7 @@ def _refill_batches(model_config: TransformerConfig, params: Any,
   `translate_batch` gives them.
 
   The sources of the batches' several lengths are padded to the longest
-  (`_refill_queue`); the first stage has room for the longest + 
+  (`_refill_queue`); the first stage has room for the longest +
   `first_stage_extra` outputs."""
   longest = max(batches, key=lambda b: (b.inputs.shape[1], b.max_decode_len))
   found = [_search_inputs(model_config, batch.inputs,
