@@ -28,7 +28,10 @@ before issue 20's decoding work) loads `mha/decoding.py` and
 `mha/translate.py` as they were at REV (`git show`) beside the current ones,
 both running on the current model code (attention, Transformer) with the
 same parameters, and times the two searches on the same sentences, taking
-turns batch by batch. `--baseline=none` times the current search alone.
+turns chunk by chunk (a chunk: the batches the current search searches as
+one, its slots refilled with the next batches' sentences; each search gets
+a chunk's batches in one call). `--baseline=none` times the
+current search alone.
 
 CTranslate2 beside it: `--ctranslate2` (with `--workdir`; needs the optional
 `ctranslate2` package) exports the same checkpoint with `mha.export`
@@ -37,7 +40,7 @@ and beam search on the same sentences, in the same batches (mha's
 length-sorted batches of `--batch_size`), the same beam size and α (as
 CTranslate2's own length penalty, |Y|^α, not GNMT's), with
 `--ct2_threads` threads (default: all cores, as XLA uses), one batch per
-call, timed batch by batch in turn with mha's searches (as the baseline
+call, timed chunk by chunk in turn with mha's searches (as the baseline
 is: the load of a shared machine hits every engine alike). Its length
 limit is per call: the batch's longest source + the config's
 `max_decode_extra` (mha's is per sentence), and min_decoding_length=0 as
@@ -56,8 +59,9 @@ the search's time.
 Op time is summed over XLA's threads and inflated by the machine's load:
 compare shares and the two codes within one run.
 
-Each distinct batch shape is compiled (and run once) before timing, then
-`--repeats` full passes are timed (the fastest is reported). Sentences are
+Every path runs one untimed pass first (compiling its searches), then
+`--repeats` full passes are timed (the fastest is reported); the first
+pass's extra time over a timed pass is printed as the compile time. Sentences are
 decoded as `eval.py` does (`translate_ids`'s steps: length-sorted batches of
 `--batch_size`, bucketed padding), each path with its own batching. Prints
 sentences/s and tokens/s of greedy and beam search for each path, the
@@ -168,9 +172,6 @@ class Path:
     self.batches = module.make_batches(
         encoded, batch_size=batch_size, max_len=model_config.max_len,
         max_decode_extra=cache_extra)
-    self.shapes = {}
-    for batch in self.batches:
-      self.shapes.setdefault(batch.shape_key, batch)
 
   def run(self, model_config, params, batches, **kwargs) -> list[np.ndarray]:
     return self.module.decode_batches(model_config, params, batches, **kwargs)
@@ -197,35 +198,49 @@ def _count_tokens(outputs: list[np.ndarray], eos_id: int) -> int:
   return tokens
 
 
+def _chunks(batches, beam_size) -> list[list[int]]:
+  """The batches (indices) timed as one turn: the groups that the current
+  search searches as one (`translate._refill_groups`: runs of batches
+  whose slots take the next batches' sentences as theirs end); each path
+  gets a turn's batches in one call."""
+  return translate._refill_groups(batches, tuple(jax.local_devices()[:1]),  # pylint: disable=protected-access
+                                  beam_size)
+
+
 def _timed(paths, model_config, params, num_sentences, *, repeats,
            **kwargs):
-  """Compiles every batch shape of every path, then times `repeats` passes
-  of each. The paths take turns batch by batch (at batch i the order is
-  rotated by i: old, new, then new, old, ...; with CTranslate2's paths,
-  each goes first as often as the others), each batch waited for, so that
-  the load of a shared machine, which changes within a pass, hits every
-  path alike; a pass's time is the sum of its batches'."""
+  """Runs every path once untimed (its compilations and one pass), then
+  times `repeats` passes of each. The paths take turns chunk by chunk
+  (`_chunks`; at chunk i the order is rotated by i: old, new, then new,
+  old, ...; with CTranslate2's paths, each goes first as often as the
+  others), each chunk waited for, so that the load of a shared machine,
+  which changes within a pass, hits every path alike; a pass's time is
+  the sum of its chunks'."""
+  chunks = _chunks(paths[0].batches, kwargs["beam_size"])
   results = {}
   for path in paths:
     start = time.perf_counter()
-    path.run(model_config, params, list(path.shapes.values()), **kwargs)
+    for chunk in chunks:
+      path.run(model_config, params, [path.batches[i] for i in chunk],
+               **kwargs)
     results[path.name] = {"warmup_seconds": time.perf_counter() - start,
-                          "num_shapes": len(path.shapes), "times": []}
+                          "times": []}
   for _ in range(repeats):
     seconds = {path.name: 0.0 for path in paths}
     raw = {path.name: [] for path in paths}
-    for i in range(len(paths[0].batches)):
+    for i, chunk in enumerate(chunks):
       k = i % len(paths)
       for path in paths[k:] + paths[:k]:
         start = time.perf_counter()
-        raw[path.name] += path.run(model_config, params, [path.batches[i]],
-                                   **kwargs)
+        raw[path.name] += path.run(model_config, params,
+                                   [path.batches[j] for j in chunk], **kwargs)
         seconds[path.name] += time.perf_counter() - start
     for path in paths:
       results[path.name]["times"].append(seconds[path.name])
       results[path.name]["outputs"] = path.outputs(raw[path.name])
   for r in results.values():
     r["seconds"] = min(r["times"])
+    r["compile_seconds"] = r["warmup_seconds"] - r["seconds"]
     r["tokens"] = _count_tokens(r["outputs"], kwargs["eos_id"])
     r["sentences_per_sec"] = num_sentences / r["seconds"]
     r["tokens_per_sec"] = r["tokens"] / r["seconds"]
@@ -305,7 +320,7 @@ class CTranslate2Path:
   """A CTranslate2 export of the workdir's checkpoint, run on mha's batches.
 
   `batches` are a `Path`'s (mha's length-sorted batches), so both engines
-  see the same sentences together, and `_timed` runs it batch by batch in
+  see the same sentences together, and `_timed` runs it chunk by chunk in
   turn with mha's paths, as it runs them (the same interface as `Path`);
   outputs are mha-style id arrays (EOS included) in input order.
   """
@@ -313,9 +328,6 @@ class CTranslate2Path:
   def __init__(self, name, model_dir, tokenizer, encoded, batches, threads):
     import ctranslate2  # pylint: disable=import-outside-toplevel
     self.name, self.encoded, self.batches = name, encoded, batches
-    self.shapes = {}  # nothing to compile: one warm-up batch per shape
-    for batch in batches:
-      self.shapes.setdefault(batch.shape_key, batch)
     self.translator = ctranslate2.Translator(
         str(model_dir), device="cpu", inter_threads=1, intra_threads=threads)
     self.piece_ids = {tokenizer.id_to_piece(i): i
@@ -625,8 +637,9 @@ def main():
       line = (f"{search:>7} {path.name:>14}: {r['sentences_per_sec']:7.1f} "
               f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
               f"({r['tokens']} tokens, {r['seconds']:.2f} s per pass; "
-              f"{r['num_shapes']} shapes compiled in "
-              f"{r['warmup_seconds']:.1f} s)")
+              f"first pass {r['warmup_seconds']:.1f} s with its "
+              f"compilations: ~{r['compile_seconds']:.1f} s more than a "
+              f"timed pass)")
       if tokenizer is not None:
         hypotheses = [tokenizer.decode(out) for out in r["outputs"]]
         line += (f"  BLEU "

@@ -457,6 +457,11 @@ class MultiHeadAttention(nn.Module):
     which XLA's attention products read it (stored as `[B, L, H, D]`, the
     whole cache was transposed for them at every step), and returned as
     `[B, L, H, D]` (a transposed view).
+
+    `cache_index` is one position for all rows, or `[B]`, one per row (a
+    search that refills finished rows with new sentences, `mha.decoding`):
+    row b then writes at its own position and attends to positions
+    0..index[b]; what its earlier sentence left beyond is masked.
     """
     layout = lambda x: jnp.transpose(x, _CACHE_LAYOUT)  # [B, L, H, D] -> store
     initialized = self.has_variable("cache", "cached_key")
@@ -472,19 +477,16 @@ class MultiHeadAttention(nn.Module):
       raise ValueError("Incremental decoding takes one position per call, got "
                        f"{key.shape[1]}.")
     index = cache_index.value
-    start = tuple(index if axis == 1 else 0 for axis in _CACHE_LAYOUT)
-    # This step's [B, 1, H, D] written at position `index`.
-    cached_key.value = lax.dynamic_update_slice(
-        cached_key.value, layout(key.astype(cached_key.value.dtype)), start)
-    cached_value.value = lax.dynamic_update_slice(
-        cached_value.value, layout(value.astype(cached_value.value.dtype)),
-        start)
+    cached_key.value = _write_position(cached_key.value, key, index)
+    cached_value.value = _write_position(cached_value.value, value, index)
     cache_index.value = index + 1
     view = lambda x: jnp.transpose(x, tuple(np.argsort(_CACHE_LAYOUT)))
     key, value = view(cached_key.value), view(cached_value.value)
     # The query at position `index` attends to positions 0..index.
-    mask = (jnp.arange(key.shape[1]) <= index)[None, None, None, :]  # [1,1,1,L]
-    return key, value, mask
+    positions = jnp.arange(key.shape[1])
+    if jnp.ndim(index):  # [B, 1, 1, L]
+      return key, value, (positions <= index[:, None])[:, None, None, :]
+    return key, value, (positions <= index)[None, None, None, :]
 
   def _cached_cross_kv(self, inputs_kv, mask, d_k, d_v, rows):
     """Encoder-decoder keys/values of the decode cache, one row per sentence.
@@ -545,6 +547,19 @@ class MultiHeadAttention(nn.Module):
     cached_key.value, cached_value.value = key, value
     filled.value = jnp.array(True)
     return key, value, mask
+
+
+def _write_position(cache: jax.Array, x: jax.Array,
+                    index: jax.Array) -> jax.Array:
+  """`x` `[B, 1, H, D]` written into `cache` `[B, H, D, L]` at position
+  `index`: one for all rows (`[]`) or one per row (`[B]`; a position past
+  the cache writes nothing)."""
+  x = jnp.transpose(x.astype(cache.dtype), _CACHE_LAYOUT)  # [B, H, D, 1]
+  if jnp.ndim(index):
+    return cache.at[jnp.arange(cache.shape[0]), :, :, index].set(
+        x[..., 0], mode="drop")
+  start = tuple(index if axis == 1 else 0 for axis in _CACHE_LAYOUT)
+  return lax.dynamic_update_slice(cache, x, start)
 
 
 def _queries_by_sentence(query: jax.Array, sentences: int) -> jax.Array:

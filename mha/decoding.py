@@ -62,11 +62,19 @@ length and the same loop continues. Every stage runs inside the one jitted
 search (the later loops take no step when the search is over), and the
 result is the single-stage result: the limits `max_lengths` and the
 stopping rule are the same, only the room in the arrays grows.
+
+Refilled rows: `greedy_refill` and `beam_refill` search more sentences than
+they have rows; a row (a beam's slot of rows) whose sentence is done takes
+the next sentence, its position back to 0 (the step function keeps a
+position per row), so that no row waits for the batch's longest output.
+Each sentence's output is the plain search's, given a step function whose
+results for a row depend on that row alone.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -188,6 +196,41 @@ def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
   return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
 
 
+# `_top_k`'s chunk of the vocabulary (64: the fastest of 16 to 256 for
+# [256, 8000] logits on bench/README.md's machine).
+_TOP_K_CHUNK = 64
+
+
+def _top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`lax.top_k(x, k)` (the same values and indices, ties to the lower
+  index), several times faster on XLA:CPU for a vocabulary-wide last axis:
+  the top k of the maxima of chunks of `_TOP_K_CHUNK` entries, then the top
+  k of those k chunks' entries.
+
+  Exact: if an entry e of the top k were in a chunk C outside the k chosen,
+  each chosen chunk would hold an entry before e in top_k's order (its max
+  is above max(C) >= e, or equal to it in a chunk of lower indices), k
+  entries before e. The chosen chunks are read in index order, so that
+  ties among their entries keep the lower index first. (NaN: the searches
+  below take their full computation then, as without this.)
+  """
+  n = x.shape[-1]
+  chunks = -(-n // _TOP_K_CHUNK)
+  if chunks <= k:
+    return lax.top_k(x, k)
+  padded = _pad_axis(x, x.ndim - 1, chunks * _TOP_K_CHUNK)
+  if chunks * _TOP_K_CHUNK > n:  # padding that no real entry ranks below
+    padded = jnp.where(jnp.arange(padded.shape[-1]) < n, padded, -jnp.inf)
+  padded = padded.reshape(x.shape[:-1] + (chunks, _TOP_K_CHUNK))
+  _, chosen = lax.top_k(jnp.max(padded, axis=-1), k)  # [..., k]
+  chosen = jnp.sort(chosen, axis=-1)
+  entries = jnp.take_along_axis(padded, chosen[..., None], axis=-2)
+  values, at = lax.top_k(entries.reshape(x.shape[:-1] + (-1,)), k)
+  index = (jnp.take_along_axis(chosen, at // _TOP_K_CHUNK, axis=-1)
+           * _TOP_K_CHUNK + at % _TOP_K_CHUNK)
+  return values, index.astype(jnp.int32)
+
+
 def _row_max(top_x: jax.Array) -> jax.Array:
   """The row max of the logits, `[..., 1]`, from their `lax.top_k` values
   `[..., m]` (its first: the same value), which saves a pass over the
@@ -221,7 +264,7 @@ def _greedy_choice(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
 
   if logits.shape[-1] < 2:
     return full()
-  top_x, top_token = lax.top_k(logits, 2)  # [rows, 2]
+  top_x, top_token = _top_k(logits, 2)  # [rows, 2]
   x_max = _row_max(top_x)  # [rows, 1]
   lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
   top_f = (top_x - x_max) - lse
@@ -259,7 +302,7 @@ def _best_extensions(logits: jax.Array, live_logprobs: jax.Array,
   vocab_size = logits.shape[-1]
   m = min(2 * k, vocab_size)
   live = live_logprobs[:, :, None]
-  top_x, top_token = lax.top_k(logits, m)  # [b, beam, m]
+  top_x, top_token = _top_k(logits, m)  # [b, beam, m]
   x_max = _row_max(top_x)  # [b, beam, 1]
   lse = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
   top_f = live + ((top_x - x_max) - lse)
@@ -450,6 +493,177 @@ def greedy_search(tokens_to_logits: TokensToLogits,
                          stage_lengths=stage_lengths, grow_cache=grow_cache,
                          cache_rows=cache_rows)
   return tokens
+
+
+# ---------------------------------------------------- greedy, rows refilled
+
+StartRows = Callable[[PyTree, jax.Array, jax.Array], PyTree]
+
+
+class _RefillState(NamedTuple):
+  sentence: jax.Array  # [rows] the sentence each row searches for
+  pos: jax.Array  # [rows] tokens of its output so far
+  seqs: jax.Array  # [rows, stage length] its output so far
+  last: jax.Array  # [rows] token fed at the next step
+  logprob: jax.Array  # [rows] log P(Y | X) of its tokens so far
+  live: jax.Array  # [rows] bool: the row's sentence is not done
+  next: jax.Array  # [] the first sentence no row has taken yet
+  out_seqs: jax.Array  # [sentences, max_decode_len] outputs of done ones
+  out_logprob: jax.Array  # [sentences]
+  out_length: jax.Array  # [sentences] |Y|
+  cache: PyTree
+
+
+def _refill_step(state: _RefillState, logits: jax.Array, cache: PyTree,
+                 limits: jax.Array, eos_id: int,
+                 start_rows: StartRows) -> _RefillState:
+  """One greedy step of every row (`logits` `[rows, V]`), the outputs of
+  the sentences that end kept, and their rows given the next sentences."""
+  num_rows, room = state.seqs.shape
+  num_sentences = state.out_seqs.shape[0]
+  token, token_logprob = _greedy_choice(logits)  # [rows] each
+  token = jnp.where(state.live, token, PAD_ID)
+  rows = jnp.arange(num_rows)
+  seqs = state.seqs.at[rows, jnp.where(state.live, state.pos, room)].set(
+      token, mode='drop')
+  logprob = state.logprob + jnp.where(state.live, token_logprob, 0.0)
+  length = state.pos + state.live
+  limit = jnp.take(limits, state.sentence, mode='clip')
+  ends = state.live & ((token == eos_id) | (length >= limit))
+  done = jnp.where(ends, state.sentence, num_sentences)  # past the end: none
+  live = state.live & ~ends
+  # Free rows take the next sentences, in row order.
+  free = ~live
+  taken = state.next + jnp.cumsum(free) - 1
+  start = free & (taken < num_sentences)
+  sentence = jnp.where(start, taken, state.sentence)
+  return _RefillState(
+      sentence=sentence,
+      pos=jnp.where(start, 0, length),
+      seqs=jnp.where(start[:, None], 0, seqs),
+      last=jnp.where(start, PAD_ID, token),
+      logprob=jnp.where(start, 0.0, logprob),
+      live=live | start,
+      next=jnp.minimum(state.next + jnp.sum(free), num_sentences),
+      out_seqs=state.out_seqs.at[done, :room].set(seqs, mode='drop'),
+      out_logprob=state.out_logprob.at[done].set(logprob, mode='drop'),
+      out_length=state.out_length.at[done].set(length, mode='drop'),
+      cache=start_rows(cache, start, sentence))
+
+
+def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
+                  start_rows: StartRows, num_rows: int, max_decode_len: int,
+                  eos_id: int, max_lengths: jax.Array, alpha: float = 0.0,
+                  stage_lengths: tuple[int, ...] = (),
+                  grow_cache: Callable[[PyTree, int], PyTree] | None = None
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Greedy search of more sentences than rows: a row whose sentence is
+  done takes the next one (continuous batching), so the step function
+  runs `num_rows` rows of live sentences until the last sentences drain.
+
+  Sentence i's output is greedy search's, given a step function whose
+  results for a row depend on that row alone (the Transformer's, at a
+  fixed number of rows: `mha.translate`), each row at its own position.
+  Rows 0..num_rows-1 start on sentences 0..num_rows-1; then a freed row
+  takes the first sentence not yet taken.
+
+  Args:
+    tokens_to_logits: the step function `(tokens [num_rows, 1], cache) ->
+      (logits [num_rows, V], cache)`; each row at its own position.
+    cache: its cache for sentences 0..num_rows-1, sized for the first
+      stage (`stage_lengths`), else for `max_decode_len`.
+    start_rows: `(cache, start [num_rows] bool, sentence [num_rows]) ->
+      cache` in which every row with `start` begins sentence
+      `sentence[row]` afresh (position 0, that sentence's source); other
+      rows unchanged.
+    num_rows: rows of the step function.
+    max_decode_len: the outputs' static length.
+    eos_id: end-of-sentence token id.
+    max_lengths: int32 `[sentences]`, each sentence's limit on |Y| (<=
+      max_decode_len); the number of sentences is its length.
+    alpha: length-penalty exponent of the scores.
+    stage_lengths, grow_cache: as in `greedy_search`, but two lengths at
+      most: the first stage's and `max_decode_len`. The rows run with the
+      first stage's room until a live row reaches it, then with the whole
+      output length while a live row is past the first room, then with
+      the first room again, and so on (`_refill_stages`).
+
+  Returns:
+    `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
+    [sentences])`, as `greedy_search` gives them sentence by sentence.
+  """
+  num_sentences = max_lengths.shape[0]
+  if num_sentences < num_rows:
+    raise ValueError(f'{num_sentences} sentences for {num_rows} rows: '
+                     'expected at least one per row.')
+  limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
+  lengths = all_stage_lengths(stage_lengths, max_decode_len)
+  if len(lengths) > 2:
+    raise ValueError(f'greedy_refill takes one stage length at most, got '
+                     f'{stage_lengths}.')
+  init = _RefillState(
+      sentence=jnp.arange(num_rows, dtype=jnp.int32),
+      pos=jnp.zeros((num_rows,), jnp.int32),
+      seqs=jnp.zeros((num_rows, lengths[0]), jnp.int32),
+      last=jnp.full((num_rows,), PAD_ID, jnp.int32),
+      logprob=jnp.zeros((num_rows,), jnp.float32),
+      live=jnp.ones((num_rows,), jnp.bool_),
+      next=jnp.array(num_rows, jnp.int32),
+      out_seqs=jnp.zeros((num_sentences, max_decode_len), jnp.int32),
+      out_logprob=jnp.zeros((num_sentences,), jnp.float32),
+      out_length=jnp.zeros((num_sentences,), jnp.int32),
+      cache=cache)
+
+  def cond(state: _RefillState) -> jax.Array:
+    room = state.pos < state.seqs.shape[1]
+    return jnp.any(state.live) & jnp.all(room | ~state.live)
+
+  def body(state: _RefillState) -> _RefillState:
+    logits, cache = _step_logits(tokens_to_logits, state.last[:, None],
+                                 state.cache)
+    return _refill_step(state, logits, cache, limits, eos_id, start_rows)
+
+  _check_grow_cache(lengths, grow_cache)
+  stages = functools.partial(
+      _refill_stages, cond, body, lambda s: s.live, lambda s: s.pos,
+      lambda s, n: s._replace(seqs=_resize_axis(s.seqs, 1, n)), grow_cache,
+      lengths)
+  state = lax.while_loop(lambda state: jnp.any(state.live), stages, init)
+  return (state.out_seqs,
+          state.out_logprob / length_penalty(state.out_length, alpha),
+          state.out_logprob)
+
+
+def _resize_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
+  """x padded with zeros or cut along `axis` to `length`."""
+  if x.shape[axis] >= length:
+    return lax.slice_in_dim(x, 0, length, axis=axis)
+  return _pad_axis(x, axis, length)
+
+
+def _refill_stages(cond, body, busy, position, resize, grow_cache,
+                   lengths: list[int], state):
+  """A refilled search's steps (`greedy_refill`, `beam_refill`) in the
+  first stage's room until a busy slot (`busy(state)`, `[slots]`) needs
+  more (its `position` reaches the room); then, while some busy slot is
+  past the first room, with the room of the last stage (the output
+  length), after which the state (`resize(state, n)`: its outputs' room)
+  and the cache are cut back to the first stage's room (what is cut off no
+  busy slot has written)."""
+  state = lax.while_loop(cond, body, state)
+  if len(lengths) == 1:
+    return state
+  short, full = lengths[0], lengths[-1]
+
+  def longer(state):
+    grown = resize(state, full)._replace(cache=grow_cache(state.cache, full))
+    grown = lax.while_loop(
+        lambda s: jnp.any(busy(s) & (position(s) >= short)), body, grown)
+    cut = lambda x, before: x[tuple(slice(0, n) for n in before.shape)]
+    return resize(grown, short)._replace(
+        cache=jax.tree.map(cut, grown.cache, state.cache))
+
+  return lax.cond(jnp.any(busy(state)), longer, lambda state: state, state)
 
 
 # ------------------------------------------------------------------------ beam
@@ -776,6 +990,195 @@ def beam_search(tokens_to_logits: TokensToLogits,
   # forced to end at its max_length.
   found = run(init, 0, 0)
   return found if with_log_probs else found[:2]
+
+
+# ------------------------------------------------------ beam, slots refilled
+
+
+class _BeamRefillState(NamedTuple):
+  sentence: jax.Array  # [slots] the sentence each slot searches for
+  step: jax.Array  # [slots] its tokens so far
+  active: jax.Array  # [slots] bool: the slot's sentence is not done
+  beam: _BeamState  # the slots' search (its step unused: `step` above)
+  next: jax.Array  # [] the first sentence no slot has taken yet
+  out_seqs: jax.Array  # [sentences, max_decode_len] best of done ones
+  out_scores: jax.Array  # [sentences]
+  out_logprobs: jax.Array  # [sentences]
+  cache: PyTree  # the step function's (the beam's own `cache`: None)
+
+
+def _fresh_beams(limits: jax.Array, alpha: float, beam_size: int,
+                 length: int) -> dict[str, jax.Array]:
+  """`_BeamState` fields of slots that start a search: one live (empty)
+  hypothesis, no finished one; `limits` `[slots]`."""
+  slots = limits.shape[0]
+  return dict(
+      live_seqs=jnp.zeros((slots, beam_size, length), jnp.int32),
+      live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1),
+                                       jnp.float32), (slots, 1)),
+      last=jnp.full((slots, beam_size), PAD_ID, jnp.int32),
+      finished_seqs=jnp.zeros((slots, beam_size, length), jnp.int32),
+      finished_scores=jnp.full((slots, beam_size), NEG_INF, jnp.float32),
+      finished_flags=jnp.zeros((slots, beam_size), jnp.bool_),
+      finished_logprobs=jnp.full((slots, beam_size), NEG_INF, jnp.float32),
+      limits=limits, lp_limit=length_penalty(limits, alpha))
+
+
+def _beam_done(beams: _BeamState, step: jax.Array, alpha: float,
+               num_best: int) -> jax.Array:
+  """`beam_search`'s stopping rule, each slot at its own `step` `[slots]`:
+  its num_best best finished hypotheses can no longer be beaten."""
+  best_live = beams.live_logprobs[:, 0]
+  best_reachable = best_live / jnp.maximum(length_penalty(step + 1, alpha),
+                                           beams.lp_limit)
+  worst_finished = jnp.where(
+      jnp.all(beams.finished_flags[:, :num_best], axis=1),
+      beams.finished_scores[:, num_best - 1], NEG_INF)
+  return (best_live == NEG_INF) | (worst_finished > best_reachable)
+
+
+def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
+                      state: _BeamRefillState) -> _BeamRefillState:
+  """`beam_search`'s step for every slot, each at its own step."""
+  beams = state.beam
+  slots, beam_size, room = beams.live_seqs.shape
+  logits, cache = tokens_to_logits(beams.last.reshape(slots * beam_size, 1),
+                                   state.cache)
+  cand_logprobs, cand_parent, cand_token = _candidates(
+      jnp.asarray(logits, jnp.float32).reshape(slots, beam_size, -1),
+      beams.live_logprobs)
+  cand_seqs = _take(beams.live_seqs, cand_parent)  # [slots, c, len]
+  at = jnp.where(state.active, state.step, room)  # idle slots: nowhere
+  cand_seqs = cand_seqs.at[jnp.arange(slots), :, at].set(cand_token,
+                                                          mode='drop')
+  length = state.step + 1  # [slots]
+  ends = (cand_logprobs > NEG_INF) & (
+      (cand_token == eos_id) | (length >= beams.limits)[:, None])
+  live_logprobs, live_index = lax.top_k(
+      jnp.where(ends, NEG_INF, cand_logprobs), beam_size)
+  beams = _merge_finished(beams, ends, cand_logprobs, cand_seqs,
+                          length[:, None], alpha, beam_size)._replace(
+      live_seqs=_take(cand_seqs, live_index),
+      live_logprobs=live_logprobs,
+      last=_take(cand_token, live_index))
+  return state._replace(
+      step=jnp.where(state.active, length, state.step), beam=beams,
+      cache=_gather_rows(cache, kinds, _take(cand_parent, live_index)))
+
+
+def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
+                      alpha: float, num_best: int,
+                      start_rows: StartRows) -> _BeamRefillState:
+  """The best hypothesis of every slot whose sentence is done kept, and
+  the free slots given the next sentences, in slot order."""
+  beams = state.beam
+  slots, _, room = beams.live_seqs.shape
+  num_sentences = state.out_seqs.shape[0]
+  done = state.active & _beam_done(beams, state.step, alpha, num_best)
+  to = jnp.where(done, state.sentence, num_sentences)  # past the end: none
+  free = ~state.active | done
+  taken = state.next + jnp.cumsum(free) - 1
+  start = free & (taken < num_sentences)
+  sentence = jnp.where(start, taken, state.sentence)
+  fresh = _fresh_beams(jnp.take(max_lengths, sentence, mode='clip'), alpha,
+                       beams.live_seqs.shape[1], room)
+  beams = beams._replace(**{
+      name: jnp.where(start.reshape((slots,) + (1,) * (x.ndim - 1)), x,
+                      getattr(beams, name)) for name, x in fresh.items()})
+  return state._replace(
+      sentence=sentence, step=jnp.where(start, 0, state.step),
+      active=(state.active & ~done) | start, beam=beams,
+      cache=start_rows(state.cache, start, sentence),
+      next=jnp.minimum(state.next + jnp.sum(free), num_sentences),
+      out_seqs=state.out_seqs.at[to, :room].set(
+          state.beam.finished_seqs[:, 0], mode='drop'),
+      out_scores=state.out_scores.at[to].set(
+          state.beam.finished_scores[:, 0], mode='drop'),
+      out_logprobs=state.out_logprobs.at[to].set(
+          state.beam.finished_logprobs[:, 0], mode='drop'))
+
+
+def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
+                start_rows: StartRows, num_slots: int, beam_size: int,
+                alpha: float, max_decode_len: int, eos_id: int,
+                max_lengths: jax.Array, cache_rows: PyTree,
+                num_best: int = 1, stage_lengths: tuple[int, ...] = (),
+                grow_cache: Callable[[PyTree, int], PyTree] | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Beam search of more sentences than slots: `num_slots` sentences are
+  searched at a time (`num_slots * beam_size` rows), and a slot whose
+  sentence is done (`beam_search`'s stopping rule for `num_best`) takes
+  the next one, so that the rows stay busy until the last sentences drain.
+
+  Each sentence's best hypothesis is `beam_search`'s (with `num_best`: slot
+  0 is exact once the sentence is done, and it is read then), given a step
+  function whose results for a row depend on that row alone, each slot's
+  rows at their own position. Slots 0..num_slots-1 start on sentences
+  0..num_slots-1; then a freed slot takes the first sentence not yet taken.
+
+  Args:
+    tokens_to_logits: the step function on `num_slots * beam_size` rows,
+      ordered `[slot, beam]`.
+    cache: its cache for sentences 0..num_slots-1, sized for the first
+      stage (`stage_lengths`), else for `max_decode_len`; its HYPOTHESIS
+      leaves (`cache_rows`) with `num_slots * beam_size` rows.
+    start_rows: `(cache, start [num_slots] bool, sentence [num_slots]) ->
+      cache` in which the rows of every slot with `start` begin sentence
+      `sentence[slot]` afresh; other rows unchanged.
+    num_slots, beam_size, alpha, max_decode_len, eos_id: as in
+      `beam_search` (num_slots its batch_size).
+    max_lengths: int32 `[sentences]`, each sentence's limit on |Y|.
+    cache_rows: the `CacheRows` of each cache leaf (positions kept per
+      row are the same for a slot's rows: `SHARED`, never reordered).
+    num_best: as in `beam_search`; 1 for the best hypothesis alone.
+    stage_lengths, grow_cache: as in `greedy_refill`.
+
+  Returns:
+    `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
+    [sentences])` of each sentence's best hypothesis.
+  """
+  num_sentences = max_lengths.shape[0]
+  if num_sentences < num_slots:
+    raise ValueError(f'{num_sentences} sentences for {num_slots} slots: '
+                     'expected at least one per slot.')
+  limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
+  lengths = all_stage_lengths(stage_lengths, max_decode_len)
+  if len(lengths) > 2:
+    raise ValueError(f'beam_refill takes one stage length at most, got '
+                     f'{stage_lengths}.')
+  _check_grow_cache(lengths, grow_cache)
+  kinds = _row_kinds(cache, cache_rows)
+  init = _BeamRefillState(
+      sentence=jnp.arange(num_slots, dtype=jnp.int32),
+      step=jnp.zeros((num_slots,), jnp.int32),
+      active=jnp.ones((num_slots,), jnp.bool_),
+      beam=_BeamState(step=jnp.array(0, jnp.int32), cache=None,
+                      **_fresh_beams(limits[:num_slots], alpha, beam_size,
+                                     lengths[0])),
+      next=jnp.array(num_slots, jnp.int32),
+      out_seqs=jnp.zeros((num_sentences, max_decode_len), jnp.int32),
+      out_scores=jnp.full((num_sentences,), NEG_INF, jnp.float32),
+      out_logprobs=jnp.full((num_sentences,), NEG_INF, jnp.float32),
+      cache=cache)
+
+  def cond(state):
+    room = state.step < state.beam.live_seqs.shape[2]
+    return jnp.any(state.active) & jnp.all(room | ~state.active)
+
+  def body(state):
+    state = _beam_refill_step(tokens_to_logits, kinds, eos_id, alpha, state)
+    return _beam_refill_next(state, limits, alpha, num_best, start_rows)
+
+  def resize(state, n):
+    return state._replace(beam=state.beam._replace(
+        live_seqs=_resize_axis(state.beam.live_seqs, 2, n),
+        finished_seqs=_resize_axis(state.beam.finished_seqs, 2, n)))
+
+  stages = functools.partial(
+      _refill_stages, cond, body, lambda s: s.active, lambda s: s.step,
+      resize, grow_cache, lengths)
+  state = lax.while_loop(lambda state: jnp.any(state.active), stages, init)
+  return state.out_seqs, state.out_scores, state.out_logprobs
 
 
 # -------------------------------------------------------------------- sampling

@@ -38,7 +38,8 @@ class AddPositionEncoding(nn.Module):
     max_len: the largest number of positions.
     kind: `sinusoidal` (fixed, §3.5) or `learned` (a trained table, row E).
     decode: incremental decoding: each call is one position further, counted
-      in the `cache` collection.
+      in the `cache` collection (`position_index`: one count for all rows,
+      or `[B]`, one per row, if the cache is given so).
   """
   max_len: int
   kind: str = "sinusoidal"
@@ -60,7 +61,11 @@ class AddPositionEncoding(nn.Module):
       index = self.variable("cache", "position_index",
                             lambda: jnp.array(0, jnp.int32))
       if initialized:
-        pe = jax.lax.dynamic_slice_in_dim(table, index.value, 1)[None]
+        if jnp.ndim(index.value):  # [B]: each row at its own position
+          # (a search that refills finished rows, `mha.decoding`)
+          pe = jnp.take(table, index.value, axis=0, mode="clip")[:, None]
+        else:
+          pe = jax.lax.dynamic_slice_in_dim(table, index.value, 1)[None]
         index.value = index.value + 1
         return x + pe.astype(x.dtype)
     if positions is None:

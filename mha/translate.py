@@ -34,6 +34,12 @@ input order. A split therefore compiles the search a handful of times, and
 repeated calls on the same sentences (BLEU during training) reuse the
 compiled search.
 
+Several batches (`decode_batches`, the best output of each sentence) are
+searched as one where their rows allow it (`_refill_groups`): as a
+sentence is done, its rows (its slot of beam_size rows) take the next
+batches' sentences (`decoding.greedy_refill`, `decoding.beam_refill`), so
+that the rows stay busy; the outputs are those of each batch's own search.
+
 The search stops a sentence as soon as its best hypothesis, the one
 returned, can no longer be beaten (`num_best=1`), and once only half of a
 batch's sentences (or a quarter, ...) are left it goes on with those alone
@@ -231,6 +237,8 @@ def _grow_cache_fn(init_cache: Callable[[int], Any], first: Any
     shapes = jax.eval_shape(functools.partial(init_cache, length))
 
     def pad(x, made_first, made):
+      if x.ndim != len(made_first):  # per-row positions ([rows], not [])
+        return x
       # Only the axes that grow with the output length; the rows stay.
       shape = [n if a == b else c for n, a, b, c in zip(
           x.shape, made_first, made.shape, made.shape)]
@@ -256,6 +264,161 @@ def _step_fn(model: Transformer, params: Any) -> decoding.TokensToLogits:
         mutated["cache"]))
 
   return tokens_to_logits
+
+
+# ------------------------------------- greedy search with refilled rows
+
+# Greedy search of several batches of the same shape as one search whose
+# rows, as their sentences end, take the next batches' sentences
+# (`decoding.greedy_refill`): without it a batch's rows wait for its
+# longest output (half of them idle on test_2016_flickr). At most this many
+# batches share one search (one compilation per number of batches).
+MAX_REFILL_BATCHES = 16
+_POSITIONS = ("cache_index", "position_index")
+
+
+def _leaf_name(path) -> Any:
+  return getattr(path[-1], "key", None)
+
+
+def _source_leaves(cache: Any) -> list[jax.Array]:
+  """The encoder-decoder keys and values of a decoder's cache, in tree
+  order."""
+  return [x for path, x in jax.tree_util.tree_flatten_with_path(cache)[0]
+          if _leaf_name(path) in _SOURCE_KV]
+
+
+def _refill_queue(model: Transformer, params: Any,
+                  inputs: Sequence[jax.Array], length: int, beam_size: int
+                  ) -> tuple[list[jax.Array], jax.Array, Any]:
+  """The source keys and values of every sentence of `inputs`, arrays
+  `[k, rows, s]` of k batches each, `[sentences, h, d, s_max]` (the
+  search's layout, the source positions padded to the longest s with
+  zeros), made batch by batch as `_model_fns` makes a batch's; the source
+  ids `[sentences, s_max]`; and the shapes of the decoder's cache of one
+  batch of s_max positions (`beam_size` rows a sentence) for `length`
+  outputs, as the decoder makes it.
+
+  The padding changes no bits of the decoder's outputs (its keys are
+  masked; checked on the trained Multi30k model, bench/README.md).
+  """
+  num_slots = inputs[0].shape[1]
+  width = max(x.shape[2] for x in inputs)
+
+  def make(batch_inputs):
+    encoded = model.apply({"params": params}, batch_inputs, method="encode")
+    return _init_cache(model, params, encoded, batch_inputs,
+                       batch_inputs.shape[0] * beam_size, length)
+
+  def padded(x):  # [k, rows, ..., s] -> [k * rows, ..., width]
+    x = decoding._pad_axis(x, x.ndim - 1, width)  # pylint: disable=protected-access
+    return x.reshape((-1,) + x.shape[2:])
+
+  parts = [lax.map(lambda x: _source_leaves(_source_kv_stored(make(x))), x)
+           for x in inputs]
+  queue = [jnp.concatenate([padded(part[i]) for part in parts])
+           for i in range(len(parts[0]))]
+  ids = jnp.concatenate([padded(x) for x in inputs])
+  return queue, ids, jax.eval_shape(make, ids[:num_slots])
+
+
+def _refill_cache(shapes: Any, queue: list[jax.Array], inputs: jax.Array,
+                  num_slots: int, beam_size: int, d_model: int) -> Any:
+  """The search's cache of slots 0..num_slots-1 on sentences
+  0..num_slots-1 (`beam_size` rows each): positions one per row, source
+  keys and values from the `queue`, the rest zeros as the decoder makes
+  them (`inputs`: `[sentences, s]`)."""
+  sources = iter(queue)
+
+  def leaf(path, shape):
+    if _leaf_name(path) in _SOURCE_KV:
+      return next(sources)[:num_slots]
+    if _leaf_name(path) in _POSITIONS:
+      return jnp.zeros((num_slots * beam_size,), shape.dtype)
+    return jnp.zeros(shape.shape, shape.dtype)
+
+  model_cache = jax.tree_util.tree_map_with_path(leaf, shapes)
+  # The encoder output is not read by a step (the source keys and values
+  # are cached): zeros of its shape.
+  return {"model": model_cache, "inputs": inputs[:num_slots],
+          "encoded": jnp.zeros((num_slots, inputs.shape[1], d_model))}
+
+
+def _start_rows_fn(queue: list[jax.Array], queue_inputs: jax.Array
+                   ) -> decoding.StartRows:
+  """`decoding.greedy_refill`'s and `beam_refill`'s `start_rows` for the
+  cache of `_refill_cache`: the positions of a started slot's rows back to
+  0, their `previous_weights` zeros, and its sentence's source keys, values
+  and ids copied in, slot by slot (a loop over the started slots only)."""
+  def start_rows(cache, start, sentence):
+    def reset(path, x):
+      if _leaf_name(path) not in _POSITIONS + ("previous_weights",):
+        return x
+      rows = jnp.repeat(start, x.shape[0] // start.shape[0])  # [slot, beam]
+      return jnp.where(rows.reshape(rows.shape + (1,) * (x.ndim - 1)),
+                       jnp.zeros((), x.dtype), x)
+
+    model_cache = jax.tree_util.tree_map_with_path(reset, cache["model"])
+    flat, tree = jax.tree_util.tree_flatten_with_path(model_cache)
+    where = [i for i, (path, _) in enumerate(flat)
+             if _leaf_name(path) in _SOURCE_KV]
+    sources = queue + [queue_inputs]
+    order = jnp.argsort(~start, stable=True)  # the started slots first
+
+    def copy(i, leaves):
+      row, taken = order[i], sentence[order[i]]
+      return [lax.dynamic_update_index_in_dim(
+          x, lax.dynamic_index_in_dim(y, taken, 0, keepdims=False), row, 0)
+              for x, y in zip(leaves, sources)]
+
+    leaves = lax.fori_loop(0, jnp.sum(start), copy,
+                           [flat[i][1] for i in where] + [cache["inputs"]])
+    values = [x for _, x in flat]
+    for i, x in zip(where, leaves):
+      values[i] = x
+    return dict(cache, model=jax.tree_util.tree_unflatten(tree, values),
+                inputs=leaves[-1])
+
+  return start_rows
+
+
+@functools.lru_cache(maxsize=32)
+def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
+               eos_id: int) -> Callable[..., Any]:
+  """The jitted search of `inputs`, arrays `[k, slots, s]` (k batches of one
+  source length each), with `slots` sentences searched at a time, a slot
+  whose sentence is done taking the next one (`decoding.greedy_refill`,
+  `decoding.beam_refill`): `[sentences, max_decode_len]` outputs, the best
+  of each batch's own search (`_translate_fn`, `num_best=0`)."""
+  model = create_model(model_config, decode=True, deterministic=True)
+
+  @functools.partial(jax.jit, static_argnames=("max_decode_len",
+                                               "stage_lengths"))
+  def search(params: Any, inputs: tuple[jax.Array, ...],
+             max_lengths: jax.Array, *, max_decode_len: int,
+             stage_lengths: tuple[int, ...]) -> Any:
+    num_slots = inputs[0].shape[1]
+    lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
+    queue, ids, shapes = _refill_queue(model, params, inputs, lengths[0],
+                                       beam_size)
+    cache = _refill_cache(shapes, queue, ids, num_slots, beam_size,
+                          model_config.d_model)
+    init_cache = functools.partial(_init_cache, model, params,
+                                   cache["encoded"], ids[:num_slots],
+                                   num_slots * beam_size)
+    common = dict(stage_lengths=tuple(lengths[:-1]),
+                  grow_cache=_grow_cache_fn(init_cache, shapes))
+    start_rows = _start_rows_fn(queue, ids)
+    if beam_size == 1:
+      return decoding.greedy_refill(
+          _step_fn(model, params), cache, start_rows, num_slots,
+          max_decode_len, eos_id, max_lengths, **common)[0]
+    return decoding.beam_refill(
+        _step_fn(model, params), cache, start_rows, num_slots, beam_size,
+        alpha, max_decode_len, eos_id, max_lengths, cache_rows(cache),
+        **common)[0]
+
+  return search
 
 
 def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
@@ -720,16 +883,117 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   `devices` (default: `jax.local_devices()`; `search_devices`), the
   parameters replicated to them once. `eos_id=-1` disables early ends (every
   output runs to its length limit: decoding benchmarks of random models).
-  `first_stage_extra`: as in `translate_batch` (None: one stage).
+  `first_stage_extra`: as in `translate_batch` (None: one stage). Without
+  `num_best`, consecutive batches are searched as one with refilled rows
+  where `_refill_groups` allows it (the same outputs).
   """
-  return _run_batches(params, batches, devices, lambda batch, params, used:
-                      translate_batch(
-                          model_config, params, batch.inputs,
-                          beam_size=beam_size, alpha=alpha,
-                          max_decode_extra=max_decode_extra, eos_id=eos_id,
+  def run(batch, params, used):
+    return translate_batch(
+        model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
+        max_decode_extra=max_decode_extra, eos_id=eos_id,
+        max_decode_len=batch.max_decode_len,
+        first_stage_extra=first_stage_extra, devices=used, num_best=num_best)
+
+  if num_best:
+    return _run_batches(params, batches, devices, run)
+
+  def refill(group, params):
+    return _refill_batches(model_config, params, group, beam_size=beam_size,
+                           alpha=alpha, max_decode_extra=max_decode_extra,
+                           eos_id=eos_id, first_stage_extra=first_stage_extra)
+
+  return _run_refilled(params, batches, devices, run, refill, beam_size)
+
+
+def _refill_groups(batches: Sequence[DecodeBatch],
+                   devices: tuple[jax.Device, ...],
+                   beam_size: int = 1) -> list[list[int]]:
+  """The batches (their indices) searched together by `_refill_batches`:
+  runs of consecutive batches, at most `MAX_REFILL_BATCHES` each, whose
+  search has at least `MIN_SEARCH_ROWS` rows (sentences x beam: fewer may
+  give a row other bits in another row), on the default device; every
+  other batch alone; for beam search, of one source length. The group's
+  search has the first batch's number of sentences at a time."""
+  groups: list[list[int]] = []
+  joins = lambda b: (b.inputs.shape[0] * beam_size >= MIN_SEARCH_ROWS
+                     and not search_devices(b.inputs.shape[0], devices))
+  # Beam search: one source length a group, so that the first stage's room
+  # is each batch's own (its reorder costs in proportion to the room).
+  length = lambda b: b.inputs.shape[1] if beam_size > 1 else 0
+  for i, batch in enumerate(batches):
+    last = groups[-1] if groups else []
+    if (last and len(last) < MAX_REFILL_BATCHES and joins(batch)
+        and joins(batches[last[0]])
+        and length(batches[last[0]]) == length(batch)):
+      last.append(i)
+    else:
+      groups.append([i])
+  return groups
+
+
+def _refill_batches(model_config: TransformerConfig, params: Any,
+                    batches: Sequence[DecodeBatch], *, beam_size: int,
+                    alpha: float, max_decode_extra: int, eos_id: int,
+                    first_stage_extra: int | None) -> list[jax.Array]:
+  """The search of `batches` as one search whose slots, as their
+  sentences end, take the next ones (`_refill_fn`), on the default device:
+  the outputs of each batch, `[rows, its max_decode_len]`, as
+  `translate_batch` gives them.
+
+  The sources of the batches' several lengths are padded to the longest
+  (`_refill_queue`); the first stage has room for the longest +
+  `first_stage_extra` outputs."""
+  longest = max(batches, key=lambda b: (b.inputs.shape[1], b.max_decode_len))
+  found = [_search_inputs(model_config, batch.inputs,
+                          max_decode_extra=max_decode_extra,
                           max_decode_len=batch.max_decode_len,
-                          first_stage_extra=first_stage_extra, devices=used,
-                          num_best=num_best))
+                          first_stage_extra=first_stage_extra, devices=(),
+                          extra_rows=())[2] for batch in batches]
+  static = _search_inputs(model_config, longest.inputs,
+                          max_decode_extra=max_decode_extra,
+                          max_decode_len=max(b.max_decode_len
+                                             for b in batches),
+                          first_stage_extra=first_stage_extra, devices=(),
+                          extra_rows=())[0]
+  inputs = []  # [k, rows, s] for each run of batches of one length s
+  for batch, rows in zip(batches, found):
+    if inputs and inputs[-1][0].shape == rows[0].shape:
+      inputs[-1].append(rows[0])
+    else:
+      inputs.append([rows[0]])
+  tokens = _refill_fn(model_config, int(beam_size), float(alpha),
+                      int(eos_id))(
+      params, tuple(jnp.stack(x) for x in inputs),
+      jnp.concatenate([rows[1] for rows in found]), **static)
+  ends = np.cumsum([batch.inputs.shape[0] for batch in batches])
+  return [tokens[end - batch.inputs.shape[0]:end, :batch.max_decode_len]
+          for end, batch in zip(ends, batches)]
+
+
+def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
+                  devices: Sequence[jax.Device] | None,
+                  run: Callable[[DecodeBatch, Any, tuple[jax.Device, ...]],
+                                Any],
+                  refill: Callable[[list[DecodeBatch], Any], list[jax.Array]],
+                  beam_size: int) -> list[np.ndarray]:
+  """`_run_batches`' outputs, with each group of `_refill_groups` of two
+  or more batches searched by `refill(batches, params)` as one (a list of
+  the batches' outputs); all dispatched before the first result is
+  fetched."""
+  devices = tuple(jax.local_devices() if devices is None else devices)
+  placed = params if isinstance(params, PlacedParams) else PlacedParams(
+      params)
+  groups = _refill_groups(batches, devices, beam_size)
+  outputs = []
+  for group in groups:
+    if len(group) == 1:
+      batch = batches[group[0]]
+      used = search_devices(batch.inputs.shape[0], devices)
+      outputs.append(run(batch, placed.on(used), used))
+    else:
+      outputs.append(refill([batches[i] for i in group], placed.on(())))
+  return [np.asarray(x) for group, o in zip(groups, outputs)
+          for x in (o if len(group) > 1 else [o])]
 
 
 def _run_batches(params: Any, batches: Sequence[DecodeBatch],

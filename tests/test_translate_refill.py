@@ -1,0 +1,229 @@
+"""Greedy search with refilled rows (`decoding.greedy_refill`): a row whose
+sentence is done takes the next one. Each sentence's output must be the
+one greedy search gives it alone, and the Transformer's refilled search
+must give every row of every batch what the batch's own search gives."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import base
+import paper_reference
+from mha import decoding
+from mha import transformer
+from mha import translate
+
+EOS = 1
+VOCAB = 6
+
+
+class ToyModel:
+  """Logits of a row from its sentence, its position, its last token and
+  the tokens it has written (`history`, one column per output position of
+  the stage, read only below the row's position): the cache of a step
+  function that keeps one position per row."""
+
+  def __init__(self, num_sentences, max_len, seed=0):
+    rng = np.random.default_rng(seed)
+    self.w = rng.normal(0, 1.5, (num_sentences, max_len, VOCAB)).astype(
+        np.float32)
+    self.u = rng.normal(0, 1.0, (VOCAB, VOCAB)).astype(np.float32)
+
+  def init_cache(self, rows, length):
+    return {'pos': jnp.zeros((rows,), jnp.int32),
+            'src': jnp.arange(rows, dtype=jnp.int32),
+            'history': jnp.zeros((rows, length), jnp.int32)}
+
+  def step(self, tokens, cache):
+    pos, history = cache['pos'], cache['history']
+    rows = jnp.arange(history.shape[0])
+    # The token fed now is the output at position pos - 1.
+    history = history.at[rows, jnp.where(pos > 0, pos - 1, 1 << 20)].set(
+        tokens[:, 0], mode='drop')
+    written = jnp.arange(history.shape[1])[None] < pos[:, None]
+    counts = jnp.sum((history[:, :, None] == jnp.arange(VOCAB))
+                     & written[:, :, None], axis=1)  # [rows, V]
+    w = jnp.asarray(self.w)[cache['src'], jnp.minimum(
+        pos, self.w.shape[1] - 1)]
+    logits = w + jnp.asarray(self.u)[tokens[:, 0]] - 0.7 * counts
+    return logits, dict(cache, pos=pos + 1, history=history)
+
+  def start_rows(self, cache, start, sentence):
+    return dict(cache, pos=jnp.where(start, 0, cache['pos']),
+                src=jnp.where(start, sentence, cache['src']))
+
+  def grow_cache(self, cache, length):
+    history = cache['history']
+    return dict(cache, history=jnp.pad(
+        history, ((0, 0), (0, length - history.shape[1]))))
+
+  def greedy(self, sentence, limit):
+    """The sentence's greedy output and log P(Y | X), in NumPy."""
+    tokens, logprob, last = [], 0.0, 0
+    for pos in range(limit):
+      logits = self.w[sentence, pos] + self.u[last] - 0.7 * np.bincount(
+          tokens, minlength=VOCAB)
+      log_probs = logits - np.log(np.sum(np.exp(logits - logits.max()))) \
+          - logits.max()
+      last = int(np.argmax(logits))
+      tokens.append(last)
+      logprob += float(log_probs[last])
+      if last == EOS:
+        break
+    return tokens, logprob
+
+
+def test_refilled_greedy_equals_each_sentences_greedy_search():
+  num_sentences, rows, max_len = 13, 4, 9
+  model = ToyModel(num_sentences, max_len, seed=3)
+  limits = np.random.default_rng(1).integers(1, max_len + 1, num_sentences)
+  steps = []
+
+  def step(tokens, cache):
+    jax.debug.callback(lambda: steps.append(1))
+    return model.step(tokens, cache)
+
+  for stages in [(), (4,)]:
+    steps.clear()
+    tokens, scores, log_probs = jax.jit(
+        lambda cache, limits, stages=stages: decoding.greedy_refill(
+            step, cache, model.start_rows, rows, max_len, EOS, limits,
+            alpha=0.6, stage_lengths=stages, grow_cache=model.grow_cache))(
+                model.init_cache(rows, (stages or (max_len,))[0]),
+                jnp.asarray(limits, jnp.int32))
+    jax.effects_barrier()
+    found = []
+    for i in range(num_sentences):
+      want, want_logprob = model.greedy(i, int(limits[i]))
+      found.append(len(want))
+      np.testing.assert_array_equal(
+          np.asarray(tokens[i]), want + [0] * (max_len - len(want)))
+      np.testing.assert_allclose(float(log_probs[i]), want_logprob,
+                                 rtol=1e-5)
+      np.testing.assert_allclose(
+          float(scores[i]),
+          want_logprob / decoding.length_penalty(len(want), 0.6), rtol=1e-5)
+    # Outputs of many lengths, some past the first stage; and fewer steps
+    # than batches of `rows` sentences that each wait for their longest.
+    assert len(set(found)) > 4 and max(found) > 4
+    batched = sum(max(found[i:i + rows])
+                  for i in range(0, num_sentences, rows))
+    assert len(steps) < batched, (len(steps), batched)
+
+
+def test_translate_refills_rows_with_the_next_batches_sentences():
+  model_config = transformer.TransformerConfig.from_config(
+      base.get_config('tiny'), deterministic=True, num_encoder_layers=1,
+      num_decoder_layers=1, vocab_size=16, max_len=64,
+      share_embeddings=False)
+  dummy = np.ones((1, 4), np.int32)
+  shapes = jax.eval_shape(transformer.Transformer(model_config).init,
+                          jax.random.PRNGKey(0), dummy, dummy)['params']
+  params = paper_reference.random_params(shapes, seed=5)
+  rng = np.random.default_rng(0)
+  # 3 batches of 64 rows, of sources padded to 24 and 16 ids (the shorter
+  # ones padded to 24 in the search): one refilled search.
+  encoded = [list(rng.integers(3, 16, n - 1)) + [EOS]
+             for n in rng.integers(11, 21, 3 * 64 - 5)]
+  batches = translate.make_batches(encoded, batch_size=64, max_len=64,
+                                   max_decode_extra=8)
+  assert [b.inputs.shape for b in batches] == [(64, 24), (64, 24), (64, 16)]
+  device = jax.local_devices()[:1]
+  assert translate._refill_groups(batches, tuple(device)) == [[0, 1, 2]]  # pylint: disable=protected-access
+  kwargs = dict(beam_size=1, alpha=0.6, max_decode_extra=8, eos_id=EOS)
+  refilled = translate.decode_batches(model_config, params, batches,
+                                      devices=device, **kwargs)
+  assert translate._refill_fn(model_config, 1, 0.6, EOS)._cache_size() == 1  # pylint: disable=protected-access
+  lengths = []
+  for batch, tokens in zip(batches, refilled):
+    alone = translate.translate_batch(
+        model_config, params, batch.inputs, max_decode_len=batch.max_decode_len,
+        devices=device, **kwargs)
+    np.testing.assert_array_equal(tokens, np.asarray(alone))
+    lengths += [int(np.flatnonzero(t).max()) + 1 for t in tokens]
+  # Outputs that end early and outputs past the first stage (24 + 3).
+  assert min(lengths) < 10 and max(lengths) > 27
+
+
+class ToyBeamModel(ToyModel):
+  """ToyModel for beam search: its sentence stored once per slot
+  (`CacheRows.ONE_PER_SENTENCE`), its history per hypothesis (reordered
+  with the beam), its positions per row (the same for a slot's rows)."""
+
+  beam_size = 3
+
+  def init_cache(self, rows, length):
+    slots = rows // self.beam_size
+    return dict(super().init_cache(rows, length),
+                src=jnp.arange(slots, dtype=jnp.int32))
+
+  def cache_rows(self):
+    return {'pos': decoding.CacheRows.SHARED,
+            'src': decoding.CacheRows.ONE_PER_SENTENCE,
+            'history': decoding.CacheRows.HYPOTHESIS}
+
+  def step(self, tokens, cache):
+    per_row = jnp.repeat(cache['src'], self.beam_size)
+    logits, new = super().step(tokens, dict(cache, src=per_row))
+    return logits, dict(new, src=cache['src'])
+
+  def start_rows(self, cache, start, sentence):
+    rows = jnp.repeat(start, self.beam_size)
+    return dict(cache, pos=jnp.where(rows, 0, cache['pos']),
+                src=jnp.where(start, sentence, cache['src']))
+
+
+def test_refilled_beam_search_equals_the_whole_batchs_search():
+  num_sentences, slots, max_len = 11, 3, 9
+  model = ToyBeamModel(num_sentences, max_len, seed=4)
+  beam = model.beam_size
+  limits = jnp.asarray(np.random.default_rng(2).integers(
+      2, max_len + 1, num_sentences), jnp.int32)
+  whole = jax.jit(lambda cache: decoding.beam_search(
+      model.step, cache, num_sentences, beam, 0.6, max_len, EOS, limits,
+      cache_rows=model.cache_rows(), num_best=1, with_log_probs=True))(
+          model.init_cache(num_sentences * beam, max_len))
+  lengths = [int(np.count_nonzero(t)) for t in np.asarray(whole[0][:, 0])]
+  assert len(set(lengths)) > 3
+  for stages in [(), (4,)]:
+    found = jax.jit(lambda cache, stages=stages: decoding.beam_refill(
+        model.step, cache, model.start_rows, slots, beam, 0.6, max_len, EOS,
+        limits, model.cache_rows(), stage_lengths=stages,
+        grow_cache=model.grow_cache))(
+            model.init_cache(slots * beam, (stages or (max_len,))[0]))
+    for ours, theirs in zip(found, whole):
+      np.testing.assert_array_equal(np.asarray(ours),
+                                    np.asarray(theirs[:, 0]))
+
+
+def test_translate_refills_beam_slots_with_the_next_batches_sentences():
+  model_config = transformer.TransformerConfig.from_config(
+      base.get_config('tiny'), deterministic=True, num_encoder_layers=1,
+      num_decoder_layers=1, vocab_size=16, max_len=64,
+      share_embeddings=False)
+  dummy = np.ones((1, 4), np.int32)
+  shapes = jax.eval_shape(transformer.Transformer(model_config).init,
+                          jax.random.PRNGKey(0), dummy, dummy)['params']
+  params = paper_reference.random_params(shapes, seed=6)
+  rng = np.random.default_rng(1)
+  # 4 batches of 16 sentences (64 rows with 4 hypotheses each), the last
+  # of 12: one refilled search of 16 slots.
+  encoded = [list(rng.integers(3, 16, n - 1)) + [EOS]
+             for n in rng.integers(9, 17, 3 * 16 + 12)]
+  batches = translate.make_batches(encoded, batch_size=16, max_len=64,
+                                   max_decode_extra=8)
+  assert [b.inputs.shape for b in batches] == [(16, 16)] * 3 + [(16, 16)]
+  device = jax.local_devices()[:1]
+  assert translate._refill_groups(batches, tuple(device), 4) == [  # pylint: disable=protected-access
+      [0, 1, 2, 3]]
+  kwargs = dict(beam_size=4, alpha=0.6, max_decode_extra=8, eos_id=EOS)
+  refilled = translate.decode_batches(model_config, params, batches,
+                                      devices=device, **kwargs)
+  assert translate._refill_fn(model_config, 4, 0.6, EOS)._cache_size() == 1  # pylint: disable=protected-access
+  lengths = []
+  for batch, tokens in zip(batches, refilled):
+    alone = translate.translate_batch(
+        model_config, params, batch.inputs, max_decode_len=batch.max_decode_len,
+        devices=device, **kwargs)
+    np.testing.assert_array_equal(tokens, np.asarray(alone))
+    lengths += [int(np.count_nonzero(t)) for t in tokens]
+  assert min(lengths) < 10 and max(lengths) > 19
