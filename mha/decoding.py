@@ -551,6 +551,25 @@ def _refill_step(state: _RefillState, logits: jax.Array, cache: PyTree,
       cache=start_rows(cache, start, sentence))
 
 
+def _refill_inputs(search: str, num_rows: int, rows: str,
+                   max_lengths: jax.Array, max_decode_len: int,
+                   stage_lengths: tuple[int, ...]
+                   ) -> tuple[int, jax.Array, tuple[int, ...]]:
+  """(number of sentences, their limits clipped to 1..max_decode_len, the
+  stage lengths) of a refilled search, checked: at least one sentence per
+  row (or slot), one first-stage length at most."""
+  num_sentences = max_lengths.shape[0]
+  if num_sentences < num_rows:
+    raise ValueError(f'{num_sentences} sentences for {num_rows} {rows}: '
+                     f'expected at least one per {rows[:-1]}.')
+  limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
+  lengths = all_stage_lengths(stage_lengths, max_decode_len)
+  if len(lengths) > 2:
+    raise ValueError(f'{search} takes one stage length at most, got '
+                     f'{stage_lengths}.')
+  return num_sentences, limits, lengths
+
+
 def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
                   start_rows: StartRows, num_rows: int, max_decode_len: int,
                   eos_id: int, max_lengths: jax.Array, alpha: float = 0.0,
@@ -592,15 +611,9 @@ def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
     `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
     [sentences])`, as `greedy_search` gives them sentence by sentence.
   """
-  num_sentences = max_lengths.shape[0]
-  if num_sentences < num_rows:
-    raise ValueError(f'{num_sentences} sentences for {num_rows} rows: '
-                     'expected at least one per row.')
-  limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
-  lengths = all_stage_lengths(stage_lengths, max_decode_len)
-  if len(lengths) > 2:
-    raise ValueError(f'greedy_refill takes one stage length at most, got '
-                     f'{stage_lengths}.')
+  num_sentences, limits, lengths = _refill_inputs(
+      'greedy_refill', num_rows, 'rows', max_lengths, max_decode_len,
+      stage_lengths)
   init = _RefillState(
       sentence=jnp.arange(num_rows, dtype=jnp.int32),
       pos=jnp.zeros((num_rows,), jnp.int32),
@@ -1137,15 +1150,9 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
     `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
     [sentences])` of each sentence's best hypothesis.
   """
-  num_sentences = max_lengths.shape[0]
-  if num_sentences < num_slots:
-    raise ValueError(f'{num_sentences} sentences for {num_slots} slots: '
-                     'expected at least one per slot.')
-  limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
-  lengths = all_stage_lengths(stage_lengths, max_decode_len)
-  if len(lengths) > 2:
-    raise ValueError(f'beam_refill takes one stage length at most, got '
-                     f'{stage_lengths}.')
+  num_sentences, limits, lengths = _refill_inputs(
+      'beam_refill', num_slots, 'slots', max_lengths, max_decode_len,
+      stage_lengths)
   _check_grow_cache(lengths, grow_cache)
   kinds = _row_kinds(cache, cache_rows)
   init = _BeamRefillState(

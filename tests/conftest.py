@@ -104,6 +104,27 @@ def tiny_workdir(tmp_path_factory) -> pathlib.Path:
   return path
 
 
+def random_tiny_transformer(vocab_size: int, max_len: int, seed: int):
+  """(model config, parameters) of configs/base.py:tiny with one encoder
+  and one decoder layer, unshared embeddings, deterministic, and
+  paper_reference's random parameters (nothing to compile): the decoding
+  tests' model."""
+  # pylint: disable=import-outside-toplevel  (jax after the flags above)
+  import jax
+  import numpy as np
+  from configs import base
+  import paper_reference
+  from mha import transformer
+  model_config = transformer.TransformerConfig.from_config(
+      base.get_config("tiny"), deterministic=True, num_encoder_layers=1,
+      num_decoder_layers=1, vocab_size=vocab_size, max_len=max_len,
+      share_embeddings=False)
+  dummy = np.ones((1, 4), np.int32)
+  shapes = jax.eval_shape(transformer.Transformer(model_config).init,
+                          jax.random.PRNGKey(0), dummy, dummy)["params"]
+  return model_config, paper_reference.random_params(shapes, seed=seed)
+
+
 def file_hashes(path: pathlib.Path) -> dict[str, str | None]:
   """sha256 of every file under `path` (folders: None), by relative path:
   equal before and after = nothing under `path` was added, removed or

@@ -5,9 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import base
-import paper_reference
-from mha import transformer
+from conftest import random_tiny_transformer
 from mha import translate
 
 EOS = 1
@@ -18,14 +16,7 @@ def model():
   # paper_reference's random parameters (nothing to compile). The outputs
   # differ from sentence to sentence at least in length (each runs to its
   # source length + 6), so a sentence given another's row would show.
-  model_config = transformer.TransformerConfig.from_config(
-      base.get_config("tiny"), deterministic=True, num_encoder_layers=1,
-      num_decoder_layers=1, vocab_size=32, max_len=32,
-      share_embeddings=False)
-  dummy = np.ones((1, 4), np.int32)
-  shapes = jax.eval_shape(transformer.Transformer(model_config).init,
-                          jax.random.PRNGKey(0), dummy, dummy)["params"]
-  params = paper_reference.random_params(shapes, seed=3)
+  model_config, params = random_tiny_transformer(32, 32, seed=3)
   rng = np.random.default_rng(0)
   encoded = [list(rng.integers(3, 32, n - 1)) + [EOS]
              for n in rng.integers(2, 12, 11)]

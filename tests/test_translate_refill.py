@@ -6,10 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import base
-import paper_reference
+from conftest import random_tiny_transformer
 from mha import decoding
-from mha import transformer
 from mha import translate
 
 EOS = 1
@@ -111,14 +109,7 @@ def test_refilled_greedy_equals_each_sentences_greedy_search():
 
 
 def test_translate_refills_rows_with_the_next_batches_sentences():
-  model_config = transformer.TransformerConfig.from_config(
-      base.get_config('tiny'), deterministic=True, num_encoder_layers=1,
-      num_decoder_layers=1, vocab_size=16, max_len=64,
-      share_embeddings=False)
-  dummy = np.ones((1, 4), np.int32)
-  shapes = jax.eval_shape(transformer.Transformer(model_config).init,
-                          jax.random.PRNGKey(0), dummy, dummy)['params']
-  params = paper_reference.random_params(shapes, seed=5)
+  model_config, params = random_tiny_transformer(16, 64, seed=5)
   rng = np.random.default_rng(0)
   # 3 batches of 64 rows, of sources padded to 24 and 16 ids (the shorter
   # ones padded to 24 in the search): one refilled search.
@@ -196,14 +187,7 @@ def test_refilled_beam_search_equals_the_whole_batchs_search():
 
 
 def test_translate_refills_beam_slots_with_the_next_batches_sentences():
-  model_config = transformer.TransformerConfig.from_config(
-      base.get_config('tiny'), deterministic=True, num_encoder_layers=1,
-      num_decoder_layers=1, vocab_size=16, max_len=64,
-      share_embeddings=False)
-  dummy = np.ones((1, 4), np.int32)
-  shapes = jax.eval_shape(transformer.Transformer(model_config).init,
-                          jax.random.PRNGKey(0), dummy, dummy)['params']
-  params = paper_reference.random_params(shapes, seed=6)
+  model_config, params = random_tiny_transformer(16, 64, seed=6)
   rng = np.random.default_rng(1)
   # 4 batches of 16 sentences (64 rows with 4 hypotheses each), the last
   # of 12: one refilled search of 16 slots.
