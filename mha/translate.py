@@ -970,6 +970,15 @@ def _refill_batches(model_config: TransformerConfig, params: Any,
           for end, batch in zip(ends, batches)]
 
 
+def _placed(params: Any, devices: Sequence[jax.Device] | None
+            ) -> tuple[tuple[jax.Device, ...], PlacedParams]:
+  """(the devices, default `jax.local_devices()`; `params` as a
+  `PlacedParams`, kept if given as one)."""
+  devices = tuple(jax.local_devices() if devices is None else devices)
+  return devices, (params if isinstance(params, PlacedParams)
+                   else PlacedParams(params))
+
+
 def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
                   devices: Sequence[jax.Device] | None,
                   run: Callable[[DecodeBatch, Any, tuple[jax.Device, ...]],
@@ -980,9 +989,7 @@ def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
   or more batches searched by `refill(batches, params)` as one (a list of
   the batches' outputs); all dispatched before the first result is
   fetched."""
-  devices = tuple(jax.local_devices() if devices is None else devices)
-  placed = params if isinstance(params, PlacedParams) else PlacedParams(
-      params)
+  devices, placed = _placed(params, devices)
   groups = _refill_groups(batches, devices, beam_size)
   outputs = []
   for group in groups:
@@ -1007,9 +1014,7 @@ def _run_batches(params: Any, batches: Sequence[DecodeBatch],
   `jax.local_devices()`; `search_devices`), the parameters placed on them
   once (`PlacedParams`, kept for later calls if given as one).
   """
-  devices = tuple(jax.local_devices() if devices is None else devices)
-  placed = params if isinstance(params, PlacedParams) else PlacedParams(
-      params)
+  devices, placed = _placed(params, devices)
   outputs = [run(batch, placed.on(used), used) for batch in batches
              for used in [search_devices(batch.inputs.shape[0], devices)]]
   return [jax.tree.map(np.asarray, o) for o in outputs]
