@@ -2,6 +2,7 @@
 
 The flag must be set before jax is imported anywhere, hence at conftest import.
 """
+import atexit
 import hashlib
 import os
 import pathlib
@@ -33,8 +34,13 @@ os.environ.setdefault("MHA_HUGE_PAGES", "0")
 # Many tests compile the same tiny train step, in this process and in the
 # subprocesses they start (which inherit the environment): a persistent
 # compilation cache for this session saves most of those compiles.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      tempfile.mkdtemp(prefix="mha_jax_cache_"))
+# The process that makes it (pytest's, or xdist's controller: its workers
+# inherit the variable) removes it at exit.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
+      prefix="mha_jax_cache_")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"],
+                  ignore_errors=True)
 # Every compile is kept, also the small ones: the suite's subprocesses and
 # its two workers compile the same tiny programs again and again, and most
 # take less than JAX's default threshold.
