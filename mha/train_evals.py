@@ -8,7 +8,8 @@ every `config.eval_every_steps`-th step and the last:
 
 * `DevLoss`: the loss, NLL, perplexity and accuracy on `config.eval_split`;
 * `BeamBleu`: the BLEU and chrF of the config's beam search on the first
-  `config.eval_bleu_sentences` pairs of that split (none if 0).
+  `config.eval_bleu_sentences` pairs of that split (none if 0), in as few
+  batches as `bleu_batch_size` allows, so that few searches are compiled.
 """
 import time
 
@@ -112,14 +113,41 @@ class BeamBleu(_EveryEvalSteps):
       sources, references = data.load_text_pairs(config, config.eval_split)
       self._pairs = (sources[:config.eval_bleu_sentences],
                      references[:config.eval_bleu_sentences])
-    return evaluate_bleu(self._model_config, devices.pmap_unreplicate(params),
-                         self._tokenizer, *self._pairs, config)
+    return evaluate_bleu(
+        self._model_config, devices.pmap_unreplicate(params), self._tokenizer,
+        *self._pairs, config,
+        batch_size=bleu_batch_size(len(self._pairs[0]), config.beam_size,
+                                   jax.local_device_count()))
+
+
+# Search rows (sentences x beam) a device takes in one batch of the
+# in-training BLEU (`bleu_batch_size`).
+BLEU_ROWS_PER_DEVICE = 512
+
+
+def bleu_batch_size(num_sentences: int, beam_size: int,
+                    num_devices: int) -> int:
+  """Sentences per batch of the in-training BLEU: all of them, up to
+  `BLEU_ROWS_PER_DEVICE` search rows on each device.
+
+  The same sentences are translated at every evaluation of a run, so the
+  search is compiled once per batch shape, and the first evaluation's time
+  is mostly that compilation: one batch of 100 sentences compiles one
+  search where batches of 64 sorted by length compile one per length
+  bucket (bench/train_bleu.py). The translations are those of batches of
+  64 (tests/test_train_evals.py; a search row's bits do not depend on the
+  batch once it has `translate.MIN_SEARCH_ROWS` rows or more).
+  """
+  rows = BLEU_ROWS_PER_DEVICE * num_devices // max(beam_size, 1)
+  return max(1, min(num_sentences, rows))
 
 
 def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
                   sources: list[str], references: list[str],
-                  config: ml_collections.ConfigDict) -> dict[str, float]:
-  """BLEU of the config's beam search on `sources` (`mha.translate`).
+                  config: ml_collections.ConfigDict,
+                  batch_size: int = 64) -> dict[str, float]:
+  """BLEU of the config's beam search on `sources` (`mha.translate`), in
+  batches of `batch_size` sentences.
 
   Cheap to call repeatedly on the same sentences: nothing is read from disk
   and the compiled searches are reused. `eval_decode_sentences_per_sec`
@@ -128,7 +156,8 @@ def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
   start = time.perf_counter()  # the search runs on every local device
   hypotheses = translate.translate_texts(
       model_config, params, tokenizer, sources, beam_size=config.beam_size,
-      alpha=config.alpha, max_decode_extra=config.max_decode_extra)
+      alpha=config.alpha, max_decode_extra=config.max_decode_extra,
+      batch_size=batch_size)
   seconds = time.perf_counter() - start
   scores = scoring.score(hypotheses, references)
   return {"eval_bleu": scores["bleu"], "eval_chrf": scores["chrf"],
