@@ -145,8 +145,19 @@ def test_every_command_module_imports_in_one_process():
       # in its main) is not a requirement of the shared flag.
       "flags.FLAGS.unparse_flags(); flags.FLAGS(['x', '--workdir=w', "
       "'--config=configs/quickstart.py']); "
-      "assert flags.FLAGS.output_dir is None"))
+      "assert flags.FLAGS.output_dir is None; "
+      # and mha-train's --config (checked in its main) of the others.
+      "flags.FLAGS.unparse_flags(); flags.FLAGS(['x', '--workdir=w']); "
+      "assert flags.FLAGS.config is None"))
   assert (code, err) == (0, [])
+
+
+def test_train_without_config_is_one_line(tmp_path):
+  code, err = _command("train.py", f"--workdir={tmp_path / 'run'}")
+  assert (code, err) == (1, [
+      "train.py: --config is required: the training config file, e.g. "
+      "--config=configs/base.py."])
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("command", ["train", "eval"])

@@ -47,9 +47,19 @@ flags.DEFINE_string("coordinator_address", None,
 flags.DEFINE_integer("num_processes", None, "Number of processes.")
 flags.DEFINE_integer("process_id", None, "This process's index.")
 startup.define_flags()
-flags.mark_flags_as_required(["config", "workdir"])
+# --config is checked by parse_flags: marked required, it would be required
+# of the other commands too in a process that imports this module with
+# theirs.
+flags.mark_flag_as_required("workdir")
 
-parse_flags = startup.parse_flags
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """`startup.parse_flags`, then a missing --config as one line."""
+  remaining = startup.parse_flags(argv)
+  if FLAGS.config is None:
+    startup.fail("--config is required: the training config file, e.g. "
+                 "--config=configs/base.py.")
+  return remaining
 
 
 @startup.guarded
@@ -71,7 +81,7 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
   """The mha-train command."""
-  startup.run(main)
+  startup.run(main, parse_flags)
 
 
 if __name__ == "__main__":
