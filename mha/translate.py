@@ -66,6 +66,7 @@ import numpy as np
 
 from mha import data
 from mha import decoding
+from mha import search_cache
 from mha.data.batching import round_up
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -418,7 +419,8 @@ def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
         alpha, max_decode_len, eos_id, max_lengths, cache_rows(cache),
         **common)[0]
 
-  return search
+  return search_cache.cached(search, ("refill", model_config, beam_size,
+                                          alpha, eos_id))
 
 
 def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
@@ -511,7 +513,8 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
                               stage_lengths=stage_lengths, num_best=num_best)
     return _on_devices(local, devices, [params], [inputs, max_lengths])
 
-  return search
+  return search_cache.cached(search, ("translate", model_config,
+                                          beam_size, alpha, eos_id))
 
 
 @functools.lru_cache(maxsize=32)
