@@ -3,7 +3,7 @@
 XLA's persistent cache (mha/compilation_cache.py) keeps a compiled search
 across processes, but jax must trace the search (Python running the
 model's code for every loop of the search) and lower it to find the cache
-entry: on a 2-core CPU that is most of a warm eval.py's first call
+entry: on a 2-core CPU over a third of a warm eval.py's first call
 (bench/README.md). `cached(search, key)` keeps the lowered program of each
 call's shapes as a `jax.export` serialization in
 `<compilation cache dir>/mha_searches/`, so that a later process
