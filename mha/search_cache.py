@@ -98,6 +98,10 @@ class Cached:
                                         args, static)
     return self._loaded[name](*args)
 
+  def lower(self, *args, **static) -> Any:
+    """The traced search's `lower` (jit's; the file is not read)."""
+    return self._search.lower(*args, **static)
+
   def _cache_size(self) -> int:
     """Programs compiled for this search in this process (a jitted
     function's `_cache_size`): the traced search's and the loaded ones'."""
