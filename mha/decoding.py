@@ -17,16 +17,19 @@ from token 0 (the pad id, the shift-right convention of the decoder).
 Cache leaves: the caller says what the rows of each leaf are, with
 `cache_rows`, a pytree of the cache's structure whose leaves are `CacheRows`
 (the model side knows its cache; `mha.translate.cache_rows` says it for the
-Transformer). Rows are ordered `[batch, beam]` (row `b * beam_size + k`).
+Transformer). Rows are ordered `[batch, beam]`: sentence b's hypotheses
+are in rows `b * beam_size` to `(b + 1) * beam_size - 1`, in an order of
+the search's own (rows in place, below).
 
 * `CacheRows.SHARED`: one value for all rows (a position index): never
   repeated or gathered; every hypothesis is at the same position.
 * `CacheRows.HYPOTHESIS`: a leading row axis of `batch_size * beam_size`, or
-  of `batch_size` (then repeated for each beam); gathered along it when the
-  beams are reordered, so the rows follow their hypotheses.
+  of `batch_size` (then repeated for each beam); a row holds its
+  hypothesis's state, copied to the rows of its new children when the beam
+  moves on.
 * `CacheRows.SENTENCE`: the same leading axis, but equal across the beams of
   a sentence (computed from the source alone): repeated per beam, never
-  gathered, since a reordering never moves a hypothesis to another sentence.
+  copied, since a hypothesis never moves to another sentence.
 * `CacheRows.ONE_PER_SENTENCE`: a leading axis of `batch_size`, kept so:
   never repeated nor gathered. The step function reads row b for the
   hypotheses of sentence b (rows `b * beam_size` to `(b + 1) * beam_size -
@@ -35,6 +38,16 @@ Transformer). Rows are ordered `[batch, beam]` (row `b * beam_size + k`).
 
 Without `cache_rows`, 0-d leaves are `SHARED` and every other leaf is
 `HYPOTHESIS`.
+
+Rows in place: a beam search's hypotheses keep their cache rows. When the
+beam moves on, a new hypothesis takes over its parent's row if it is the
+parent's first child, and its parent's row is copied into a row left free
+(a hypothesis without children) otherwise; the step function reads the
+rows in that order (`_follow_parents`). Its results for a row must
+therefore depend on that row (and its sentence) alone, not on where the
+row is among its sentence's rows. Only the copies move cache rows, about a
+third of them a step in the Transformer's search, where a reorder of every
+row by its parent moved them all (bench/README.md, issue 33).
 
 Scores follow Wu et al. (2016) as the paper uses them:
 `score(Y) = log P(Y | X) / lp(Y)`, `lp(Y) = ((5 + |Y|) / 6) ** alpha`, where
@@ -52,8 +65,8 @@ sentence that simply ran out of room.)
 Outputs hold the generated tokens only (not the start token), EOS included,
 padded with 0 after the end.
 
-Stages: every step attends over the whole self-attention cache and reorders
-it, so a step costs in proportion to the cache length, `max_decode_len`
+Stages: every step attends over the whole self-attention cache and copies
+rows of it, so a step costs in proportion to the cache length, `max_decode_len`
 (input + 50 for the paper's limit), although nearly every search is over
 long before that. With `stage_lengths=(n, ...)` the search first runs with
 outputs and cache of `n` positions; only if some sentence is not done after
@@ -150,23 +163,100 @@ def _by_sentence(x: jax.Array, batch_size: int) -> jax.Array:
   return x.reshape((batch_size, x.shape[0] // batch_size) + x.shape[1:])
 
 
-def _gather_rows(cache: PyTree, cache_rows: PyTree,
-                 parents: jax.Array) -> PyTree:
-  """Reorders the HYPOTHESIS leaves of `cache`: row `b * beam + k` takes row
-  `b * beam + parents[b, k]` (`parents`: [batch, beam]).
+# Rows in place (module docstring): `rows[b, k]` (`[batch, beam]`) is the
+# row, among sentence b's beam_size rows, that holds live hypothesis k's
+# cache.
 
-  Gathered within each sentence (`take_along_axis` over `[batch, beam,
-  ...]`): the same rows as a gather of the flat row indices, which was
-  slower in isolation on XLA:CPU (bench/README.md, issue 33's profile).
+
+def _hypothesis_of_row(rows: jax.Array) -> jax.Array:
+  """The inverse of `rows` (`[batch, beam]`, a permutation per sentence):
+  the hypothesis whose cache row r holds."""
+  beam = jnp.arange(rows.shape[1])
+  return jnp.sum(jnp.where(rows[:, None, :] == beam[None, :, None],
+                           beam[None, None, :], 0), axis=2)
+
+
+def _row_tokens(beams) -> jax.Array:
+  """The tokens fed to the step function, `[batch * beam, 1]`: each row's
+  hypothesis's last token."""
+  return _take(beams.last, _hypothesis_of_row(beams.rows)).reshape(-1, 1)
+
+
+def _follow_parents(rows: jax.Array, parent: jax.Array, needed: jax.Array
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The rows of the new hypotheses (`[batch, beam]`), whose parents are
+  `parent`, and the copies that give them their parents' caches.
+
+  A parent's first child that needs its cache (`needed`: alive) takes over
+  the parent's row; every other child takes a row no such child took, in
+  order. Copies run from the parents' rows to the rows of the other
+  children that need a cache; no row is both a copy's source and a
+  destination.
+
+  Returns:
+    `(new rows, source rows, copy)`: int32, int32 and bool `[batch, beam]`;
+    child k needs a copy from its source row to its new row where `copy`.
   """
-  batch_size = parents.shape[0]
+  beam = jnp.arange(rows.shape[1])
+  source = _take(rows, parent)  # [b, beam] the parents' rows
+  sibling = parent[:, :, None] == parent[:, None, :]  # [b, k, j]
+  earlier = beam[None, :] < beam[:, None]  # [k, j]: j before k
+  keeps = needed & ~jnp.any(sibling & earlier & needed[:, None, :], axis=2)
+  taken = jnp.any(keeps[:, :, None] & (source[:, :, None] == beam), axis=1)
+  free_rank = jnp.cumsum(~taken, axis=1) - 1  # [b, r] among free rows
+  other_rank = jnp.cumsum(~keeps, axis=1) - 1  # [b, k] among the others
+  free_row = jnp.argmax(~taken[:, None, :] & (
+      free_rank[:, None, :] == other_rank[:, :, None]), axis=2)
+  new_rows = jnp.where(keeps, source, free_row).astype(jnp.int32)
+  return new_rows, source, needed & ~keeps
 
-  def gather(kind: CacheRows, x):
-    if kind is CacheRows.HYPOTHESIS:
-      return _take(_by_sentence(x, batch_size), parents).reshape(x.shape)
-    return x
 
-  return jax.tree.map(gather, cache_rows, cache)
+# Copies of `_copy_rows` made at a time (a gather and an in-place scatter).
+_COPY_CHUNK = 16
+
+
+def _copy_rows(cache: PyTree, cache_rows: PyTree, source: jax.Array,
+               dest: jax.Array, copy: jax.Array) -> PyTree:
+  """The HYPOTHESIS leaves of `cache` with row `dest[i]` a copy of row
+  `source[i]` where `copy[i]` (flat row indices `[n]`; no row both a
+  source and a destination), `_COPY_CHUNK` copies at a time, in place."""
+  n = copy.shape[0]
+  size = -(-n // _COPY_CHUNK) * _COPY_CHUNK
+  order = jnp.argsort(~copy, stable=True)  # the copies first
+  source = _pad_axis(source[order], 0, size)
+  dest = jnp.where(copy[order], dest[order], size + n)  # past the end: none
+  dest = jnp.concatenate([dest, jnp.full((size - n,), size + n, dest.dtype)])
+
+  def chunk(i, cache):
+    at = i * _COPY_CHUNK
+    src = lax.dynamic_slice_in_dim(source, at, _COPY_CHUNK)
+    dst = lax.dynamic_slice_in_dim(dest, at, _COPY_CHUNK)
+    return jax.tree.map(
+        lambda kind, x: x.at[dst].set(x[src], mode='drop')
+        if kind is CacheRows.HYPOTHESIS else x, cache_rows, cache)
+
+  count = jnp.sum(copy)
+  return lax.fori_loop(0, (count + _COPY_CHUNK - 1) // _COPY_CHUNK, chunk,
+                       cache)
+
+
+def _first_rows(batch_size: int, beam_size: int) -> jax.Array:
+  """`rows` of a search that starts: hypothesis k in row k."""
+  return jnp.tile(jnp.arange(beam_size, dtype=jnp.int32), (batch_size, 1))
+
+
+def _move_rows(cache: PyTree, cache_rows: PyTree, rows: jax.Array,
+               parent: jax.Array, needed: jax.Array
+               ) -> tuple[jax.Array, PyTree]:
+  """The new hypotheses' rows (`_follow_parents`) and the cache with the
+  copies that give them their parents' rows."""
+  new_rows, source, copy = _follow_parents(rows, parent, needed)
+  batch_size, beam_size = rows.shape
+  first = (jnp.arange(batch_size) * beam_size)[:, None]  # [b, 1]
+  return new_rows, _copy_rows(cache, cache_rows,
+                              (first + source).reshape(-1),
+                              (first + new_rows).reshape(-1),
+                              copy.reshape(-1))
 
 
 def _max_lengths(max_lengths: jax.Array | None, batch_size: int,
@@ -693,6 +783,7 @@ class _BeamState(NamedTuple):
   finished_logprobs: jax.Array  # [batch, beam] log P(Y | X) of each slot
   limits: jax.Array  # [batch] int32 the sentence's limit on |Y|
   lp_limit: jax.Array  # [batch] lp(limits)
+  rows: jax.Array  # [batch, beam] int32 each live hypothesis's cache row
   cache: PyTree  # per-row leaves: [batch * beam, ...]
 
 
@@ -702,7 +793,8 @@ def _take(x: jax.Array, indices: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, indices, axis=1)
 
 
-def _candidates(logits: jax.Array, live_logprobs: jax.Array
+def _candidates(logits: jax.Array, live_logprobs: jax.Array,
+                rows: jax.Array | None = None
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The best `2 * beam` extensions of the live hypotheses: even if beam of
   them end, beam stay live.
@@ -717,6 +809,8 @@ def _candidates(logits: jax.Array, live_logprobs: jax.Array
   Args:
     logits: float32 `[b, beam, V]`.
     live_logprobs: `[b, beam]`.
+    rows: `[b, beam]`: hypothesis k's logits are at `logits[:, rows[:, k]]`
+      (rows in place, `_follow_parents`); None: at `logits[:, k]`.
 
   Returns:
     `(log-probabilities, parent slots, tokens)` of the candidates, `[b, c]`
@@ -725,8 +819,14 @@ def _candidates(logits: jax.Array, live_logprobs: jax.Array
   batch_size, beam_size, vocab_size = logits.shape
   num_candidates = min(2 * beam_size, beam_size * vocab_size)
   per_row = min(num_candidates, vocab_size)
-  row_logprobs, row_token = _best_extensions(
-      logits, live_logprobs, per_row)  # [b, beam, k]
+  if rows is None:
+    row_logprobs, row_token = _best_extensions(
+        logits, live_logprobs, per_row)  # [b, beam, k]
+  else:  # row by row as the logits are, then in the hypotheses' order
+    row_logprobs, row_token = _best_extensions(
+        logits, _take(live_logprobs, _hypothesis_of_row(rows)), per_row)
+    row_logprobs, row_token = _take(row_logprobs, rows), _take(row_token,
+                                                               rows)
   cand_logprobs, cand_slot = lax.top_k(
       row_logprobs.reshape(batch_size, beam_size * per_row),
       num_candidates)  # [b, c]
@@ -780,7 +880,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
   the best `2 * beam_size` extensions of the live hypotheses are scored; those
   ending in EOS (or at their sentence's length limit) compete for the
   `beam_size` finished slots, the others for the `beam_size` live slots, and
-  the cache rows follow their hypotheses. A sentence is done when it has no
+  the cache rows follow their hypotheses (rows in place, module docstring:
+  a step function's results for a row must depend on that row alone, not on
+  its place among the sentence's rows). A sentence is done when it has no
   live hypothesis, or when its `beam_size` finished slots are full and no live
   hypothesis can beat the worst of them: a live prefix's log-probability only
   decreases, so its best reachable score is `logprob / max(lp(t + 1),
@@ -886,6 +988,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
                                  jnp.float32),
       limits=limits,
       lp_limit=length_penalty(limits, alpha),
+      rows=_first_rows(batch_size, beam_size),
       cache=_expand_cache(cache, kinds, batch_size, beam_size),
   )
 
@@ -907,12 +1010,11 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
   def body(state: _BeamState) -> _BeamState:
     batch_size = state.live_logprobs.shape[0]  # sentences of this loop
-    num_rows = batch_size * beam_size
-    logits, cache = tokens_to_logits(state.last.reshape(num_rows, 1),
-                                     state.cache)
+    logits, cache = tokens_to_logits(_row_tokens(state), state.cache)
     logits = jnp.asarray(logits, jnp.float32)
     cand_logprobs, cand_parent, cand_token = _candidates(
-        logits.reshape(batch_size, beam_size, -1), state.live_logprobs)
+        logits.reshape(batch_size, beam_size, -1), state.live_logprobs,
+        state.rows)
     cand_seqs = _take(state.live_seqs, cand_parent)  # [b, c, len]
     cand_seqs = cand_seqs.at[:, :, state.step].set(cand_token)
     length = state.step + 1
@@ -923,14 +1025,16 @@ def beam_search(tokens_to_logits: TokensToLogits,
     # Live: the best beam candidates that did not end.
     live_logprobs, live_index = lax.top_k(
         jnp.where(ends, NEG_INF, cand_logprobs), beam_size)  # [b, beam]
-    live_parent = _take(cand_parent, live_index)  # [b, beam]
+    rows, cache = _move_rows(cache, kinds, state.rows,
+                             _take(cand_parent, live_index),
+                             live_logprobs > NEG_INF)
     return _merge_finished(state, ends, cand_logprobs, cand_seqs, length,
                            alpha, beam_size)._replace(
         step=length,
         live_seqs=_take(cand_seqs, live_index),  # [b, beam, len]
         live_logprobs=live_logprobs,
         last=_take(cand_token, live_index),
-        cache=_gather_rows(cache, kinds, live_parent),
+        rows=rows, cache=cache,
     )
 
   def grow(state: _BeamState, length: int) -> _BeamState:
@@ -947,7 +1051,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
         return x
       if kind is CacheRows.ONE_PER_SENTENCE:
         return jnp.take(x, index, axis=0, mode='clip')  # in range
-      # A sentence's beam_size rows as one slice (as in _gather_rows).
+      # A sentence's beam_size rows as one slice, in their order (`rows`).
       return jnp.take(_by_sentence(x, batch_size), index, axis=0,
                       mode='clip').reshape((-1,) + x.shape[1:])
 
@@ -1055,11 +1159,10 @@ def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
   """`beam_search`'s step for every slot, each at its own step."""
   beams = state.beam
   slots, beam_size, room = beams.live_seqs.shape
-  logits, cache = tokens_to_logits(beams.last.reshape(slots * beam_size, 1),
-                                   state.cache)
+  logits, cache = tokens_to_logits(_row_tokens(beams), state.cache)
   cand_logprobs, cand_parent, cand_token = _candidates(
       jnp.asarray(logits, jnp.float32).reshape(slots, beam_size, -1),
-      beams.live_logprobs)
+      beams.live_logprobs, beams.rows)
   cand_seqs = _take(beams.live_seqs, cand_parent)  # [slots, c, len]
   at = jnp.where(state.active, state.step, room)  # idle slots: nowhere
   cand_seqs = cand_seqs.at[jnp.arange(slots), :, at].set(cand_token,
@@ -1074,9 +1177,12 @@ def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
       live_seqs=_take(cand_seqs, live_index),
       live_logprobs=live_logprobs,
       last=_take(cand_token, live_index))
+  rows, cache = _move_rows(cache, kinds, beams.rows,
+                           _take(cand_parent, live_index),
+                           (live_logprobs > NEG_INF) & state.active[:, None])
   return state._replace(
-      step=jnp.where(state.active, length, state.step), beam=beams,
-      cache=_gather_rows(cache, kinds, _take(cand_parent, live_index)))
+      step=jnp.where(state.active, length, state.step),
+      beam=beams._replace(rows=rows), cache=cache)
 
 
 def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
@@ -1160,6 +1266,7 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
       step=jnp.zeros((num_slots,), jnp.int32),
       active=jnp.ones((num_slots,), jnp.bool_),
       beam=_BeamState(step=jnp.array(0, jnp.int32), cache=None,
+                      rows=_first_rows(num_slots, beam_size),
                       **_fresh_beams(limits[:num_slots], alpha, beam_size,
                                      lengths[0])),
       next=jnp.array(num_slots, jnp.int32),

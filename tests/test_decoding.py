@@ -433,22 +433,58 @@ def test_sentence_leaves_are_repeated_per_beam_but_never_gathered():
       expanded['layer']['source_key'],
       np.repeat(np.arange(batch * 4).reshape(batch, 4), beam, axis=0))
   parents = jnp.array([[2, 2, 0], [0, 2, 1]])  # within each sentence
-  rows = np.array([2, 2, 0, 3, 5, 4])  # the same as rows of the batch
-  gathered = decoding._gather_rows(expanded, kinds, parents)
-  np.testing.assert_array_equal(gathered['layer']['cached_key'],
-                                np.asarray(expanded['layer']['cached_key'])[
-                                    rows])
-  assert gathered['layer']['source_key'] is expanded['layer']['source_key']
-  assert int(gathered['layer']['cache_index']) == 3
-  # ONE_PER_SENTENCE: kept at one row per sentence, never gathered.
+  first = decoding._first_rows(batch, beam)
+  _, moved = decoding._move_rows(expanded, kinds, first, parents,
+                                 jnp.ones((batch, beam), bool))
+  assert moved['layer']['source_key'] is expanded['layer']['source_key']
+  assert int(moved['layer']['cache_index']) == 3
+  # ONE_PER_SENTENCE: kept at one row per sentence, never copied.
   kinds['layer']['source_key'] = CacheRows.ONE_PER_SENTENCE
   expanded = decoding._expand_cache(cache, kinds, batch, beam)
   assert expanded['layer']['source_key'] is cache['layer']['source_key']
-  gathered = decoding._gather_rows(expanded, kinds, parents)
-  assert gathered['layer']['source_key'] is cache['layer']['source_key']
+  _, moved = decoding._move_rows(expanded, kinds, first, parents,
+                                 jnp.ones((batch, beam), bool))
+  assert moved['layer']['source_key'] is cache['layer']['source_key']
   cache['layer']['source_key'] = jnp.zeros((batch * beam, 4))
   with pytest.raises(ValueError, match=r"source_key.*batch_size = 2"):
     decoding._expand_cache(cache, kinds, batch, beam)
+
+
+@pytest.mark.parametrize('beam', [4, 40])
+def test_rows_in_place_hold_each_hypothesis_parents_row(beam):
+  # Hypotheses keep their rows; a new one's row must hold its parent's
+  # (NumPy: the old cache row of the parent's row), for every hypothesis
+  # alive, with as few copies as a parent's children beyond its first.
+  rng = np.random.default_rng(beam)
+  batch, steps = 3, 6
+  rows = decoding._first_rows(batch, beam)
+  cache = {'h': jnp.asarray(rng.normal(size=(batch * beam, 2, 3)),
+                            jnp.float32)}
+  kinds = {'h': CacheRows.HYPOTHESIS}
+  move = jax.jit(lambda cache, rows, parent, needed: decoding._move_rows(
+      cache, kinds, rows, parent, needed))
+  for _ in range(steps):
+    parent = rng.choice(rng.integers(0, beam, 2), size=(batch, beam))
+    needed = rng.random((batch, beam)) < 0.8
+    old, old_rows = np.asarray(cache['h']), np.asarray(rows)
+    rows, cache = move(cache, rows, jnp.asarray(parent),
+                       jnp.asarray(needed))
+    new, new_rows = np.asarray(cache['h']), np.asarray(rows)
+    for b in range(batch):
+      assert sorted(new_rows[b]) == list(range(beam))  # a permutation
+      for k in np.flatnonzero(needed[b]):
+        np.testing.assert_array_equal(
+            new[b * beam + new_rows[b, k]],
+            old[b * beam + old_rows[b, parent[b, k]]])
+      moved = sum(not np.array_equal(new[b * beam + r], old[b * beam + r])
+                  for r in range(beam))
+      assert moved <= needed[b].sum() - len(set(parent[b][needed[b]]))
+    # Rows of no needed hypothesis may hold anything: scramble them.
+    free = np.ones((batch, beam), bool)
+    for b, k in zip(*np.nonzero(needed)):
+      free[b, new_rows[b, k]] = False
+    cache = {'h': jnp.where(free.reshape(-1)[:, None, None], -7.0,
+                            cache['h'])}
 
 
 def test_transformer_caches_cross_attention_as_sentence_leaves(
