@@ -91,7 +91,7 @@ MIN_SEARCH_ROWS = 64
 _AXIS = "sentences"  # the mesh axis the sharded search splits rows over
 # The first stage of the search: outputs up to the padded input length + 3
 # (in a trained model nearly all searches end there; see `mha.decoding`).
-# Every step's reorder and attention cost grows with the stage's length,
+# Every step's row copies and attention cost grow with the stage's length,
 # and a search that goes on pays for the growth: on the trained Multi30k
 # model + 3 was faster than + 10 for greedy and beam search alike, with the
 # same outputs, and + 0 slowed greedy search down (bench/README.md, issue
@@ -915,19 +915,20 @@ def _refill_groups(batches: Sequence[DecodeBatch],
   runs of consecutive batches, at most `MAX_REFILL_BATCHES` each, whose
   search has at least `MIN_SEARCH_ROWS` rows (sentences x beam: fewer may
   give a row other bits in another row), on the default device; every
-  other batch alone; for beam search, of one source length. The group's
-  search has the first batch's number of sentences at a time."""
+  other batch alone. The group's search has the first batch's number of
+  sentences at a time, and for greedy and beam search alike takes batches
+  of any source length: the room of every sentence is the longest
+  source's + `FIRST_STAGE_EXTRA` (beam search once grouped by source
+  length, when each step reordered the whole cache; since its rows stay
+  in place, one group compiles once where one per length compiled each,
+  bench/README.md, issue 33's fifth round)."""
   groups: list[list[int]] = []
   joins = lambda b: (b.inputs.shape[0] * beam_size >= MIN_SEARCH_ROWS
                      and not search_devices(b.inputs.shape[0], devices))
-  # Beam search: one source length a group, so that the first stage's room
-  # is each batch's own (its reorder costs in proportion to the room).
-  length = lambda b: b.inputs.shape[1] if beam_size > 1 else 0
   for i, batch in enumerate(batches):
     last = groups[-1] if groups else []
     if (last and len(last) < MAX_REFILL_BATCHES and joins(batch)
-        and joins(batches[last[0]])
-        and length(batches[last[0]]) == length(batch)):
+        and joins(batches[last[0]])):
       last.append(i)
     else:
       groups.append([i])

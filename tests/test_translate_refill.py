@@ -190,12 +190,12 @@ def test_translate_refills_beam_slots_with_the_next_batches_sentences():
   model_config, params = random_tiny_transformer(16, 64, seed=6)
   rng = np.random.default_rng(1)
   # 4 batches of 16 sentences (64 rows with 4 hypotheses each), the last
-  # of 12: one refilled search of 16 slots.
+  # of 12 and of another source length: one refilled search of 16 slots.
   encoded = [list(rng.integers(3, 16, n - 1)) + [EOS]
-             for n in rng.integers(9, 17, 3 * 16 + 12)]
+             for n in rng.integers(5, 17, 3 * 16 + 12)]
   batches = translate.make_batches(encoded, batch_size=16, max_len=64,
                                    max_decode_extra=8)
-  assert [b.inputs.shape for b in batches] == [(16, 16)] * 3 + [(16, 16)]
+  assert [b.inputs.shape for b in batches] == [(16, 16)] * 3 + [(16, 8)]
   device = jax.local_devices()[:1]
   assert translate._refill_groups(batches, tuple(device), 4) == [  # pylint: disable=protected-access
       [0, 1, 2, 3]]
