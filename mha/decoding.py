@@ -1193,7 +1193,11 @@ def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
   beams = state.beam
   slots, _, room = beams.live_seqs.shape
   num_sentences = state.out_seqs.shape[0]
-  done = state.active & _beam_done(beams, state.step, alpha, num_best)
+  # At its length limit a slot is done: its candidates all ended (the
+  # stopping rule says so too, unless the scores are NaN, which no
+  # comparison settles: a model with NaN parameters would never stop).
+  done = state.active & (_beam_done(beams, state.step, alpha, num_best)
+                         | (state.step >= beams.limits))
   to = jnp.where(done, state.sentence, num_sentences)  # past the end: none
   free = ~state.active | done
   taken = state.next + jnp.cumsum(free) - 1

@@ -2,6 +2,10 @@
 sentence is done takes the next one. Each sentence's output must be the
 one greedy search gives it alone, and the Transformer's refilled search
 must give every row of every batch what the batch's own search gives."""
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -184,6 +188,39 @@ def test_refilled_beam_search_equals_the_whole_batchs_search():
     for ours, theirs in zip(found, whole):
       np.testing.assert_array_equal(np.asarray(ours),
                                     np.asarray(theirs[:, 0]))
+
+
+def nan_logits_search_ends_as_the_whole_batchs():
+  """(Run by the test below in a subprocess.) NaN scores settle no
+  comparison of the stopping rule: each slot must still end at its length
+  limit (it ran forever), with what the whole batch's search (its loop
+  bounded by the output length) gives."""
+  num_sentences, slots, max_len = 5, 2, 6
+  model = ToyBeamModel(num_sentences, max_len, seed=4)
+  model.w[:] = np.nan
+  beam = model.beam_size
+  limits = jnp.asarray([3, 6, 2, 5, 4], jnp.int32)
+  whole = jax.jit(lambda cache: decoding.beam_search(
+      model.step, cache, num_sentences, beam, 0.6, max_len, EOS, limits,
+      cache_rows=model.cache_rows(), num_best=1, with_log_probs=True))(
+          model.init_cache(num_sentences * beam, max_len))
+  found = jax.jit(lambda cache: decoding.beam_refill(
+      model.step, cache, model.start_rows, slots, beam, 0.6, max_len, EOS,
+      limits, model.cache_rows()))(model.init_cache(slots * beam, max_len))
+  for ours, theirs in zip(found, whole):
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs[:, 0]))
+
+
+def test_refilled_beam_search_of_nan_logits_ends_as_the_whole_batchs():
+  # A subprocess: a search that never ends fails the test at the timeout
+  # instead of hanging the suite.
+  tests = os.path.dirname(os.path.abspath(__file__))
+  subprocess.run(
+      [sys.executable, "-c", "import test_translate_refill as t; "
+       "t.nan_logits_search_ends_as_the_whole_batchs()"],
+      cwd=tests, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+          [tests, os.path.dirname(tests)])),
+      check=True, timeout=120, capture_output=True)
 
 
 def test_translate_refills_beam_slots_with_the_next_batches_sentences():
