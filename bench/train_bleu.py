@@ -105,11 +105,10 @@ def main() -> None:
   same = all(r["texts"] == results["64"][0]["texts"]
              for runs in results.values() for r in runs)
   print(f"translations identical in every run: {same}")
-  for key in ("calls",):
-    old = [sum(r[key]) for r in results["64"]]
-    new = [sum(r[key]) for r in results["bleu_batch_size"]]
-    print("all calls, 64 / bleu_batch_size: "
-          + ", ".join(f"{o / n:.2f}x" for o, n in zip(old, new)))
+  old = [sum(r["calls"]) for r in results["64"]]
+  new = [sum(r["calls"]) for r in results["bleu_batch_size"]]
+  print("all calls, 64 / bleu_batch_size: "
+        + ", ".join(f"{o / n:.2f}x" for o, n in zip(old, new)))
   print(f"load average {os.getloadavg()[0]:.2f}")
 
 

@@ -794,8 +794,7 @@ def _take(x: jax.Array, indices: jax.Array) -> jax.Array:
 
 
 def _candidates(logits: jax.Array, live_logprobs: jax.Array,
-                rows: jax.Array | None = None
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                rows: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The best `2 * beam` extensions of the live hypotheses: even if beam of
   them end, beam stay live.
 
@@ -810,7 +809,7 @@ def _candidates(logits: jax.Array, live_logprobs: jax.Array,
     logits: float32 `[b, beam, V]`.
     live_logprobs: `[b, beam]`.
     rows: `[b, beam]`: hypothesis k's logits are at `logits[:, rows[:, k]]`
-      (rows in place, `_follow_parents`); None: at `logits[:, k]`.
+      (rows in place, `_follow_parents`).
 
   Returns:
     `(log-probabilities, parent slots, tokens)` of the candidates, `[b, c]`
@@ -819,14 +818,11 @@ def _candidates(logits: jax.Array, live_logprobs: jax.Array,
   batch_size, beam_size, vocab_size = logits.shape
   num_candidates = min(2 * beam_size, beam_size * vocab_size)
   per_row = min(num_candidates, vocab_size)
-  if rows is None:
-    row_logprobs, row_token = _best_extensions(
-        logits, live_logprobs, per_row)  # [b, beam, k]
-  else:  # row by row as the logits are, then in the hypotheses' order
-    row_logprobs, row_token = _best_extensions(
-        logits, _take(live_logprobs, _hypothesis_of_row(rows)), per_row)
-    row_logprobs, row_token = _take(row_logprobs, rows), _take(row_token,
-                                                               rows)
+  # Row by row as the logits are ([b, beam, k]), then in the hypotheses'
+  # order.
+  row_logprobs, row_token = _best_extensions(
+      logits, _take(live_logprobs, _hypothesis_of_row(rows)), per_row)
+  row_logprobs, row_token = _take(row_logprobs, rows), _take(row_token, rows)
   cand_logprobs, cand_slot = lax.top_k(
       row_logprobs.reshape(batch_size, beam_size * per_row),
       num_candidates)  # [b, c]
@@ -1144,14 +1140,18 @@ def _fresh_beams(limits: jax.Array, alpha: float, beam_size: int,
 def _beam_done(beams: _BeamState, step: jax.Array, alpha: float,
                num_best: int) -> jax.Array:
   """`beam_search`'s stopping rule, each slot at its own `step` `[slots]`:
-  its num_best best finished hypotheses can no longer be beaten."""
+  its num_best best finished hypotheses can no longer be beaten, or it is
+  at its length limit (where every candidate ended; said apart because NaN
+  scores, of a model with NaN parameters, settle no comparison, and the
+  slot would never stop)."""
   best_live = beams.live_logprobs[:, 0]
   best_reachable = best_live / jnp.maximum(length_penalty(step + 1, alpha),
                                            beams.lp_limit)
   worst_finished = jnp.where(
       jnp.all(beams.finished_flags[:, :num_best], axis=1),
       beams.finished_scores[:, num_best - 1], NEG_INF)
-  return (best_live == NEG_INF) | (worst_finished > best_reachable)
+  return ((best_live == NEG_INF) | (worst_finished > best_reachable)
+          | (step >= beams.limits))
 
 
 def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
@@ -1193,11 +1193,7 @@ def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
   beams = state.beam
   slots, _, room = beams.live_seqs.shape
   num_sentences = state.out_seqs.shape[0]
-  # At its length limit a slot is done: its candidates all ended (the
-  # stopping rule says so too, unless the scores are NaN, which no
-  # comparison settles: a model with NaN parameters would never stop).
-  done = state.active & (_beam_done(beams, state.step, alpha, num_best)
-                         | (state.step >= beams.limits))
+  done = state.active & _beam_done(beams, state.step, alpha, num_best)
   to = jnp.where(done, state.sentence, num_sentences)  # past the end: none
   free = ~state.active | done
   taken = state.next + jnp.cumsum(free) - 1

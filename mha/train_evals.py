@@ -138,7 +138,7 @@ def bleu_batch_size(num_sentences: int, beam_size: int,
   64 (tests/test_train_evals.py; a search row's bits do not depend on the
   batch once it has `translate.MIN_SEARCH_ROWS` rows or more).
   """
-  rows = BLEU_ROWS_PER_DEVICE * num_devices // max(beam_size, 1)
+  rows = BLEU_ROWS_PER_DEVICE * num_devices // beam_size
   return max(1, min(num_sentences, rows))
 
 

@@ -1,7 +1,8 @@
 """The traced searches kept on disk (`mha.search_cache`): a later process
 gets the same outputs without tracing the search again; anything the trace
-depends on names another file; a bad file is replaced; a sharded search or
-a process without the compilation cache keeps nothing."""
+depends on names another file; a bad file is replaced; a sharded search is
+not kept; without the compilation cache there is no folder to keep them
+in."""
 import jax
 import numpy as np
 import pytest
@@ -94,8 +95,7 @@ def test_a_bad_file_is_replaced(model, folder):
   np.testing.assert_array_equal(_search(model), first)
 
 
-def test_nothing_kept_when_sharded_or_without_the_compilation_cache(
-    model, folder):
+def test_a_sharded_search_is_not_kept(model, folder):
   model_config, params, inputs = model
   devices = jax.local_devices()
   assert len(devices) == 4  # tests/conftest.py: the 4 rows split 4 ways
