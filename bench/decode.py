@@ -65,12 +65,18 @@ pass's extra time over a timed pass is printed as the compile time. Sentences ar
 decoded as `eval.py` does (`translate_ids`'s steps: length-sorted batches of
 `--batch_size`, bucketed padding), each path with its own batching. Prints
 sentences/s and tokens/s of greedy and beam search for each path, the
-new/old speed ratios and whether every sentence's output is identical.
+new/old speed ratios and how many sentences' outputs are identical.
+
+`--beam_stop=early`: the current search with the early stopping rule
+(`mha.decoding.beam_search`'s `stop`); the baseline keeps its default,
+the exact rule, so `--baseline=HEAD --beam_stop=early` times the two rules
+of the same code side by side.
 """
 import argparse
 import collections
 import glob
 import gzip
+import inspect
 import io
 import json
 import os
@@ -98,6 +104,7 @@ from mha import evaluator
 from mha import export
 from mha import scoring
 from mha import translate
+from mha import validation
 from mha.errors import UserError
 from mha.transformer import TransformerConfig
 from mha.transformer import create_model
@@ -167,14 +174,16 @@ class Path:
   """One search implementation (a translate module) on the sentences."""
 
   def __init__(self, name, module, model_config, encoded, batch_size,
-               cache_extra):
+               cache_extra, options=None):
     self.name, self.module, self.encoded = name, module, encoded
+    self.options = options or {}  # decode_batches' keywords of this path
     self.batches = module.make_batches(
         encoded, batch_size=batch_size, max_len=model_config.max_len,
         max_decode_extra=cache_extra)
 
   def run(self, model_config, params, batches, **kwargs) -> list[np.ndarray]:
-    return self.module.decode_batches(model_config, params, batches, **kwargs)
+    return self.module.decode_batches(model_config, params, batches,
+                                      **kwargs, **self.options)
 
   def outputs(self, raw: list[np.ndarray]) -> list[np.ndarray]:
     """Per sentence, in input order: its output tokens, trailing 0s cut."""
@@ -504,11 +513,13 @@ def _profile_category(stack: list[str]) -> str:
 
 
 def profile(name, module, model_config, params, batch, *, beam_size, alpha,
-            extra, eos_id, repeats=2) -> None:
+            extra, eos_id, repeats=2, options=None) -> None:
   """Traces the compiled search of `module` (a translate module) on one
   batch (`jax.profiler`) and prints XLA's op time summed by category (the
-  jax source of each op)."""
-  fn = module._translate_fn(model_config, beam_size, float(alpha), eos_id)  # pylint: disable=protected-access
+  jax source of each op); `options`: more arguments of its `_translate_fn`
+  (the current code's `beam_stop`)."""
+  fn = module._translate_fn(model_config, beam_size, float(alpha), eos_id,  # pylint: disable=protected-access
+                            **(options or {}))
   static, devices, rows = module._search_inputs(  # pylint: disable=protected-access
       model_config, batch.inputs, max_decode_extra=extra,
       max_decode_len=batch.max_decode_len,
@@ -576,6 +587,10 @@ def main():
   parser.add_argument("--baseline", default=BASELINE,
                       help="a git revision whose search is timed beside the "
                       "current one; 'none': the current search alone")
+  parser.add_argument("--beam_stop", default="exact",
+                      choices=validation.BEAM_STOPS,
+                      help="the current search's stopping rule (the "
+                      "baseline's: its default, exact)")
   args = parser.parse_args()
   if args.ctranslate2 and not args.workdir:
     parser.error("--ctranslate2 needs --workdir (a trained model to export)")
@@ -599,22 +614,25 @@ def main():
     batch = next(b for b in batches
                  if b.shape_key == shapes.most_common(1)[0][0])
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
-    modules = [("new", translate)]
+    modules = [("new", translate, dict(beam_stop=args.beam_stop))]
     if args.baseline != "none":
-      modules.insert(0, (f"old ({args.baseline})",
-                         load_baseline(args.baseline)))
+      baseline = load_baseline(args.baseline)
+      # The baseline's default rule (its code may predate the argument).
+      takes = "beam_stop" in inspect.signature(baseline._translate_fn).parameters  # pylint: disable=protected-access
+      modules.insert(0, (f"old ({args.baseline})", baseline,
+                         dict(beam_stop="exact") if takes else {}))
     for beam in ([1] * (not args.no_greedy)) + [args.beam_size]:
-      for name, module in modules:
+      for name, module, options in modules:
         profile(name, module, model_config, params, batch, beam_size=beam,
                 alpha=alpha, extra=extra, eos_id=eos_id,
-                repeats=args.repeats)
+                repeats=args.repeats, options=options)
     return
   paths = []
   if args.baseline != "none":
     paths.append(Path(f"old ({args.baseline})", load_baseline(args.baseline),
                       model_config, encoded, args.batch_size, cache_extra))
   paths.append(Path("new", translate, model_config, encoded, args.batch_size,
-                    cache_extra))
+                    cache_extra, dict(beam_stop=args.beam_stop)))
   print(f"{len(paths[-1].batches)} batches of up to {args.batch_size} "
         f"sentences; {jax.device_count()} {jax.default_backend()} device(s), "
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
@@ -648,12 +666,13 @@ def main():
       speeds[search, path.name] = r["sentences_per_sec"]
     if len(paths) == 2:
       old, new = (results[p.name] for p in paths)
-      same = all(np.array_equal(a, b) for a, b in zip(old["outputs"],
+      same = sum(np.array_equal(a, b) for a, b in zip(old["outputs"],
                                                       new["outputs"]))
       print(f"{search:>7} new/old speed ratio: "
-            f"{old['seconds'] / new['seconds']:.2f}x; outputs of all "
-            f"{len(encoded)} sentences "
-            f"{'identical' if same else 'DIFFER'}.", flush=True)
+            f"{old['seconds'] / new['seconds']:.2f}x; outputs "
+            + (f"of all {len(encoded)} sentences identical" if same == len(
+                encoded) else f"DIFFER: {same} of {len(encoded)} sentences "
+               "identical") + ".", flush=True)
     if ct2_paths:
       _ct2_report(search, ct2_paths, results, references, tokenizer,
                   len(encoded))

@@ -157,6 +157,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.beam_size = 4
   c.alpha = 0.6                   # length penalty
   c.max_decode_extra = 50         # maximum output length: input + 50
+  # When a sentence's beam search ends: "exact" once no live hypothesis can
+  # beat the best finished one at any length up to the limit (the search's
+  # result is that of a search run to the limit); "early" once none would
+  # if it ended at the next step (faster, may miss a longer hypothesis:
+  # docs/evaluation.md).
+  c.beam_stop = "exact"
   return c
 
 

@@ -96,6 +96,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha.token_ids import PAD_ID
+from mha.validation import BEAM_STOPS
 
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
@@ -108,6 +109,24 @@ NEG_INF = -np.inf
 def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
   """Wu et al. (2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0)**alpha
+
+
+def check_beam_stop(stop: str) -> str:
+  if stop not in BEAM_STOPS:
+    raise ValueError(f'stop must be one of {", ".join(BEAM_STOPS)}, got '
+                     f'{stop!r}.')
+  return stop
+
+
+def _best_reachable(best_live: jax.Array, step: jax.Array, alpha: float,
+                    lp_limit: jax.Array, stop: str) -> jax.Array:
+  """The best score a live prefix of log-probability `best_live` could end
+  with, `step` tokens in: over any length up to the limit (`'exact'`), or
+  if it ended at the next step (`'early'`)."""
+  lp_next = length_penalty(step + 1, alpha)
+  if stop == 'early':
+    return best_live / lp_next
+  return best_live / jnp.maximum(lp_next, lp_limit)
 
 
 # ------------------------------------------------------------------ cache rows
@@ -867,7 +886,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 cache_rows: PyTree | None = None,
                 num_best: int | None = None,
                 shrink_sizes: Sequence[int] = (),
-                with_log_probs: bool = False
+                with_log_probs: bool = False,
+                stop: str = 'exact'
                ) -> tuple[jax.Array, ...]:
   """Beam search with the length penalty of Wu et al. (2016).
 
@@ -884,6 +904,13 @@ def beam_search(tokens_to_logits: TokensToLogits,
   decreases, so its best reachable score is `logprob / max(lp(t + 1),
   lp(max_length))` (valid for any sign of alpha). The loop stops when every
   sentence is done.
+
+  `stop='early'` bounds a live prefix by the score it would have if it
+  ended at the next step, `logprob / lp(t + 1)` (Hugging Face's default
+  stopping rule): a search that stops sooner, at the risk of missing a
+  longer hypothesis that the growing lp(|Y|) would have lifted above the
+  finished ones (tests/test_beam_stopping.py builds one). With alpha <= 0
+  the two bounds are the same.
 
   `beam_size == 1` is greedy search (as in Tensor2Tensor and Hugging Face): a
   one-wide beam that also remembered hypotheses ending in a runner-up EOS would
@@ -940,6 +967,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
       its cache.
     with_log_probs: also return each hypothesis's log P(Y | X) (its score
       without the length penalty: the sum of its tokens' log-probabilities).
+    stop: the stopping rule, `'exact'` (default) or `'early'` (above).
 
   Returns:
     `(tokens, scores)`: int32 `[batch, beam_size, max_decode_len]` and float32
@@ -955,6 +983,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     found = tuple(x[:, None] for x in found)
     return found if with_log_probs else found[:2]
 
+  check_beam_stop(stop)
   num_best = beam_size if num_best is None else int(num_best)
   if not 1 <= num_best <= beam_size:
     raise ValueError(f'num_best must be in 1..beam_size = {beam_size}, got '
@@ -990,9 +1019,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
   def sentence_done(state: _BeamState) -> jax.Array:
     best_live = state.live_logprobs[:, 0]  # [batch]
-    lp_next = length_penalty(state.step + 1, alpha)  # []
-    best_reachable = best_live / jnp.maximum(lp_next,
-                                             state.lp_limit)  # [batch]
+    best_reachable = _best_reachable(best_live, state.step, alpha,
+                                     state.lp_limit, stop)  # [batch]
     # The num_best-th best finished score (-inf while that slot is empty).
     worst_finished = jnp.where(
         jnp.all(state.finished_flags[:, :num_best], axis=1),
@@ -1006,6 +1034,15 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
   def body(state: _BeamState) -> _BeamState:
     batch_size = state.live_logprobs.shape[0]  # sentences of this loop
+    if stop == 'early':
+      # Under the early rule a done sentence's finished hypotheses could
+      # still change at a later step (its bound is no bound), and its result
+      # would depend on how long the other sentences of its batch run: its
+      # search ends where it is done, its live hypotheses dropped (no
+      # candidate, no row copy from now on; done for good). Under the exact
+      # rule nothing it returns can change.
+      state = state._replace(live_logprobs=jnp.where(
+          sentence_done(state)[:, None], NEG_INF, state.live_logprobs))
     logits, cache = tokens_to_logits(_row_tokens(state), state.cache)
     logits = jnp.asarray(logits, jnp.float32)
     cand_logprobs, cand_parent, cand_token = _candidates(
@@ -1138,15 +1175,16 @@ def _fresh_beams(limits: jax.Array, alpha: float, beam_size: int,
 
 
 def _beam_done(beams: _BeamState, step: jax.Array, alpha: float,
-               num_best: int) -> jax.Array:
-  """`beam_search`'s stopping rule, each slot at its own `step` `[slots]`:
+               num_best: int, stop: str) -> jax.Array:
+  """`beam_search`'s stopping rule `stop`, each slot at its own `step`
+  `[slots]`:
   its num_best best finished hypotheses can no longer be beaten, or it is
   at its length limit (where every candidate ended; said apart because NaN
   scores, of a model with NaN parameters, settle no comparison, and the
   slot would never stop)."""
   best_live = beams.live_logprobs[:, 0]
-  best_reachable = best_live / jnp.maximum(length_penalty(step + 1, alpha),
-                                           beams.lp_limit)
+  best_reachable = _best_reachable(best_live, step, alpha, beams.lp_limit,
+                                   stop)
   worst_finished = jnp.where(
       jnp.all(beams.finished_flags[:, :num_best], axis=1),
       beams.finished_scores[:, num_best - 1], NEG_INF)
@@ -1186,14 +1224,14 @@ def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
 
 
 def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
-                      alpha: float, num_best: int,
+                      alpha: float, num_best: int, stop: str,
                       start_rows: StartRows) -> _BeamRefillState:
   """The best hypothesis of every slot whose sentence is done kept, and
   the free slots given the next sentences, in slot order."""
   beams = state.beam
   slots, _, room = beams.live_seqs.shape
   num_sentences = state.out_seqs.shape[0]
-  done = state.active & _beam_done(beams, state.step, alpha, num_best)
+  done = state.active & _beam_done(beams, state.step, alpha, num_best, stop)
   to = jnp.where(done, state.sentence, num_sentences)  # past the end: none
   free = ~state.active | done
   taken = state.next + jnp.cumsum(free) - 1
@@ -1222,7 +1260,8 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
                 alpha: float, max_decode_len: int, eos_id: int,
                 max_lengths: jax.Array, cache_rows: PyTree,
                 num_best: int = 1, stage_lengths: tuple[int, ...] = (),
-                grow_cache: Callable[[PyTree, int], PyTree] | None = None
+                grow_cache: Callable[[PyTree, int], PyTree] | None = None,
+                stop: str = 'exact'
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search of more sentences than slots: `num_slots` sentences are
   searched at a time (`num_slots * beam_size` rows), and a slot whose
@@ -1251,6 +1290,7 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
       row are the same for a slot's rows: `SHARED`, never reordered).
     num_best: as in `beam_search`; 1 for the best hypothesis alone.
     stage_lengths, grow_cache: as in `greedy_refill`.
+    stop: the stopping rule, as in `beam_search`.
 
   Returns:
     `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
@@ -1260,6 +1300,7 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
       'beam_refill', num_slots, 'slots', max_lengths, max_decode_len,
       stage_lengths)
   _check_grow_cache(lengths, grow_cache)
+  check_beam_stop(stop)
   kinds = _row_kinds(cache, cache_rows)
   init = _BeamRefillState(
       sentence=jnp.arange(num_slots, dtype=jnp.int32),
@@ -1281,7 +1322,8 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
 
   def body(state):
     state = _beam_refill_step(tokens_to_logits, kinds, eos_id, alpha, state)
-    return _beam_refill_next(state, limits, alpha, num_best, start_rows)
+    return _beam_refill_next(state, limits, alpha, num_best, stop,
+                             start_rows)
 
   def resize(state, n):
     return state._replace(beam=state.beam._replace(

@@ -1,6 +1,6 @@
 """An evaluation's output folder: its name, its check, and writing it whole.
 
-    <workdir>/eval/<split>[_avgN]_<step>[_beam<B>][_alpha<α>][_extra<E>]/
+    <workdir>/eval/<split>[_avgN]_<step>[_beam<B>][_alpha<α>][_extra<E>][_early]/
       translations.txt   one line per source sentence
       metrics.json       the scores and the settings that made them
       attention/         the maps of --plot_attention (mha.attention_maps)
@@ -40,17 +40,27 @@ TRANSLATIONS_FILE = "translations.txt"
 METRICS_FILE = "metrics.json"
 # metrics.json fields that say which results a folder holds.
 SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
-                   "alpha", "max_decode_extra", "source_file",
+                   "alpha", "max_decode_extra", "beam_stop", "source_file",
                    "reference_file")
+# The value of a search setting that the configs (and metrics.json files)
+# written before it existed lack: what the search did then.
+OLDER_DEFAULTS = {"beam_stop": "exact"}
+
+
+def config_setting(config: ml_collections.ConfigDict, field: str) -> Any:
+  """A search setting of a workdir's config (`OLDER_DEFAULTS` where an
+  older config lacks it)."""
+  return config.get(field, OLDER_DEFAULTS.get(field))
 
 
 def settings_suffix(config: ml_collections.ConfigDict, beam_size: int,
-                    alpha: float, max_decode_extra: int) -> str:
+                    alpha: float, max_decode_extra: int,
+                    beam_stop: str = "exact") -> str:
   """'' for the config's search settings, else e.g. '_beam8_alpha1.0'.
 
-  Names each of beam size, α and max_decode_extra (`_extra<n>`) that differs
-  from the workdir's config, so that evaluations with other settings get
-  other folders.
+  Names each of beam size, α, max_decode_extra (`_extra<n>`) and the beam
+  stopping rule (`_early`, `_exact`) that differs from the workdir's
+  config, so that evaluations with other settings get other folders.
   """
   parts = []
   if beam_size != config.beam_size:
@@ -59,6 +69,8 @@ def settings_suffix(config: ml_collections.ConfigDict, beam_size: int,
     parts.append(f"alpha{float(alpha)!r}")
   if max_decode_extra != config.max_decode_extra:
     parts.append(f"extra{max_decode_extra}")
+  if beam_stop != config_setting(config, "beam_stop"):
+    parts.append(beam_stop)
   return "".join("_" + p for p in parts)
 
 
@@ -102,8 +114,10 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
   except (OSError, ValueError) as e:
     raise EvalError(f"{path} cannot be read ({e}); eval.py does not replace "
                     f"it: {fix}.") from None
-  differ = [f"{k} {earlier.get(k)!r}, not {settings.get(k)!r}"
-            for k in SETTINGS_FIELDS if earlier.get(k) != settings.get(k)]
+  recorded = {k: earlier.get(k, OLDER_DEFAULTS.get(k))
+              for k in SETTINGS_FIELDS}
+  differ = [f"{k} {recorded[k]!r}, not {settings.get(k)!r}"
+            for k in SETTINGS_FIELDS if recorded[k] != settings.get(k)]
   if differ:
     raise EvalError(f"{output_dir} holds the results of another evaluation "
                     f"({'; '.join(differ)}); eval.py never replaces them: "

@@ -169,7 +169,7 @@ def check_flags(*, checkpoint_step: int | None = None,
                 average_last: int | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
                 max_decode_extra: int | None = None, batch_size: int = 64,
-                plot_attention: int = 0) -> None:
+                plot_attention: int = 0, beam_stop: str | None = None) -> None:
   """Checks the numeric flags that need no workdir; None = the default.
 
   Each by its rule in the one table of rules (`mha.validation`).
@@ -180,19 +180,21 @@ def check_flags(*, checkpoint_step: int | None = None,
   given = {"checkpoint_step": checkpoint_step, "average_last": average_last,
            "beam_size": beam_size, "max_decode_extra": max_decode_extra,
            "batch_size": batch_size, "plot_attention": plot_attention,
-           "alpha": alpha}
+           "alpha": alpha, "beam_stop": beam_stop}
   for name, value in given.items():
     if value is not None:
       validation.check_flag(name, value, EvalError)
 
 
 def _search_settings(config: Any, workdir: str, beam_size: int | None,
-                     alpha: float | None, max_decode_extra: int | None
-                     ) -> tuple[int, float, int]:
-  """The flags, or the config's values where not given, all checked."""
+                     alpha: float | None, max_decode_extra: int | None,
+                     beam_stop: str | None = None) -> dict[str, Any]:
+  """The flags, or the config's values where not given, all checked:
+  `beam_size`, `alpha`, `max_decode_extra`, `beam_stop`."""
   given = {"beam_size": beam_size, "alpha": alpha,
-           "max_decode_extra": max_decode_extra}
-  settings = {k: config.get(k) if v is None else v for k, v in given.items()}
+           "max_decode_extra": max_decode_extra, "beam_stop": beam_stop}
+  settings = {k: eval_output.config_setting(config, k) if v is None else v
+              for k, v in given.items()}
   for field, value in settings.items():
     try:
       check_flags(**{field: value})
@@ -203,7 +205,7 @@ def _search_settings(config: Any, workdir: str, beam_size: int | None,
       message = str(e).replace(f"--{field}",
                                f"{field} (the default of --{field})", 1)
       raise EvalError(f"{path}: {message} Give --{field}.") from None
-  return settings["beam_size"], settings["alpha"], settings["max_decode_extra"]
+  return settings
 
 
 def _check_plot_flags(config, plot_attention: int, plot_layer: int,
@@ -258,8 +260,9 @@ class _Plan:
     tokenizer: its vocabulary.
     sources: the sentences to translate.
     references: their references, or None (no scores).
-    settings: `split`, `beam_size`, `alpha`, `max_decode_extra` (flags or
-      the config's), and `source_file`, `reference_file` with a source file.
+    settings: `split`, `beam_size`, `alpha`, `max_decode_extra`,
+      `beam_stop` (flags or the config's), and `source_file`,
+      `reference_file` with a source file.
     steps: the checkpoint steps chosen (ascending).
   """
   config: Any
@@ -290,17 +293,17 @@ def _plan(workdir: str, split: str | None, source_file: str | None,
           reference_file: str | None, *, checkpoint_step: int | None,
           average_last: int | None, beam_size: int | None,
           alpha: float | None, max_decode_extra: int | None,
-          plot_attention: int, plot_layer: int, write: bool) -> _Plan:
+          beam_stop: str | None, plot_attention: int, plot_layer: int,
+          write: bool) -> _Plan:
   """Load: the workdir's config and vocabulary, the steps and the inputs."""
   config, tokenizer = load_workdir(workdir)
-  beam_size, alpha, max_decode_extra = _search_settings(
-      config, workdir, beam_size, alpha, max_decode_extra)
+  search = _search_settings(config, workdir, beam_size, alpha,
+                            max_decode_extra, beam_stop)
   _check_plot_flags(config, plot_attention, plot_layer, write)
   steps = choose_steps(workdir, checkpoint_step, average_last)
   split_name, sources, references = _read_inputs(
       config, workdir, split, source_file, reference_file)
-  settings = {"split": split_name, "beam_size": beam_size, "alpha": alpha,
-              "max_decode_extra": max_decode_extra}
+  settings = {"split": split_name, **search}
   if source_file:
     settings.update(source_file=source_file, reference_file=reference_file)
   return _Plan(config, tokenizer, sources, references, settings, steps)
@@ -317,8 +320,9 @@ def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
   settings = plan.settings
   folder = output_dir or eval_output.default_output_dir(
       workdir, settings["split"], steps,
-      eval_output.settings_suffix(plan.config, settings["beam_size"], settings["alpha"],
-                      settings["max_decode_extra"]))
+      eval_output.settings_suffix(
+          plan.config, settings["beam_size"], settings["alpha"],
+          settings["max_decode_extra"], settings["beam_stop"]))
   if write:
     eval_output.check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
                                   averaged_steps=list(steps)))
@@ -437,7 +441,8 @@ def evaluate(workdir: str, *, split: str | None = None,
              reference_file: str | None = None, output_dir: str | None = None,
              write: bool = True, plot_attention: int = 0,
              plot_layer: int = -1, paper_bleu: bool = False,
-             reference_tokenized: bool = False) -> dict[str, Any]:
+             reference_tokenized: bool = False,
+             beam_stop: str | None = None) -> dict[str, Any]:
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
   Checks the flags; loads the workdir, chooses the steps, reads the
@@ -452,6 +457,9 @@ def evaluate(workdir: str, *, split: str | None = None,
     beam_size, alpha, max_decode_extra: the search (1 = greedy; α finite,
       >= 0; outputs up to input length + max_decode_extra); default the
       config's (the paper: 4, 0.6, 50). batch_size: sentences per batch.
+    beam_stop: the beam search's stopping rule, "exact" or "early"
+      (`mha.decoding.beam_search`); default the config's ("exact" for a
+      config without the field).
     source_file, reference_file: one sentence a line, instead of a split
       ('-' = stdin); without references, no scores.
     output_dir: default `eval_output.default_output_dir`; write: write
@@ -472,7 +480,7 @@ def evaluate(workdir: str, *, split: str | None = None,
   """
   flags = dict(checkpoint_step=checkpoint_step, average_last=average_last,
                beam_size=beam_size, alpha=alpha,
-               max_decode_extra=max_decode_extra,
+               max_decode_extra=max_decode_extra, beam_stop=beam_stop,
                plot_attention=plot_attention)
   _check_arguments(split, source_file, reference_file, paper_bleu,
                    reference_tokenized, batch_size=batch_size, **flags)
@@ -497,13 +505,14 @@ def _translate(model_config: TransformerConfig, params: Any, plan: _Plan,
   (`translate.translate_with_ids`: the texts, their ids and the time taken,
   compilation included)."""
   logging.info("Evaluating step(s) %s on %s (%d sentences), beam %d, "
-               "alpha %s.", settings["averaged_steps"], settings["split"],
-               len(plan.sources), settings["beam_size"], settings["alpha"])
+               "alpha %s, stop %s.", settings["averaged_steps"],
+               settings["split"], len(plan.sources), settings["beam_size"],
+               settings["alpha"], settings["beam_stop"])
   return translate.translate_with_ids(
       model_config, params, plan.tokenizer, plan.sources,
       beam_size=settings["beam_size"], alpha=settings["alpha"],
       max_decode_extra=settings["max_decode_extra"],
-      batch_size=settings["batch_size"])
+      batch_size=settings["batch_size"], beam_stop=settings["beam_stop"])
 
 
 def _score(plan: _Plan, translations: translate.Translations,
@@ -515,7 +524,7 @@ def _score(plan: _Plan, translations: translate.Translations,
     `bleu`, `chrf`, `sacrebleu_signature`, `chrf_signature`, `bleu_details`
     when there are references (and `bleu_paper`, `bleu_paper_signature`
     with `paper_bleu`); `split`, `checkpoint_step`, `averaged_steps`,
-    `beam_size`, `alpha`, `max_decode_extra`, `batch_size`,
+    `beam_size`, `alpha`, `max_decode_extra`, `beam_stop`, `batch_size`,
     `num_sentences`, `decode_seconds`, `sentences_per_second` (and
     `source_file`, `reference_file` for a source file); `translations`
     (the texts).
@@ -530,7 +539,7 @@ def _score(plan: _Plan, translations: translate.Translations,
           references_tokenized=reference_tokenized))
   result.update({k: settings[k] for k in (
       "split", "checkpoint_step", "averaged_steps", "beam_size", "alpha",
-      "max_decode_extra", "batch_size")})
+      "max_decode_extra", "beam_stop", "batch_size")})
   n = len(hypotheses)
   result.update(num_sentences=n, decode_seconds=seconds,
                 sentences_per_second=n / max(seconds, 1e-9))

@@ -111,7 +111,8 @@ class Record:
 
 def names(config: Any, split: str | None, average_last: int | None,
           beam_size: int | None, alpha: float | None,
-          max_decode_extra: int | None) -> tuple[str, str | None]:
+          max_decode_extra: int | None,
+          beam_stop: str | None = None) -> tuple[str, str | None]:
   """(name of each checkpoint's scores, name of the averages' or None).
 
   The first is the split's file name followed by the settings that differ
@@ -125,7 +126,9 @@ def names(config: Any, split: str | None, average_last: int | None,
       config, config.beam_size if beam_size is None else beam_size,
       config.alpha if alpha is None else alpha,
       config.max_decode_extra if max_decode_extra is None
-      else max_decode_extra)
+      else max_decode_extra,
+      eval_output.config_setting(config, "beam_stop") if beam_stop is None
+      else beam_stop)
   average = (f"{split_name}_avg{average_last}{suffix}"
              if average_last and average_last > 1 else None)
   return split_name + suffix, average
@@ -223,6 +226,7 @@ def _lock(workdir: str, base: str) -> FollowLock:
 def follow(workdir: str, *, split: str | None = None,
            average_last: int | None = None, beam_size: int | None = None,
            alpha: float | None = None, max_decode_extra: int | None = None,
+           beam_stop: str | None = None,
            batch_size: int = 64, paper_bleu: bool = False,
            poll_seconds: float = 60.0, timeout_seconds: float = 3600.0,
            report: Callable[[dict[str, Any]], None] | None = None,
@@ -234,8 +238,8 @@ def follow(workdir: str, *, split: str | None = None,
   Args:
     workdir: a training workdir, local or gs://, with or without a trainer
       running.
-    split, average_last, beam_size, alpha, max_decode_extra, batch_size,
-      paper_bleu: as `evaluator.evaluate`'s; `average_last=N` adds the
+    split, average_last, beam_size, alpha, max_decode_extra, beam_stop,
+      batch_size, paper_bleu: as `evaluator.evaluate`'s; `average_last=N` adds the
       average of the last N checkpoints up to each step.
     poll_seconds: the interval between two listings of the checkpoints.
     timeout_seconds: stop after this long without a new checkpoint
@@ -256,15 +260,15 @@ def follow(workdir: str, *, split: str | None = None,
                     f"{timeout_seconds}.")
   evaluator.check_flags(average_last=average_last, beam_size=beam_size,
                         alpha=alpha, max_decode_extra=max_decode_extra,
-                        batch_size=batch_size)
+                        beam_stop=beam_stop, batch_size=batch_size)
   config, _ = evaluator.load_workdir(workdir)
   single, average = names(config, split, average_last, beam_size, alpha,
-                          max_decode_extra)
+                          max_decode_extra, beam_stop)
   lock = _lock(workdir, single)
   try:
     follower = _Follower(
         workdir, dict(split=split, beam_size=beam_size, alpha=alpha,
-                      max_decode_extra=max_decode_extra,
+                      max_decode_extra=max_decode_extra, beam_stop=beam_stop,
                       batch_size=batch_size, paper_bleu=paper_bleu),
         [(single, None)] + ([(average, average_last)] if average else []),
         Record.load(os.path.join(workdir, workdir_lib.EVAL_DIR,

@@ -157,6 +157,7 @@ def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
   hypotheses = translate.translate_texts(
       model_config, params, tokenizer, sources, beam_size=config.beam_size,
       alpha=config.alpha, max_decode_extra=config.max_decode_extra,
+      beam_stop=config.get("beam_stop", "exact"),
       batch_size=batch_size)
   seconds = time.perf_counter() - start
   scores = scoring.score(hypotheses, references)

@@ -385,7 +385,7 @@ def _start_rows_fn(queue: list[jax.Array], queue_inputs: jax.Array
 
 @functools.lru_cache(maxsize=32)
 def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
-               eos_id: int) -> Callable[..., Any]:
+               eos_id: int, beam_stop: str) -> Callable[..., Any]:
   """The jitted search of `inputs`, arrays `[k, slots, s]` (k batches of one
   source length each), with `slots` sentences searched at a time, a slot
   whose sentence is done taking the next one (`decoding.greedy_refill`,
@@ -417,10 +417,10 @@ def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
     return decoding.beam_refill(
         _step_fn(model, params), cache, start_rows, num_slots, beam_size,
         alpha, max_decode_len, eos_id, max_lengths, cache_rows(cache),
-        **common)[0]
+        stop=beam_stop, **common)[0]
 
   return search_cache.cached(search, ("refill", model_config, beam_size,
-                                          alpha, eos_id))
+                                      alpha, eos_id, beam_stop))
 
 
 def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
@@ -468,7 +468,8 @@ def _on_devices(local: Callable[..., Any], devices: tuple[jax.Device, ...],
 
 @functools.lru_cache(maxsize=32)
 def _translate_fn(model_config: TransformerConfig, beam_size: int,
-                  alpha: float, eos_id: int) -> Callable[..., Any]:
+                  alpha: float, eos_id: int,
+                  beam_stop: str) -> Callable[..., Any]:
   """The jitted search for one model config; recompiles per input shape,
   per tuple of devices and per `num_best`.
 
@@ -498,7 +499,7 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
         stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache,
         cache_rows=cache_rows(cache), num_best=max(num_best, 1),
         shrink_sizes=shrink_sizes(batch_size, beam_size),
-        with_log_probs=True)
+        with_log_probs=True, stop=beam_stop)
     if not num_best:
       return tokens[:, 0]  # [batch, max_decode_len]
     return (tokens[:, :num_best], scores[:, :num_best],
@@ -514,7 +515,7 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
     return _on_devices(local, devices, [params], [inputs, max_lengths])
 
   return search_cache.cached(search, ("translate", model_config,
-                                          beam_size, alpha, eos_id))
+                                      beam_size, alpha, eos_id, beam_stop))
 
 
 @functools.lru_cache(maxsize=32)
@@ -626,13 +627,14 @@ def translate_batch(model_config: TransformerConfig, params: Any,
                     max_decode_len: int | None = None,
                     first_stage_extra: int | None = FIRST_STAGE_EXTRA,
                     devices: Sequence[jax.Device] | None = None,
-                    num_best: int = 0) -> Any:
+                    num_best: int = 0, beam_stop: str = "exact") -> Any:
   """One batch through the Transformer's search: the best hypotheses.
 
   Encodes once, makes the decode cache (the encoder-decoder keys and values
   once per sentence, the self-attention cache at `batch * beam_size` rows)
   and runs the whole search (`mha.decoding.beam_search`, with the cache's
-  `cache_rows`) as one jitted function, cached per (config, beam_size, alpha, eos_id) and
+  `cache_rows`) as one jitted function, cached per (config, beam_size,
+  alpha, eos_id, beam_stop) and
   compiled per input shape and `max_decode_len`. The search runs in two stages
   (`mha.decoding`): first with outputs and a self-attention cache of
   `inputs.shape[1] + first_stage_extra` positions, then, only if some
@@ -659,6 +661,8 @@ def translate_batch(model_config: TransformerConfig, params: Any,
       None: `jax.local_devices()`. The outputs are the same on any number.
     num_best: 0 (default): the best output of each sentence; n >= 1 (at
       most beam_size): its n best hypotheses with their scores.
+    beam_stop: the beam search's stopping rule (`mha.decoding.beam_search`'s
+      `stop`): "exact" (default) or "early".
 
   Returns:
     int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it;
@@ -675,7 +679,7 @@ def translate_batch(model_config: TransformerConfig, params: Any,
       max_decode_len=max_decode_len, first_stage_extra=first_stage_extra,
       devices=devices, extra_rows=())
   search = _translate_fn(model_config, int(beam_size), float(alpha),
-                         int(eos_id))
+                         int(eos_id), decoding.check_beam_stop(beam_stop))
   return search(replicate(params, devices), *rows, devices=devices,
                 num_best=int(num_best), **static)
 
@@ -876,7 +880,7 @@ def decode_batches(model_config: TransformerConfig, params: Any,
                    eos_id: int = data.EOS_ID,
                    first_stage_extra: int | None = FIRST_STAGE_EXTRA,
                    devices: Sequence[jax.Device] | None = None,
-                   num_best: int = 0) -> list[Any]:
+                   num_best: int = 0, beam_stop: str = "exact") -> list[Any]:
   """Output ids of each batch (`[rows, max_decode_len]`, EOS included);
   with `num_best=n`, `(tokens, scores, log_probs)` of its n best
   (`translate_batch`).
@@ -888,14 +892,16 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   output runs to its length limit: decoding benchmarks of random models).
   `first_stage_extra`: as in `translate_batch` (None: one stage). Without
   `num_best`, consecutive batches are searched as one with refilled rows
-  where `_refill_groups` allows it (the same outputs).
+  where `_refill_groups` allows it (the same outputs). `beam_stop`: as in
+  `translate_batch`.
   """
   def run(batch, params, used):
     return translate_batch(
         model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
         max_decode_extra=max_decode_extra, eos_id=eos_id,
         max_decode_len=batch.max_decode_len,
-        first_stage_extra=first_stage_extra, devices=used, num_best=num_best)
+        first_stage_extra=first_stage_extra, devices=used, num_best=num_best,
+        beam_stop=beam_stop)
 
   if num_best:
     return _run_batches(params, batches, devices, run)
@@ -903,7 +909,8 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   def refill(group, params):
     return _refill_batches(model_config, params, group, beam_size=beam_size,
                            alpha=alpha, max_decode_extra=max_decode_extra,
-                           eos_id=eos_id, first_stage_extra=first_stage_extra)
+                           eos_id=eos_id, first_stage_extra=first_stage_extra,
+                           beam_stop=beam_stop)
 
   return _run_refilled(params, batches, devices, run, refill, beam_size)
 
@@ -938,7 +945,8 @@ def _refill_groups(batches: Sequence[DecodeBatch],
 def _refill_batches(model_config: TransformerConfig, params: Any,
                     batches: Sequence[DecodeBatch], *, beam_size: int,
                     alpha: float, max_decode_extra: int, eos_id: int,
-                    first_stage_extra: int | None) -> list[jax.Array]:
+                    first_stage_extra: int | None,
+                    beam_stop: str) -> list[jax.Array]:
   """The search of `batches` as one search whose slots, as their
   sentences end, take the next ones (`_refill_fn`), on the default device:
   the outputs of each batch, `[rows, its max_decode_len]`, as
@@ -966,7 +974,7 @@ def _refill_batches(model_config: TransformerConfig, params: Any,
     else:
       inputs.append([rows[0]])
   tokens = _refill_fn(model_config, int(beam_size), float(alpha),
-                      int(eos_id))(
+                      int(eos_id), decoding.check_beam_stop(beam_stop))(
       params, tuple(jnp.stack(x) for x in inputs),
       jnp.concatenate([rows[1] for rows in found]), **static)
   ends = np.cumsum([batch.inputs.shape[0] for batch in batches])
@@ -1028,7 +1036,8 @@ def translate_ids(model_config: TransformerConfig, params: Any,
                   tokenizer: data.Tokenizer, sources: Sequence[str], *,
                   beam_size: int, alpha: float, max_decode_extra: int,
                   batch_size: int = 64,
-                  devices: Sequence[jax.Device] | None = None
+                  devices: Sequence[jax.Device] | None = None,
+                  beam_stop: str = "exact"
                   ) -> list[tuple[np.ndarray, np.ndarray]]:
   """(source ids, output ids) of each source, in the order of `sources`.
 
@@ -1044,6 +1053,8 @@ def translate_ids(model_config: TransformerConfig, params: Any,
     batch_size: sentences per decoding batch.
     devices: the devices each batch is split over (`decode_batches`;
       default: `jax.local_devices()`).
+    beam_stop: the beam search's stopping rule, "exact" or "early"
+      (`translate_batch`).
 
   Returns:
     Per source: int32 `[s]` source ids as encoded (EOS included, truncated
@@ -1058,7 +1069,7 @@ def translate_ids(model_config: TransformerConfig, params: Any,
                          max_decode_extra=max_decode_extra)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
                            alpha=alpha, max_decode_extra=max_decode_extra,
-                           devices=devices)
+                           devices=devices, beam_stop=beam_stop)
   pairs: list[Any] = [None] * len(sources)
   for batch, tokens in zip(batches, outputs):  # tokens [rows, len]
     for row, i in enumerate(batch.indices):
@@ -1089,14 +1100,16 @@ def nbest_ids(model_config: TransformerConfig, params: Any,
               tokenizer: data.Tokenizer, sources: Sequence[str], *,
               num_best: int, beam_size: int, alpha: float,
               max_decode_extra: int, batch_size: int = 64,
-              devices: Sequence[jax.Device] | None = None
+              devices: Sequence[jax.Device] | None = None,
+              beam_stop: str = "exact"
               ) -> list[list[tuple[np.ndarray, float, float]]]:
   """The `num_best` best hypotheses of each source, by the beam search.
 
   Args:
     num_best: hypotheses per source, 1..beam_size.
     model_config, params, tokenizer, sources, beam_size, alpha,
-      max_decode_extra, batch_size, devices: as in `translate_ids`.
+      max_decode_extra, batch_size, devices, beam_stop: as in
+      `translate_ids`.
 
   Returns:
     Per source, best first: (output ids up to and including EOS, the
@@ -1111,7 +1124,8 @@ def nbest_ids(model_config: TransformerConfig, params: Any,
                         max_decode_extra)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
                            alpha=alpha, max_decode_extra=max_decode_extra,
-                           devices=devices, num_best=num_best)
+                           devices=devices, num_best=num_best,
+                           beam_stop=beam_stop)
   found: list[Any] = [None] * len(sources)
   for batch, (tokens, scores, log_probs) in zip(batches, outputs):
     for row, i in enumerate(batch.indices):
@@ -1260,13 +1274,14 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
                        tokenizer: data.Tokenizer, sources: Sequence[str], *,
                        beam_size: int, alpha: float, max_decode_extra: int,
                        batch_size: int = 64,
-                       devices: Sequence[jax.Device] | None = None
-                       ) -> Translations:
+                       devices: Sequence[jax.Device] | None = None,
+                       beam_stop: str = "exact") -> Translations:
   """The translations of `sources` with the ids they were made of.
 
   Args:
     model_config, params, tokenizer, sources, beam_size, alpha,
-      max_decode_extra, batch_size, devices: as in `translate_ids`.
+      max_decode_extra, batch_size, devices, beam_stop: as in
+      `translate_ids`.
   """
   start = time.perf_counter()
   keep = [i for i, s in enumerate(sources) if s.strip()]
@@ -1276,7 +1291,7 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
   for i, (source, output) in zip(keep, translate_ids(
       model_config, params, tokenizer, [sources[i] for i in keep],
       beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
-      batch_size=batch_size, devices=devices)):
+      batch_size=batch_size, devices=devices, beam_stop=beam_stop)):
     texts[i] = detokenize(tokenizer, output)
     source_ids[i], output_ids[i] = source, crop_output(output)
   return Translations(texts, source_ids, output_ids,
@@ -1287,14 +1302,14 @@ def translate_texts(model_config: TransformerConfig, params: Any,
                     tokenizer: data.Tokenizer, sources: Sequence[str], *,
                     beam_size: int, alpha: float, max_decode_extra: int,
                     batch_size: int = 64,
-                    devices: Sequence[jax.Device] | None = None
-                    ) -> list[str]:
+                    devices: Sequence[jax.Device] | None = None,
+                    beam_stop: str = "exact") -> list[str]:
   """Detokenized translations of `sources`, in their order: the `texts` of
   `translate_with_ids` (one per source, "" for a blank one)."""
   return translate_with_ids(
       model_config, params, tokenizer, sources, beam_size=beam_size,
       alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size,
-      devices=devices).texts
+      devices=devices, beam_stop=beam_stop).texts
 
 
 __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",

@@ -33,6 +33,7 @@ import numpy as np
 
 from mha import data
 from mha import translate
+from mha import validation
 from mha.errors import ConfigError
 from mha.transformer import TransformerConfig
 
@@ -105,6 +106,7 @@ class SearchSettings:
   beam_size: int = 4
   alpha: float = 0.6
   max_decode_extra: int = 50
+  beam_stop: str = "exact"  # or "early" (`mha.decoding.beam_search`'s stop)
 
 
 class Translator:
@@ -136,16 +138,23 @@ class Translator:
         f.name: config.get(f.name, f.default)
         for f in dataclasses.fields(SearchSettings)})
 
-  def _search(self, beam_size, alpha, max_decode_extra) -> SearchSettings:
+  def _search(self, beam_size, alpha, max_decode_extra,
+              beam_stop) -> SearchSettings:
     given = SearchSettings(
         beam_size=self.defaults.beam_size if beam_size is None else beam_size,
         alpha=self.defaults.alpha if alpha is None else alpha,
         max_decode_extra=(self.defaults.max_decode_extra
-                          if max_decode_extra is None else max_decode_extra))
+                          if max_decode_extra is None else max_decode_extra),
+        beam_stop=self.defaults.beam_stop if beam_stop is None else beam_stop)
+    if given.beam_stop not in validation.BEAM_STOPS:
+      raise ConfigError(f"beam_stop must be one of "
+                        f"{', '.join(validation.BEAM_STOPS)}, got "
+                        f"{given.beam_stop!r}.")
     return SearchSettings(_check_int("beam_size", given.beam_size, 1),
                           _check_float("alpha", given.alpha),
                           _check_int("max_decode_extra",
-                                     given.max_decode_extra, 0))
+                                     given.max_decode_extra, 0),
+                          given.beam_stop)
 
   def _text(self, ids: np.ndarray) -> str:
     return translate.detokenize(self.tokenizer, ids)
@@ -160,14 +169,18 @@ class Translator:
   def translate(self, sentences: Sequence[str], beam_size: int | None = None,
                 alpha: float | None = None,
                 max_decode_extra: int | None = None,
-                batch_size: int = 64) -> list[str]:
+                batch_size: int = 64,
+                beam_stop: str | None = None) -> list[str]:
     """The best translation of each sentence by beam search.
 
     Args:
       sentences: plain text, one sentence each.
       beam_size: 1 = greedy search; alpha: the length penalty's exponent
-        (>= 0); max_decode_extra: outputs of at most source tokens + this.
-        None: `defaults` (the workdir's config).
+        (>= 0); max_decode_extra: outputs of at most source tokens + this;
+        beam_stop: when a sentence's search ends, "exact" (its result is
+        that of a search run to the length limit) or "early" (sooner: may
+        miss a longer hypothesis; `mha.decoding.beam_search`). None:
+        `defaults` (the workdir's config).
       batch_size: sentences per decoding batch.
 
     Returns:
@@ -177,23 +190,26 @@ class Translator:
       ConfigError: a setting out of range.
     """
     sentences = _check_sentences("sentences", sentences)
-    search = self._search(beam_size, alpha, max_decode_extra)
+    search = self._search(beam_size, alpha, max_decode_extra, beam_stop)
     _check_int("batch_size", batch_size, 1)
     return translate.translate_texts(
         self.model_config, self.params, self.tokenizer, sentences,
         beam_size=search.beam_size, alpha=search.alpha,
-        max_decode_extra=search.max_decode_extra, batch_size=batch_size)
+        max_decode_extra=search.max_decode_extra, batch_size=batch_size,
+        beam_stop=search.beam_stop)
 
   def nbest(self, sentences: Sequence[str], n: int,
             beam_size: int | None = None, alpha: float | None = None,
             max_decode_extra: int | None = None,
-            batch_size: int = 64) -> list[list[Hypothesis]]:
+            batch_size: int = 64,
+            beam_stop: str | None = None) -> list[list[Hypothesis]]:
     """The n best hypotheses of each sentence's beam search, best first.
 
     Args:
       n: 1..beam_size; the first is `translate`'s translation.
-      sentences, beam_size, alpha, max_decode_extra, batch_size: as in
-        `translate`.
+      sentences, beam_size, alpha, max_decode_extra, batch_size, beam_stop:
+        as in `translate` ("early" ends a sentence's search when no live
+        hypothesis would beat its n-th best if it ended at the next step).
 
     Returns:
       Per sentence, up to n `Hypothesis(text, score, log_prob)` (fewer only
@@ -203,7 +219,7 @@ class Translator:
       ConfigError: n > beam_size, or a setting out of range.
     """
     sentences = _check_sentences("sentences", sentences)
-    search = self._search(beam_size, alpha, max_decode_extra)
+    search = self._search(beam_size, alpha, max_decode_extra, beam_stop)
     n = _check_int("n", n, 1)
     if n > search.beam_size:
       raise ConfigError(f"n = {n} hypotheses asked of a beam of "
@@ -213,7 +229,8 @@ class Translator:
     for i, found in zip(keep, translate.nbest_ids(
         self.model_config, self.params, self.tokenizer, texts, num_best=n,
         beam_size=search.beam_size, alpha=search.alpha,
-        max_decode_extra=search.max_decode_extra, batch_size=batch_size)):
+        max_decode_extra=search.max_decode_extra, batch_size=batch_size,
+        beam_stop=search.beam_stop)):
       out[i] = [Hypothesis(self._text(ids), score, log_prob)
                 for ids, score, log_prob in found]
     return out
@@ -249,8 +266,8 @@ class Translator:
     top_k = _check_int("top_k", top_k, 0)
     seed = _check_int("seed", seed, -_INT32, _INT32 - 1)
     first_id = _check_int("first_id", first_id, 0, _INT32 - 1)
-    max_decode_extra = self._search(None, None,
-                                    max_decode_extra).max_decode_extra
+    max_decode_extra = self._search(None, None, max_decode_extra,
+                                    None).max_decode_extra
     keep, texts = self._nonempty(sentences, batch_size)
     out = [Sample("", 0.0)] * len(sentences)
     # A sentence's key follows its position in `sentences` (blank ones
@@ -362,7 +379,8 @@ def line_translator(translator: Translator, *, nbest: int = 0,
                     top_k: int = 0, seed: int = 0,
                     beam_size: int | None = None, alpha: float | None = None,
                     max_decode_extra: int | None = None,
-                    batch_size: int = 64) -> LineFunction:
+                    batch_size: int = 64,
+                    beam_stop: str | None = None) -> LineFunction:
   """The function that turns input lines into output lines.
 
   Beam search (`Translator.translate`) by default, a translation per line
@@ -377,14 +395,16 @@ def line_translator(translator: Translator, *, nbest: int = 0,
       now, on an empty input).
   """
   search = dict(beam_size=beam_size, alpha=alpha,
-                max_decode_extra=max_decode_extra, batch_size=batch_size)
+                max_decode_extra=max_decode_extra, batch_size=batch_size,
+                beam_stop=beam_stop)
   if sample and nbest:
     raise ConfigError("Sampling gives one output per line: give n-best or "
                       "sampling, not both.")
   if sample:
-    if beam_size is not None or alpha is not None:
-      raise ConfigError("beam_size and alpha are beam search settings: "
-                        "sampling takes temperature, top_k and seed.")
+    if beam_size is not None or alpha is not None or beam_stop is not None:
+      raise ConfigError("beam_size, alpha and beam_stop are beam search "
+                        "settings: sampling takes temperature, top_k and "
+                        "seed.")
     options = dict(temperature=temperature, top_k=top_k, seed=seed,
                    max_decode_extra=max_decode_extra, batch_size=batch_size)
     translator.sample([], **options)

@@ -1,8 +1,8 @@
 """The one table of rules for config fields and command-line flags.
 
 `FIELDS` maps a config field to its rule, `FLAGS` an evaluation flag that is
-no config field (`--beam_size`, `--alpha` and `--max_decode_extra` are
-fields: a flag of that name follows the field's rule). A rule is a function
+no config field (`--beam_size`, `--alpha`, `--max_decode_extra` and
+`--beam_stop` are fields: a flag of that name follows the field's rule). A rule is a function
 of the value: None for a value that may be used, else the words for what is
 allowed ('an integer >= 1'). `check_field` and `check_flag` turn those words
 into the one-line message every check gives:
@@ -31,7 +31,7 @@ Rule = Callable[[Any], str | None]
 
 # The names a config may choose from; the modules that act on them import
 # them from here (mha.attention, mha.positional, mha.transformer,
-# mha.data.batching).
+# mha.data.batching, mha.decoding).
 ATTENTION_TYPES = ("scaled_dot", "dot", "additive", "location")
 ATTENTION_IMPLS = ("einsum", "xla")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
@@ -40,6 +40,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # jax.numpy's names
 TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
 EXPORT_FORMATS = ("ctranslate2",)  # mha-export --format
 QUANTIZATIONS = ("float32", "int8")  # mha-export --quantization
+BEAM_STOPS = ("exact", "early")  # mha.decoding.beam_search's stopping rules
 _SPECIAL_PIECES = 3  # PAD, EOS, UNK (mha.token_ids)
 
 
@@ -144,7 +145,7 @@ FIELDS: dict[str, Rule] = {
     # decoding (also eval.py's and mha-translate's flags of the same names)
     "beam_size": integer(1),
     "alpha": real(0.0, note=" (the length penalty; the paper: 0.6)"),
-    "max_decode_extra": integer(0),
+    "max_decode_extra": integer(0), "beam_stop": one_of(BEAM_STOPS),
 }
 
 FLAGS: dict[str, Rule] = {

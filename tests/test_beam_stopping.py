@@ -87,7 +87,8 @@ class RandomModels:
     return logits - np.logaddexp.reduce(logits)
 
 
-def exhaustive_beam(log_probs, beam: int, alpha: float, limit: int):
+def exhaustive_beam(log_probs, beam: int, alpha: float, limit: int,
+                    early_num_best: int | None = None):
   """Beam search without the early stop, in NumPy.
 
   Each step scores the best 2·beam extensions of the live hypotheses; those
@@ -95,6 +96,10 @@ def exhaustive_beam(log_probs, beam: int, alpha: float, limit: int):
   log P / lp(|Y|)), the others for the beam live slots. It runs until the
   limit or until no live hypothesis is left. Returns [(score, tokens)] best
   first.
+
+  `early_num_best=n`: the early rule (`stop='early'`) as its words say it:
+  after the step that writes the t-th token, stop once the n-th best
+  finished score beats the best live prefix's log P / lp(t + 1).
   """
   live = [(0.0, ())]
   finished = []
@@ -112,6 +117,10 @@ def exhaustive_beam(log_probs, beam: int, alpha: float, limit: int):
     finished += [(logprob / lp(length, alpha), seq) for logprob, seq in ends]
     finished = sorted(finished, key=lambda f: -f[0])[:beam]
     if not live:
+      break
+    n = early_num_best
+    if n and len(finished) >= n and (
+        finished[n - 1][0] > live[0][0] / lp(length + 1, alpha)):
       break
   return finished
 
@@ -246,3 +255,125 @@ def test_num_best_one_returns_the_full_searchs_best_in_fewer_steps(alpha,
                                alpha, int(limits[b]))
     assert hypothesis(np.asarray(best_tokens)[0, 0]) == expected[0][1], b
   assert fewer > BATCH // 8
+
+
+@pytest.mark.parametrize('alpha, beam, num_best', [(0.6, 3, 1), (1.0, 2, 2)])
+def test_the_early_rule_stops_where_its_words_say(alpha, beam, num_best):
+  """stop='early' on a batch of sentences in one search: each sentence's
+  num_best best are those of the NumPy search with the early rule, alone
+  (so a done sentence's search ended there, whatever the others did),
+  and differ from the exact rule's on some sentences (the trap below, met
+  by chance)."""
+  models = RandomModels(seed=4)
+  limits = np.random.default_rng(5).integers(MAX_LEN // 2, MAX_LEN + 1,
+                                             size=BATCH)
+  # 32 sentences, two of which (70 and 84) the two rules end differently
+  # with alpha 0.6 (a few percent of sentences, as on Multi30k).
+  chosen = slice(64, 96)
+  sentences = 32
+  cache = {'source_a': jnp.asarray(models.a[chosen], jnp.float32),
+           'source_b': jnp.asarray(models.b[chosen], jnp.float32),
+           'source_eos': jnp.asarray(models.eos_bias[chosen], jnp.float32),
+           'acc': jnp.zeros((sentences, VOCAB), jnp.float32),
+           'cache_index': jnp.array(0, jnp.int32)}
+  limits = limits[chosen]
+  tokens, scores = jax.jit(lambda cache: decoding.beam_search(
+      RandomModels.step, cache, sentences, beam, alpha, MAX_LEN, EOS,
+      jnp.asarray(limits, jnp.int32),
+      cache_rows=RandomModels.CACHE_ROWS, num_best=num_best,
+      stop='early'))(cache)
+  tokens, scores = np.asarray(tokens), np.asarray(scores)
+  differ = 0
+  for b in range(sentences):
+    log_probs = lambda seq, b=b: models.log_probs(64 + b, seq)
+    expected = exhaustive_beam(log_probs, beam, alpha, int(limits[b]),
+                               early_num_best=num_best)[:num_best]
+    assert [hypothesis(t) for t in tokens[b, :num_best]] == [
+        seq for _, seq in expected], b
+    np.testing.assert_allclose(scores[b, :num_best],
+                               [s for s, _ in expected], rtol=1e-5,
+                               atol=1e-5, err_msg=str(b))
+    exact = exhaustive_beam(log_probs, beam, alpha, int(limits[b]))
+    differ += [seq for _, seq in exact[:num_best]] != [
+        seq for _, seq in expected]
+  assert differ > 0
+
+
+def test_the_early_rule_falls_into_the_trap_and_equals_exact_at_alpha_0():
+  cache = {'cache_index': jnp.array(0, jnp.int32)}
+
+  def search(alpha, stop):
+    tokens, scores = jax.jit(lambda c: decoding.beam_search(
+        _constructed_step, c, 1, 2, alpha, LIMIT, EOS, stop=stop))(cache)
+    return hypothesis(np.asarray(tokens)[0, 0]), float(scores[0, 0])
+
+  # After 2 steps the best live prefix [a a] would score -1.609 / lp(3) if
+  # it ended next: below [EOS]'s -0.942, so the early rule stops there,
+  # with [c EOS] and without the best hypothesis a^15 EOS.
+  assert search(0.6, 'early') == ((3, EOS), pytest.approx(
+      np.log(0.41) / lp(2, 0.6), rel=1e-5))
+  assert search(0.6, 'exact')[0] == (2,) * CHAIN + (EOS,)
+  # Without a length penalty the two bounds are one.
+  assert search(0.0, 'early') == search(0.0, 'exact')
+  with pytest.raises(ValueError, match="stop must be one of exact, early, "
+                     "got 'fast'"):
+    search(0.6, 'fast')
+
+
+class RefilledModels:
+  """RandomModels' sentences for `beam_refill`: each slot's sentence id
+  stored once per slot (`CacheRows.ONE_PER_SENTENCE`), its position per
+  row (`SHARED` among a slot's rows, never reordered), the running sum
+  per hypothesis; a slot that starts a sentence starts at position 0 with
+  a zero sum."""
+
+  def __init__(self, models: RandomModels, beam: int):
+    self.beam = beam
+    self.a = jnp.asarray(models.a, jnp.float32)
+    self.b = jnp.asarray(models.b, jnp.float32)
+    self.eos = jnp.asarray(models.eos_bias, jnp.float32)
+
+  CACHE_ROWS = {'sentence': CacheRows.ONE_PER_SENTENCE,
+                'pos': CacheRows.SHARED, 'acc': CacheRows.HYPOTHESIS}
+
+  def init_cache(self, slots: int):
+    return {'sentence': jnp.arange(slots, dtype=jnp.int32),
+            'pos': jnp.zeros((slots * self.beam,), jnp.int32),
+            'acc': jnp.zeros((slots * self.beam, VOCAB), jnp.float32)}
+
+  def step(self, tokens, cache):
+    sentence = jnp.repeat(cache['sentence'], self.beam)
+    pos, token = cache['pos'], tokens[:, 0]
+    acc = cache['acc'] + self.b[sentence, pos, token]
+    logits = self.a[sentence, pos, token] + acc
+    logits = logits.at[:, EOS].add(self.eos[sentence])
+    logits = logits.at[:, 0].set(-jnp.inf)
+    return logits, dict(cache, acc=acc, pos=pos + 1)
+
+  def start_rows(self, cache, start, sentence):
+    rows = jnp.repeat(start, self.beam)
+    return {'sentence': jnp.where(start, sentence, cache['sentence']),
+            'pos': jnp.where(rows, 0, cache['pos']),
+            'acc': jnp.where(rows[:, None], 0.0, cache['acc'])}
+
+
+@pytest.mark.parametrize('stop', ['exact', 'early'])
+def test_a_refilled_search_stops_each_sentence_by_its_rule(stop):
+  """`beam_refill`, 8 slots for 96 sentences: each sentence's best is the
+  NumPy search's with the same rule, alone."""
+  alpha, beam, sentences = 0.6, 3, 96
+  models = RandomModels(seed=4)
+  limits = np.random.default_rng(5).integers(MAX_LEN // 2, MAX_LEN + 1,
+                                             size=BATCH)[:sentences]
+  refilled = RefilledModels(models, beam)
+  tokens, scores, _ = jax.jit(lambda cache: decoding.beam_refill(
+      refilled.step, cache, refilled.start_rows, 8, beam, alpha, MAX_LEN,
+      EOS, jnp.asarray(limits, jnp.int32), RefilledModels.CACHE_ROWS,
+      stop=stop))(refilled.init_cache(8))
+  for b in range(sentences):
+    expected = exhaustive_beam(
+        lambda seq, b=b: models.log_probs(b, seq), beam, alpha,
+        int(limits[b]), early_num_best=1 if stop == 'early' else None)[0]
+    assert hypothesis(np.asarray(tokens)[b]) == expected[1], b
+    assert float(scores[b]) == pytest.approx(expected[0], rel=1e-5,
+                                             abs=1e-5), b

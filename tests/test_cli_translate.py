@@ -116,7 +116,9 @@ def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):
   for args, message in [
       ([f"--input={tmp_path / 'none.txt'}", f"--output={output}"],
        "--input=.*none.txt: no such"),
-      ([f"--input={source}", f"--output={source}"], "is the input file")]:
+      ([f"--input={source}", f"--output={source}"], "is the input file"),
+      ([f"--input={source}", f"--output={output}", "--beam_stop=fast"],
+       "beam_stop must be one of exact, early, got 'fast'")]:
     result = subprocess.run(command(random_workdir, *args), cwd=REPO,
                             capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 1

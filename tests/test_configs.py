@@ -117,7 +117,7 @@ def test_location_fields_matter_only_for_location_attention(tmp_path):
 @pytest.mark.parametrize("field, bad", [
     ("beam_size", 0), ("beam_size", 2.5), ("beam_size", True),
     ("alpha", -0.5), ("alpha", float("nan")),
-    ("max_decode_extra", -1)])
+    ("max_decode_extra", -1), ("beam_stop", "fast"), ("beam_stop", "Exact")])
 def test_a_config_field_and_its_flag_are_refused_in_the_same_words(field,
                                                                    bad):
   # One rule in mha.validation serves config.beam_size (train.py) and

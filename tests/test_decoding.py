@@ -405,7 +405,7 @@ def test_translate_beam_search_compiles_once_per_shape(tiny_transformer):
                                         **kwargs))
   # The second call (same shapes, same longest source) compiles nothing,
   # whatever other tests compiled before with the same search function.
-  search = translate._translate_fn(model_config, 3, 0.6, EOS)
+  search = translate._translate_fn(model_config, 3, 0.6, EOS, "exact")
   compiled = search._cache_size()
   other = inputs[::-1].copy()
   second = np.asarray(translate.translate_batch(model_config, params, other,

@@ -52,6 +52,8 @@ def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
       (dict(average_last=0), "--average_last must be >= 1, got 0"),
       (dict(plot_attention=-1), "--plot_attention must be >= 0, got -1"),
       (dict(beam_size=2.5), "--beam_size must be an integer >= 1, got 2.5"),
+      (dict(beam_stop="fast"),
+       "--beam_stop must be one of exact, early, got 'fast'"),
   ]
   for kwargs, message in cases:
     # Checked first: a workdir that does not exist is not even looked at.
@@ -66,6 +68,9 @@ def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
   assert out == "" and err == (
       "eval.py: --alpha must be a finite number >= 0 (the length penalty; "
       "the paper: 0.6), got nan.\n")
+  assert eval_py(f"--workdir={copy}", "--beam_stop=fast") == 1
+  assert capsys.readouterr().err == (
+      "eval.py: --beam_stop must be one of exact, early, got 'fast'.\n")
   assert file_hashes(copy) == before
 
 
@@ -114,12 +119,13 @@ def test_a_tokenized_reference_file_is_only_compound_split(
 
 
 def _fake_search(model_config, params, tokenizer, sources, *, beam_size,
-                 alpha, max_decode_extra, batch_size):
+                 alpha, max_decode_extra, batch_size, beam_stop):
   """Stands in for the beam search (tested in test_evaluator.py): output
   that depends on the settings, without compiling a search per setting."""
   del model_config, params, tokenizer, batch_size
   return translate.Translations(
-      [f"{s} {beam_size} {alpha} {max_decode_extra}" for s in sources],
+      [f"{s} {beam_size} {alpha} {max_decode_extra} {beam_stop}"
+       for s in sources],
       [None] * len(sources), [None] * len(sources), 1.0)
 
 
@@ -131,16 +137,38 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   kept = file_hashes(out)
   metrics = json.loads((out / "metrics.json").read_text())
   assert (metrics["beam_size"], metrics["alpha"]) == (4, 0.6)
+  assert metrics["beam_stop"] == "exact"
+  assert (out / "translations.txt").read_text().split("\n")[0].endswith(
+      " 4 0.6 8 exact")  # what the search was given (the config's extra 8)
 
   # Other settings: another folder, named by what differs from the config.
   for kwargs, name in [(dict(beam_size=8, alpha=1.0), "test_4_6_beam8_alpha1.0"),
                        (dict(max_decode_extra=3), "test_4_6_extra3"),
-                       (dict(average_last=2, alpha=0), "test_4_avg2_6_alpha0.0")]:
+                       (dict(average_last=2, alpha=0), "test_4_avg2_6_alpha0.0"),
+                       (dict(beam_stop="early"), "test_4_6_early")]:
     result = evaluator.evaluate(str(copy), split=SPLIT, **kwargs)
     assert result["output_dir"] == str(copy / "eval" / name)
-    assert json.loads((copy / "eval" / name / "metrics.json").read_text())[
-        "alpha"] == kwargs.get("alpha", 0.6)
+    written = json.loads((copy / "eval" / name / "metrics.json").read_text())
+    assert written["alpha"] == kwargs.get("alpha", 0.6)
+    assert written["beam_stop"] == kwargs.get("beam_stop", "exact")
+  assert (copy / "eval" / "test_4_6_early" / "translations.txt").read_text(
+      ).split("\n")[0].endswith(" 4 0.6 8 early")
   assert file_hashes(out) == kept
+
+  # The results of the code before beam_stop (no such field in their
+  # metrics.json) are those of the exact search: the same evaluation goes on
+  # in their folder; an early one is refused there.
+  older = copy / "eval" / "older"
+  evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older))
+  recorded = json.loads((older / "metrics.json").read_text())
+  del recorded["beam_stop"]
+  (older / "metrics.json").write_text(json.dumps(recorded))
+  evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older))
+  with pytest.raises(evaluator.EvalError,
+                     match=re.escape("(beam_stop 'exact', not 'early')")):
+    evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older),
+                       beam_stop="early")
+  shutil.rmtree(older)
 
   # A folder that records other settings is refused before any checkpoint
   # is read.
@@ -170,8 +198,8 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
     evaluator.evaluate(str(copy), split=SPLIT)
   assert file_hashes(out) == kept
   assert sorted(p.name for p in (copy / "eval").iterdir()) == [
-      "test_4_6", "test_4_6_beam8_alpha1.0", "test_4_6_extra3",
-      "test_4_avg2_6_alpha0.0"]
+      "test_4_6", "test_4_6_beam8_alpha1.0", "test_4_6_early",
+      "test_4_6_extra3", "test_4_avg2_6_alpha0.0"]
 
 
 def test_write_outputs_replaces_entries_and_keeps_other_files(tmp_path):

@@ -203,7 +203,7 @@ def test_batching_order_truncation_and_no_recompilation(workdir, model,
 
   # BLEU during training: repeated calls with new parameters compile nothing.
   # pylint: disable=protected-access
-  search = translate._translate_fn(model_config, 1, 0.6, data.EOS_ID)
+  search = translate._translate_fn(model_config, 1, 0.6, data.EOS_ID, "exact")
   p4, _ = checkpoints.restore_params(str(workdir), 4)
   translate.translate_texts(model_config, p4, tokenizer, sources, **kwargs)
   compiled = search._cache_size()

@@ -67,16 +67,17 @@ def test_what_the_trace_depends_on_names_another_file(model, folder,
                                                       monkeypatch):
   _search(model)
   _search(model, alpha=0.7)  # the search's settings
+  _search(model, beam_stop="early")
   _search(model, max_decode_extra=9)  # a static argument (its length)
   model_config, params, inputs = model
   translate.translate_batch(model_config, params, inputs[:, :5], devices=(),
                             **SEARCH)  # a shape
-  assert len(list(folder.glob("*.bin"))) == 4
+  assert len(list(folder.glob("*.bin"))) == 5
   # mha's source: a changed line is a new file.
   monkeypatch.setattr(search_cache, "source_hash", lambda: "edited")
   translate._translate_fn.cache_clear()  # pylint: disable=protected-access
   _search(model)
-  assert len(list(folder.glob("*.bin"))) == 5
+  assert len(list(folder.glob("*.bin"))) == 6
   key = search_cache.file_key(("k",), (np.zeros(3, np.float32),), {})
   assert key != search_cache.file_key(("k",), (np.zeros(3, np.int32),), {})
   with jax.default_matmul_precision("highest"):  # a jax option of traces

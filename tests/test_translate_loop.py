@@ -50,7 +50,7 @@ def test_source_keys_and_values_are_not_transposed_in_the_loop(
   batch, length = inputs.shape
   heads = model_config.num_heads
   head = model_config.d_model // heads
-  fn = translate._translate_fn(model_config, beam, 0.6, EOS)  # pylint: disable=protected-access
+  fn = translate._translate_fn(model_config, beam, 0.6, EOS, "exact")  # pylint: disable=protected-access
   static, devices, rows = translate._search_inputs(  # pylint: disable=protected-access
       model_config, inputs, max_decode_extra=4, max_decode_len=None,
       first_stage_extra=translate.FIRST_STAGE_EXTRA, devices=(),

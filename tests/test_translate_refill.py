@@ -127,7 +127,7 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
   kwargs = dict(beam_size=1, alpha=0.6, max_decode_extra=8, eos_id=EOS)
   refilled = translate.decode_batches(model_config, params, batches,
                                       devices=device, **kwargs)
-  assert translate._refill_fn(model_config, 1, 0.6, EOS)._cache_size() == 1  # pylint: disable=protected-access
+  assert translate._refill_fn(model_config, 1, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
   lengths = []
   for batch, tokens in zip(batches, refilled):
     alone = translate.translate_batch(
@@ -239,7 +239,7 @@ def test_translate_refills_beam_slots_with_the_next_batches_sentences():
   kwargs = dict(beam_size=4, alpha=0.6, max_decode_extra=8, eos_id=EOS)
   refilled = translate.decode_batches(model_config, params, batches,
                                       devices=device, **kwargs)
-  assert translate._refill_fn(model_config, 4, 0.6, EOS)._cache_size() == 1  # pylint: disable=protected-access
+  assert translate._refill_fn(model_config, 4, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
   lengths = []
   for batch, tokens in zip(batches, refilled):
     alone = translate.translate_batch(

@@ -9,6 +9,7 @@ averaging and the workdir errors `tiny_workdir` (three checkpoints). The
 tests share a few search settings (beam 4 or 1, n = 2) and batch shapes (the
 6 sentences of `sources`, blank lines added), so that the searches compile
 once for the whole file."""
+import dataclasses
 import os
 import queue
 import shutil
@@ -23,6 +24,7 @@ import mha
 from configs import quickstart
 from mha import checkpoints
 from mha import data
+from mha import decoding
 from mha import evaluator
 from mha import translate
 from mha import translator as translator_lib
@@ -52,7 +54,8 @@ def with_blanks(sources):
 def test_translate_equals_eval_py_path(random_workdir, translator, sources,
                                        tmp_path):
   assert translator.step == 1 and translator.steps == [1]
-  assert translator.defaults == translator_lib.SearchSettings(4, 0.6, 8)
+  assert translator.defaults == translator_lib.SearchSettings(4, 0.6, 8,
+                                                             "exact")
   source = tmp_path / "src.txt"
   source.write_text("\n".join(sources) + "\n", encoding="utf-8")
   result = evaluator.evaluate(str(random_workdir), source_file=str(source),
@@ -131,6 +134,11 @@ def test_average_last_loads_the_mean(tiny_workdir):
     (lambda t: t.nbest(["a"], 5), "n = 5 .* beam of 4"),
     (lambda t: t.translate(["a"], beam_size=0), "beam_size must be"),
     (lambda t: t.translate(["a"], alpha=float("nan")), "alpha must be"),
+    (lambda t: t.nbest(["a"], 2, beam_stop="fast"),
+     "beam_stop must be one of exact, early, got 'fast'"),
+    (lambda t: translator_lib.line_translator(t, sample=True,
+                                              beam_stop="early"),
+     "beam_size, alpha and beam_stop are beam search settings"),
     (lambda t: t.translate("a sentence"), "list of strings"),
     (lambda t: t.sample(["a"], temperature=-1), "temperature must be"),
     (lambda t: t.sample(["a"], top_k=-2), "top_k must be"),
@@ -234,7 +242,7 @@ def test_a_terminal_sessions_searches_are_prepared_before_the_first_line(
   # pylint: disable=protected-access
   search = translate._translate_fn(translator.model_config,
                                    translator.defaults.beam_size, 0.37,
-                                   data.EOS_ID)
+                                   data.EOS_ID, "exact")
   function = translator_lib.line_translator(translator, alpha=0.37)
   assert search._cache_size() == 0
   tokenizer = translator.tokenizer
@@ -286,3 +294,34 @@ def test_the_first_line_stops_the_warm_up_after_the_bucket_in_progress(
   assert result == ["out\n"]
   assert calls == [[translator_lib.warm_up_line(translator.tokenizer, 8)],
                    ["x"]]
+
+
+def test_the_stopping_rule_reaches_the_searches(translator, sources,
+                                                monkeypatch):
+  # The rules themselves are tested in test_beam_stopping.py; here: every
+  # path from the Translator to a beam search traces it with the rule
+  # asked for, or the workdir's (alpha 0.41: searches no other test traced,
+  # so each call traces its own).
+  # pylint: disable=protected-access
+  traced = []
+  for name in ("beam_search", "beam_refill"):
+    def record(*args, _search=getattr(decoding, name), _name=name,
+               **kwargs):
+      traced.append((_name, kwargs.get("stop", "exact")))
+      return _search(*args, **kwargs)
+    monkeypatch.setattr(decoding, name, record)
+  # 48 sentences in batches of 16 on one device: a refilled search (on
+  # the test's 4 devices each batch would be split instead).
+  translate.translate_texts(
+      translator.model_config, translator.params, translator.tokenizer,
+      sources * 8, beam_size=4, alpha=0.41, max_decode_extra=8,
+      batch_size=16, devices=jax.local_devices()[:1], beam_stop="early")
+  assert traced == [("beam_refill", "early")]
+  translator_lib.line_translator(translator, alpha=0.41,
+                                 beam_stop="early")(sources, 0)
+  assert traced[1:] == [("beam_search", "early")]
+  # The workdir's rule where none is given.
+  monkeypatch.setattr(translator, "defaults", dataclasses.replace(
+      translator.defaults, beam_stop="early", alpha=0.41))
+  translator.nbest(sources, 2)
+  assert traced[2:] == [("beam_search", "early")]

@@ -11,23 +11,25 @@ and chrF.
 The same command as `python eval.py` in the repository and `python -m
 mha.cli.eval`.
 
-Uses the config and vocabulary stored in the workdir; beam size, alpha and
-the output limit default to the config's (the paper: 4, 0.6, input + 50).
+Uses the config and vocabulary stored in the workdir; beam size, alpha,
+the output limit and the beam's stopping rule default to the config's (the
+paper: 4, 0.6, input + 50; --beam_stop=early stops sooner, docs/evaluation.md).
 Writes translations.txt and metrics.json into --output_dir (default
 <workdir>/eval/<split>_<step>/, <split>_avg<N>_<step>/ for averages,
-file_<step>/ for --source_file; followed by _beam<B>, _alpha<A>, _extra<E>
-for each search setting that differs from the config's, e.g.
+file_<step>/ for --source_file; followed by _beam<B>, _alpha<A>, _extra<E>,
+_early for each search setting that differs from the config's, e.g.
 eval/test_800_beam8_alpha1.0/) and prints BLEU with its sacrebleu signature.
 Results are never replaced by those of other settings: a folder whose
-metrics.json records another split, step, beam, alpha, max_decode_extra or
-source file is refused, and the files are written through a temporary folder,
+metrics.json records another split, step, beam, alpha, max_decode_extra,
+stopping rule or source file is refused, and the files are written through a temporary folder,
 so a failed evaluation leaves earlier results as they were. With
 --source_file=- it writes one translation per input line to standard output,
 in order, and everything else to standard error.
 
 Every flag is checked before anything is read (alpha finite and >= 0,
 beam_size, batch_size, average_last >= 1, checkpoint_step, max_decode_extra,
-plot_attention >= 0, plot_layer within the model). Bad input (a flag, no
+plot_attention >= 0, plot_layer within the model, beam_stop exact or
+early). Bad input (a flag, no
 checkpoint, unknown or damaged step, unreadable config.json or spm.model,
 mismatched files, ...) prints one line, `eval.py: <message>` (or
 `mha-eval: ...`), and exits with status 1 (--traceback shows the stack); any
@@ -139,6 +141,7 @@ def main(argv: list[str]) -> int:
       checkpoint_step=FLAGS.checkpoint_step,
       average_last=FLAGS.average_last, beam_size=FLAGS.beam_size,
       alpha=FLAGS.alpha, max_decode_extra=FLAGS.max_decode_extra,
+      beam_stop=FLAGS.beam_stop,
       batch_size=FLAGS.batch_size, source_file=FLAGS.source_file,
       reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
       write=not piped or FLAGS.output_dir is not None,
@@ -173,7 +176,8 @@ def _follow() -> int:
   follow.follow(
       FLAGS.workdir, split=FLAGS.split, average_last=FLAGS.average_last,
       beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
-      max_decode_extra=FLAGS.max_decode_extra, batch_size=FLAGS.batch_size,
+      max_decode_extra=FLAGS.max_decode_extra, beam_stop=FLAGS.beam_stop,
+      batch_size=FLAGS.batch_size,
       paper_bleu=FLAGS.paper_bleu, poll_seconds=FLAGS.follow_interval,
       timeout_seconds=FLAGS.follow_timeout,
       report=lambda result: print_summary(result, sys.stdout, flush=True))

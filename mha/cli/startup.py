@@ -75,7 +75,8 @@ def define_once(define: Callable[..., Any], name: str, default: Any,
 def define_search_flags() -> None:
   """Defines the flags of the commands that read a trained workdir and
   search (mha-eval, mha-translate): --workdir, --average_last, --beam_size,
-  --alpha, --max_decode_extra, --batch_size; once, as `define_flags`."""
+  --alpha, --max_decode_extra, --beam_stop, --batch_size; once, as
+  `define_flags`."""
   for define, name, default, help_text in (
       (flags.DEFINE_string, "workdir", None, "A training workdir."),
       (flags.DEFINE_integer, "average_last", None,
@@ -85,6 +86,10 @@ def define_search_flags() -> None:
       (flags.DEFINE_float, "alpha", None, "Length penalty (default: config)."),
       (flags.DEFINE_integer, "max_decode_extra", None,
        "Output length limit = input length + this (default: config)."),
+      (flags.DEFINE_string, "beam_stop", None,
+       "When a sentence's beam search ends: exact (its result is that of a "
+       "search run to the length limit) or early (faster; may miss a longer "
+       "hypothesis). Default: config (exact)."),
       (flags.DEFINE_integer, "batch_size", 64,
        "Sentences per decoding batch.")):
     define_once(define, name, default, help_text)

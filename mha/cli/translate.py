@@ -87,7 +87,8 @@ def _translate(write) -> int:
       translator, nbest=FLAGS.nbest, sample=FLAGS.sample,
       temperature=FLAGS.temperature, top_k=FLAGS.top_k, seed=FLAGS.seed,
       beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
-      max_decode_extra=FLAGS.max_decode_extra, batch_size=FLAGS.batch_size)
+      max_decode_extra=FLAGS.max_decode_extra, beam_stop=FLAGS.beam_stop,
+      batch_size=FLAGS.batch_size)
   logging.info("Loaded %s, step %s.", FLAGS.workdir,
                translator.steps if len(translator.steps) > 1
                else translator.step)
