@@ -90,7 +90,9 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
 
   Args:
     output_dir: where the evaluation would write (a local path or gs://).
-    settings: the `SETTINGS_FIELDS` of this evaluation.
+    settings: the `SETTINGS_FIELDS` of this evaluation (a field it does
+      not give, or the metrics.json does not record, has its
+      `OLDER_DEFAULTS` value: a setting that came later).
 
   Raises:
     EvalError: `output_dir` is a file, or holds a metrics.json that cannot be
@@ -114,10 +116,10 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
   except (OSError, ValueError) as e:
     raise EvalError(f"{path} cannot be read ({e}); eval.py does not replace "
                     f"it: {fix}.") from None
-  recorded = {k: earlier.get(k, OLDER_DEFAULTS.get(k))
-              for k in SETTINGS_FIELDS}
-  differ = [f"{k} {recorded[k]!r}, not {settings.get(k)!r}"
-            for k in SETTINGS_FIELDS if recorded[k] != settings.get(k)]
+  recorded, given = ({k: d.get(k, OLDER_DEFAULTS.get(k))
+                       for k in SETTINGS_FIELDS} for d in (earlier, settings))
+  differ = [f"{k} {recorded[k]!r}, not {given[k]!r}"
+            for k in SETTINGS_FIELDS if recorded[k] != given[k]]
   if differ:
     raise EvalError(f"{output_dir} holds the results of another evaluation "
                     f"({'; '.join(differ)}); eval.py never replaces them: "
