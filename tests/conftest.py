@@ -105,17 +105,47 @@ def multi30k():
   return path
 
 
+def built_once(tmp_path_factory, name: str, build) -> pathlib.Path:
+  """`build(path)` run once for the whole session, also under xdist.
+
+  Without xdist: `build` makes tmp/<name>N/run. Under xdist, the first
+  worker to ask builds it into the session's folder shared by the workers
+  (under a lock: the others wait for it), and each worker gets a copy of
+  its own in its own tmp: what a worker writes (an evaluation's eval/)
+  stays its own, as when each worker built it. A failed build shares
+  nothing: the next worker to ask builds again (and fails alike).
+  """
+  path = tmp_path_factory.mktemp(name) / "run"
+  if os.environ.get("PYTEST_XDIST_WORKER") is None:
+    build(path)
+    return path
+  import fcntl  # pylint: disable=import-outside-toplevel
+  shared = tmp_path_factory.getbasetemp().parent / f"shared_{name}"
+  with open(f"{shared}.lock", "w", encoding="utf-8") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+    if not shared.exists():
+      building = pathlib.Path(tempfile.mkdtemp(
+          prefix=f".{shared.name}.", dir=shared.parent))
+      build(building / "run")
+      (building / "run").rename(shared)
+      building.rmdir()
+  shutil.copytree(shared, path)
+  return path
+
+
 @pytest.fixture(scope="session")
 def tiny_workdir(tmp_path_factory) -> pathlib.Path:
   """A workdir trained for 6 steps (checkpoints 2, 4, 6) of the tiny config.
 
   Shared by the evaluation tests: a test that writes anything but eval/
   into it, or changes files there, works on a copy (shutil.copytree).
+  Trained once per session: under xdist, each worker has its own copy
+  (built_once).
   """
   from mha import trainer  # pylint: disable=import-outside-toplevel
-  path = tmp_path_factory.mktemp("tiny_workdir") / "run"
-  trainer.train_and_evaluate(tiny_config(**TINY_WORKDIR_LOOP), str(path))
-  return path
+  return built_once(tmp_path_factory, "tiny_workdir", lambda path: (
+      trainer.train_and_evaluate(tiny_config(**TINY_WORKDIR_LOOP),
+                                 str(path))))
 
 
 def random_tiny_transformer(vocab_size: int, max_len: int, seed: int):
