@@ -37,8 +37,20 @@ from conftest import xla_flags
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+# The model of this file's runs: the tiny config with one layer a side.
+# What these tests check (the loop, resume, saves, signals, processes,
+# retraces) does not depend on the depth, and tracing and compiling the
+# steps is most of their time: one layer a side cuts it by about a third.
+ONE_LAYER = dict(num_layers=1)
+
+
+def _tiny_config(**changes):
+  """conftest's tiny_config with ONE_LAYER."""
+  return tiny_config(**{**ONE_LAYER, **changes})
+
+
 def _flags(**changes) -> list[str]:
-  overrides = dict(TINY_OVERRIDES, **changes)
+  overrides = dict(TINY_OVERRIDES, **ONE_LAYER, **changes)
   return ["--config=configs/quickstart.py:tiny"] + [
       f"--config.{k}={v}" for k, v in overrides.items()]
 
@@ -88,9 +100,9 @@ def trained_workdir(tmp_path_factory):
   timed out (a save that blocked training would never let it).
   """
   workdir = tmp_path_factory.mktemp("trained") / "run"
-  config = tiny_config(num_train_steps=12, checkpoint_every_steps=4,
-                       eval_every_steps=6, log_every_steps=2,
-                       eval_bleu_sentences=8, profile_steps=(5, 2))
+  config = _tiny_config(num_train_steps=12, checkpoint_every_steps=4,
+                        eval_every_steps=6, log_every_steps=2,
+                        eval_bleu_sentences=8, profile_steps=(5, 2))
   release = trainer.host_memory.release_free_heap
   saver_call = train_actions.Saver.__call__
   savers = []
@@ -188,7 +200,7 @@ def test_end_to_end_loss_falls_and_workdir_layout(trained_workdir):
   assert list(workdir.glob("events.out.tfevents.*"))
   # The learning rate logged at step 2 is the noam value of update 2.
   lr = [r["learning_rate"] for r in train if r["step"] == 2][0]
-  config = tiny_config()
+  config = _tiny_config()
   k = np.array([1.0, 2.0])  # the mean over the window of updates 1 and 2
   expected = (config.learning_rate_scale * config.d_model ** -0.5 *
               np.minimum(k ** -0.5, k * config.warmup_steps ** -1.5)).mean()
@@ -255,8 +267,8 @@ def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
   shutil.rmtree(copy / "checkpoints" / "12")
   assert checkpoints.latest_step(str(copy)) == 8
   result = trainer.train_and_evaluate(
-      tiny_config(num_train_steps=12, checkpoint_every_steps=4,
-                  eval_every_steps=100, log_every_steps=2), str(copy))
+      _tiny_config(num_train_steps=12, checkpoint_every_steps=4,
+                   eval_every_steps=100, log_every_steps=2), str(copy))
   assert result["step"] == 12
   assert checkpoints.all_steps(str(copy)) == [4, 8, 12]
   # Both runs saved asynchronously: the whole state, Adam's moments and
@@ -288,8 +300,8 @@ def test_finished_workdir_is_left_as_it_is_without_reading_data(
   before = (copy / "metrics.jsonl").read_text()
   # A split that does not exist: reading the training data would raise.
   result = trainer.train_and_evaluate(
-      tiny_config(num_train_steps=12, checkpoint_every_steps=4,
-                  train_split="no_such_split"), str(copy))
+      _tiny_config(num_train_steps=12, checkpoint_every_steps=4,
+                   train_split="no_such_split"), str(copy))
   assert result["step"] == 12
   assert checkpoints.all_steps(str(copy)) == [4, 8, 12]
   assert (copy / "metrics.jsonl").read_text() == before
@@ -310,8 +322,8 @@ def test_resume_with_other_grad_accum_continues_the_data(
 
   monkeypatch.setattr(data, "train_batches", recording)
   result = trainer.train_and_evaluate(
-      tiny_config(num_train_steps=14, checkpoint_every_steps=4,
-                  eval_every_steps=100, grad_accum_steps=2), str(copy))
+      _tiny_config(num_train_steps=14, checkpoint_every_steps=4,
+                   eval_every_steps=100, grad_accum_steps=2), str(copy))
   assert result["step"] == 14
   # 12 micro-batches before the resume: the 13th batch of the plan is the
   # first one read (none replayed or skipped), then 2 updates of 2.
@@ -326,9 +338,9 @@ def test_other_data_settings_without_a_checkpoint_are_no_resume(tmp_path,
                                                                  caplog):
   workdir = tmp_path / "run"
   workdir.mkdir()
-  (workdir / "config.json").write_text(tiny_config(seed=5).to_json())
+  (workdir / "config.json").write_text(_tiny_config(seed=5).to_json())
   caplog.set_level(logging.INFO)
-  trainer.train_and_evaluate(tiny_config(num_train_steps=0), str(workdir))
+  trainer.train_and_evaluate(_tiny_config(num_train_steps=0), str(workdir))
   assert "Starting a new run" in caplog.text
   assert "other data settings" not in caplog.text
   assert json.loads((workdir / "config.json").read_text())["seed"] == 0
@@ -349,7 +361,7 @@ def test_bad_loop_settings_are_refused_before_anything_is_written(
     tmp_path, changes, message):
   workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=message):
-    trainer.train_and_evaluate(tiny_config(**changes), str(workdir))
+    trainer.train_and_evaluate(_tiny_config(**changes), str(workdir))
   assert not workdir.exists()
 
 
@@ -371,7 +383,7 @@ def test_conflicting_model_field_is_refused(trained_workdir, tmp_path):
   shutil.copytree(workdir, copy)
   before = checkpoints.all_steps(str(copy))
   with pytest.raises(ValueError, match=r"d_model=32 .* d_model=48"):
-    trainer.train_and_evaluate(tiny_config(d_model=48), str(copy))
+    trainer.train_and_evaluate(_tiny_config(d_model=48), str(copy))
   assert checkpoints.all_steps(str(copy)) == before
 
 
@@ -382,8 +394,8 @@ def test_nan_stops_with_step_named_and_checkpoints_intact(trained_workdir,
   shutil.copytree(workdir, copy)
   before = _params(copy, 12)
   # An absurd learning rate makes the parameters overflow after one update.
-  config = tiny_config(num_train_steps=24, checkpoint_every_steps=1,
-                       learning_rate_scale=1e30, log_every_steps=100)
+  config = _tiny_config(num_train_steps=24, checkpoint_every_steps=1,
+                        learning_rate_scale=1e30, log_every_steps=100)
   with pytest.raises(FloatingPointError, match=r"at step \d+") as error:
     trainer.train_and_evaluate(config, str(copy))
   bad_step = int(re.search(r"at step (\d+)", str(error.value)).group(1))
@@ -409,8 +421,8 @@ def test_no_retrace_for_a_batch_shape_seen_before(tmp_path, monkeypatch):
 
   monkeypatch.setattr(train_step, "make_train_step", counting)
   trainer.train_and_evaluate(
-      tiny_config(num_train_steps=30, checkpoint_every_steps=100,
-                  eval_every_steps=100, log_every_steps=10),
+      _tiny_config(num_train_steps=30, checkpoint_every_steps=100,
+                   eval_every_steps=100, log_every_steps=10),
       str(tmp_path / "run"))
   assert traced_shapes, "the train step was never traced"
   assert len(traced_shapes) == len(set(traced_shapes)), traced_shapes

@@ -18,7 +18,11 @@ from mha.devices import shard
 
 
 def _config(**changes):
+  """The tiny model with one layer a side: these tests compare updates
+  computed two ways (devices, micro-batches, autodiff), which the depth
+  does not change; each compiles its pmapped steps, most of its time."""
   config = base.get_config("tiny")
+  config.num_layers = 1
   config.update(changes)
   config.dropout_rate = 0.0  # dropout masks depend on the device split
   return config
@@ -150,8 +154,7 @@ def test_grad_step_equals_autodiff_through_the_whole_logits(share_embeddings):
   # and the loss one chunk at a time, with a hand-written gradient) against
   # jax.grad of the same loss from the model's whole [B, T, V] logits, with
   # and without a shared embedding (the separate projection has a bias).
-  config = _config(share_embeddings=share_embeddings, label_smoothing=0.1,
-                   num_layers=1)
+  config = _config(share_embeddings=share_embeddings, label_smoothing=0.1)
   model = mha.create_model(config)
   params = train_step.init_state(config, model, optax.sgd(1.0))["params"]
   if not share_embeddings:  # a bias of zeros would hide a missing gradient
