@@ -101,11 +101,15 @@ def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path, eval_py,
                       lambda *args, **kwargs: save(*args, **{**kwargs,
                                                              "wait": True}))
 
+  # One layer a side: the path through the dataset, its splits and the
+  # evaluations is what is tested, and compiling the steps and searches is
+  # most of the time.
   config = wmt14.get_config("tiny")
   config.update(vocab_size=40, max_len=64, max_source_length=64,
                 max_target_length=64, max_tokens=1024, num_train_steps=2,
                 checkpoint_every_steps=2, eval_every_steps=2,
-                eval_bleu_sentences=4, max_decode_extra=4, log_every_steps=1)
+                eval_bleu_sentences=4, max_decode_extra=4, log_every_steps=1,
+                num_layers=1)
   workdir = str(tmp_path / "wmt14")
   with tfds.testing.mock_data(num_examples=24,
                               policy=tfds.testing.MockPolicy.USE_CODE):
