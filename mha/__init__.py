@@ -33,6 +33,7 @@ _EXPORTS = {
     "create_model": "mha.transformer",
     "Transformer": "mha.transformer",
     "TransformerConfig": "mha.transformer",
+    "SearchSettings": "mha.search_settings",
     "load": "mha.translator",
     "Translator": "mha.translator",
 }

@@ -28,13 +28,12 @@ import tempfile
 import uuid
 from typing import Any, Callable, Iterator, Sequence
 
-import ml_collections
-
 from mha import files
 from mha import workdir as workdir_lib
 from mha.errors import EvalError
 from mha.errors import UserError
 from mha.errors import os_reason
+from mha.search_settings import OLDER_DEFAULTS
 
 TRANSLATIONS_FILE = "translations.txt"
 METRICS_FILE = "metrics.json"
@@ -42,42 +41,12 @@ METRICS_FILE = "metrics.json"
 SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
                    "alpha", "max_decode_extra", "beam_stop", "source_file",
                    "reference_file")
-# The value of a search setting that the configs (and metrics.json files)
-# written before it existed lack: what the search did then.
-OLDER_DEFAULTS = {"beam_stop": "exact"}
-
-
-def config_setting(config: ml_collections.ConfigDict, field: str) -> Any:
-  """A search setting of a workdir's config (`OLDER_DEFAULTS` where an
-  older config lacks it)."""
-  return config.get(field, OLDER_DEFAULTS.get(field))
-
-
-def settings_suffix(config: ml_collections.ConfigDict, beam_size: int,
-                    alpha: float, max_decode_extra: int,
-                    beam_stop: str = "exact") -> str:
-  """'' for the config's search settings, else e.g. '_beam8_alpha1.0'.
-
-  Names each of beam size, α, max_decode_extra (`_extra<n>`) and the beam
-  stopping rule (`_early`, `_exact`) that differs from the workdir's
-  config, so that evaluations with other settings get other folders.
-  """
-  parts = []
-  if beam_size != config.beam_size:
-    parts.append(f"beam{beam_size}")
-  if float(alpha) != float(config.alpha):
-    parts.append(f"alpha{float(alpha)!r}")
-  if max_decode_extra != config.max_decode_extra:
-    parts.append(f"extra{max_decode_extra}")
-  if beam_stop != config_setting(config, "beam_stop"):
-    parts.append(beam_stop)
-  return "".join("_" + p for p in parts)
 
 
 def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],
                        suffix: str = "") -> str:
   """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages,
-  followed by `suffix` (`settings_suffix`); `split_name` is `file` for a
+  followed by `suffix` (`mha.SearchSettings.suffix`); `split_name` is `file` for a
   source file, and reduced to file-name characters (`test[:4]`: `test_4`)."""
   name = files.safe_name(split_name).strip("_") or "split"
   if len(steps) > 1:

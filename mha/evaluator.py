@@ -29,6 +29,7 @@ from mha import data
 from mha import eval_output
 from mha import files
 from mha import paper_bleu as paper_bleu_lib
+from mha import search_settings
 from mha import translate
 from mha import validation
 from mha import workdir as workdir_lib
@@ -37,6 +38,7 @@ from mha.errors import Interrupted
 from mha.errors import UserError
 from mha.errors import os_reason
 from mha.scoring import score
+from mha.search_settings import SearchSettings
 from mha.transformer import TransformerConfig
 
 EVAL_DIR = workdir_lib.EVAL_DIR  # the layout is the Workdir's
@@ -186,25 +188,24 @@ def check_flags(*, checkpoint_step: int | None = None,
       validation.check_flag(name, value, EvalError)
 
 
-def _search_settings(config: Any, workdir: str, beam_size: int | None,
-                     alpha: float | None, max_decode_extra: int | None,
-                     beam_stop: str | None = None) -> dict[str, Any]:
-  """The flags, or the config's values where not given, all checked:
-  `beam_size`, `alpha`, `max_decode_extra`, `beam_stop`."""
-  given = {"beam_size": beam_size, "alpha": alpha,
-           "max_decode_extra": max_decode_extra, "beam_stop": beam_stop}
-  settings = {k: eval_output.config_setting(config, k) if v is None else v
-              for k, v in given.items()}
-  for field, value in settings.items():
-    try:
-      check_flags(**{field: value})
-    except EvalError as e:
-      if given[field] is not None:
-        raise
-      path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
-      message = str(e).replace(f"--{field}",
-                               f"{field} (the default of --{field})", 1)
-      raise EvalError(f"{path}: {message} Give --{field}.") from None
+def _search_settings(config: Any, workdir: str, **given: Any
+                     ) -> SearchSettings:
+  """The flags `given` (`SearchSettings` fields; None = not given), the
+  config's values where not given, all checked.
+
+  Raises:
+    EvalError: a flag out of range, or a config's default that is (naming
+      the workdir's config.json).
+  """
+  defaults = SearchSettings.of_config(config)
+  settings = defaults.given(**given)
+  for field, allowed in settings.problems():
+    value = getattr(settings, field)
+    if given.get(field) is not None:
+      raise EvalError(f"--{field} must be {allowed}, got {value!r}.")
+    path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+    raise EvalError(f"{path}: {field} (the default of --{field}) must be "
+                    f"{allowed}, got {value!r}. Give --{field}.")
   return settings
 
 
@@ -297,13 +298,14 @@ def _plan(workdir: str, split: str | None, source_file: str | None,
           write: bool) -> _Plan:
   """Load: the workdir's config and vocabulary, the steps and the inputs."""
   config, tokenizer = load_workdir(workdir)
-  search = _search_settings(config, workdir, beam_size, alpha,
-                            max_decode_extra, beam_stop)
+  search = _search_settings(config, workdir, beam_size=beam_size,
+                            alpha=alpha, max_decode_extra=max_decode_extra,
+                            beam_stop=beam_stop)
   _check_plot_flags(config, plot_attention, plot_layer, write)
   steps = choose_steps(workdir, checkpoint_step, average_last)
   split_name, sources, references = _read_inputs(
       config, workdir, split, source_file, reference_file)
-  settings = {"split": split_name, **search}
+  settings = {"split": split_name, **search.as_dict()}
   if source_file:
     settings.update(source_file=source_file, reference_file=reference_file)
   return _Plan(config, tokenizer, sources, references, settings, steps)
@@ -320,9 +322,7 @@ def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
   settings = plan.settings
   folder = output_dir or eval_output.default_output_dir(
       workdir, settings["split"], steps,
-      eval_output.settings_suffix(
-          plan.config, settings["beam_size"], settings["alpha"],
-          settings["max_decode_extra"], settings["beam_stop"]))
+      _settings_of(settings).suffix(SearchSettings.of_config(plan.config)))
   if write:
     eval_output.check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
                                   averaged_steps=list(steps)))
@@ -510,9 +510,12 @@ def _translate(model_config: TransformerConfig, params: Any, plan: _Plan,
                settings["alpha"], settings["beam_stop"])
   return translate.translate_with_ids(
       model_config, params, plan.tokenizer, plan.sources,
-      beam_size=settings["beam_size"], alpha=settings["alpha"],
-      max_decode_extra=settings["max_decode_extra"],
-      batch_size=settings["batch_size"], beam_stop=settings["beam_stop"])
+      batch_size=settings["batch_size"], **_settings_of(settings).as_dict())
+
+
+def _settings_of(settings: dict[str, Any]) -> SearchSettings:
+  """The search settings among an evaluation's `settings`."""
+  return SearchSettings(**{k: settings[k] for k in search_settings.FIELDS})
 
 
 def _score(plan: _Plan, translations: translate.Translations,

@@ -50,6 +50,7 @@ from mha import metrics as metrics_lib
 from mha import workdir as workdir_lib
 from mha.errors import UserError
 from mha.eval_output import EvalError
+from mha.search_settings import SearchSettings
 
 RECORD_PREFIX = "follow_"
 # The scores written for each evaluation, when present: `<name>/<key>`.
@@ -110,25 +111,19 @@ class Record:
 
 
 def names(config: Any, split: str | None, average_last: int | None,
-          beam_size: int | None, alpha: float | None,
-          max_decode_extra: int | None,
-          beam_stop: str | None = None) -> tuple[str, str | None]:
+          **given: Any) -> tuple[str, str | None]:
   """(name of each checkpoint's scores, name of the averages' or None).
 
-  The first is the split's file name followed by the settings that differ
-  from the config's (`eval_output.settings_suffix`): `test`,
-  `test_beam8_alpha1.0`; the second puts `_avg<N>` after the split's name.
-  It also names the follower's record and lock.
+  `given`: the search settings given (`SearchSettings` fields; None = the
+  config's). The first name is the split's file name followed by the
+  settings that differ from the config's (`SearchSettings.suffix`):
+  `test`, `test_beam8_alpha1.0`; the second puts `_avg<N>` after the
+  split's name. It also names the follower's record and lock.
   """
   split_name = files.safe_name(split or config.test_split).strip("_")
   split_name = split_name or "split"
-  suffix = eval_output.settings_suffix(
-      config, config.beam_size if beam_size is None else beam_size,
-      config.alpha if alpha is None else alpha,
-      config.max_decode_extra if max_decode_extra is None
-      else max_decode_extra,
-      eval_output.config_setting(config, "beam_stop") if beam_stop is None
-      else beam_stop)
+  defaults = SearchSettings.of_config(config)
+  suffix = defaults.given(**given).suffix(defaults)
   average = (f"{split_name}_avg{average_last}{suffix}"
              if average_last and average_last > 1 else None)
   return split_name + suffix, average
@@ -262,8 +257,10 @@ def follow(workdir: str, *, split: str | None = None,
                         alpha=alpha, max_decode_extra=max_decode_extra,
                         beam_stop=beam_stop, batch_size=batch_size)
   config, _ = evaluator.load_workdir(workdir)
-  single, average = names(config, split, average_last, beam_size, alpha,
-                          max_decode_extra, beam_stop)
+  single, average = names(config, split, average_last,
+                          beam_size=beam_size, alpha=alpha,
+                          max_decode_extra=max_decode_extra,
+                          beam_stop=beam_stop)
   lock = _lock(workdir, single)
   try:
     follower = _Follower(

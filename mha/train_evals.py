@@ -21,6 +21,7 @@ from mha import data
 from mha import devices
 from mha import scoring
 from mha import translate
+from mha.search_settings import SearchSettings
 from mha.train_step import make_eval_step
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -155,10 +156,8 @@ def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
   """
   start = time.perf_counter()  # the search runs on every local device
   hypotheses = translate.translate_texts(
-      model_config, params, tokenizer, sources, beam_size=config.beam_size,
-      alpha=config.alpha, max_decode_extra=config.max_decode_extra,
-      beam_stop=config.get("beam_stop", "exact"),
-      batch_size=batch_size)
+      model_config, params, tokenizer, sources, batch_size=batch_size,
+      **SearchSettings.of_config(config).as_dict())
   seconds = time.perf_counter() - start
   scores = scoring.score(hypotheses, references)
   return {"eval_bleu": scores["bleu"], "eval_chrf": scores["chrf"],

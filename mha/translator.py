@@ -33,8 +33,8 @@ import numpy as np
 
 from mha import data
 from mha import translate
-from mha import validation
 from mha.errors import ConfigError
+from mha.search_settings import SearchSettings
 from mha.transformer import TransformerConfig
 
 _INT32 = 2**31
@@ -100,15 +100,6 @@ def _check_sentences(name: str, sentences: Any) -> list[str]:
   return list(sentences)
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchSettings:
-  """The beam search's settings (the paper's §6.1 by default)."""
-  beam_size: int = 4
-  alpha: float = 0.6
-  max_decode_extra: int = 50
-  beam_stop: str = "exact"  # or "early" (`mha.decoding.beam_search`'s stop)
-
-
 class Translator:
   """A workdir's model, parameters and vocabulary, loaded once.
 
@@ -134,27 +125,20 @@ class Translator:
     self.params = translate.PlacedParams(params)
     self.step = int(step)
     self.steps = [int(s) for s in steps]
-    self.defaults = SearchSettings(**{
-        f.name: config.get(f.name, f.default)
-        for f in dataclasses.fields(SearchSettings)})
+    self.defaults = SearchSettings.of_config(config)
 
   def _search(self, beam_size, alpha, max_decode_extra,
               beam_stop) -> SearchSettings:
-    given = SearchSettings(
-        beam_size=self.defaults.beam_size if beam_size is None else beam_size,
-        alpha=self.defaults.alpha if alpha is None else alpha,
-        max_decode_extra=(self.defaults.max_decode_extra
-                          if max_decode_extra is None else max_decode_extra),
-        beam_stop=self.defaults.beam_stop if beam_stop is None else beam_stop)
-    if given.beam_stop not in validation.BEAM_STOPS:
-      raise ConfigError(f"beam_stop must be one of "
-                        f"{', '.join(validation.BEAM_STOPS)}, got "
-                        f"{given.beam_stop!r}.")
-    return SearchSettings(_check_int("beam_size", given.beam_size, 1),
-                          _check_float("alpha", given.alpha),
-                          _check_int("max_decode_extra",
-                                     given.max_decode_extra, 0),
-                          given.beam_stop)
+    """`defaults` with the settings given (None: not given), checked."""
+    given = self.defaults.given(
+        beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
+        beam_stop=beam_stop)
+    for field, allowed in given.problems():
+      raise ConfigError(f"{field} must be {allowed}, got "
+                        f"{getattr(given, field)!r}.")
+    return dataclasses.replace(  # NumPy scalars as Python numbers
+        given, beam_size=int(given.beam_size), alpha=float(given.alpha),
+        max_decode_extra=int(given.max_decode_extra))
 
   def _text(self, ids: np.ndarray) -> str:
     return translate.detokenize(self.tokenizer, ids)
@@ -194,9 +178,7 @@ class Translator:
     _check_int("batch_size", batch_size, 1)
     return translate.translate_texts(
         self.model_config, self.params, self.tokenizer, sentences,
-        beam_size=search.beam_size, alpha=search.alpha,
-        max_decode_extra=search.max_decode_extra, batch_size=batch_size,
-        beam_stop=search.beam_stop)
+        batch_size=batch_size, **search.as_dict())
 
   def nbest(self, sentences: Sequence[str], n: int,
             beam_size: int | None = None, alpha: float | None = None,
@@ -228,9 +210,7 @@ class Translator:
     out: list[list[Hypothesis]] = [[] for _ in sentences]
     for i, found in zip(keep, translate.nbest_ids(
         self.model_config, self.params, self.tokenizer, texts, num_best=n,
-        beam_size=search.beam_size, alpha=search.alpha,
-        max_decode_extra=search.max_decode_extra, batch_size=batch_size,
-        beam_stop=search.beam_stop)):
+        batch_size=batch_size, **search.as_dict())):
       out[i] = [Hypothesis(self._text(ids), score, log_prob)
                 for ids, score, log_prob in found]
     return out

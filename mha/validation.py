@@ -12,11 +12,11 @@ into the one-line message every check gives:
 
 The training config's checks (`mha.config_check`), the model config's
 (`TransformerConfig`), the modules that act on a choice (`mha.attention`,
-`mha.positional`), the evaluation's flags (`mha.evaluator.check_flags`)
-and the export's (`mha.export.check_flags`, `mha.cli.export`) read this
-table. Rules that tie several
-fields together (d_model and num_heads, max_tokens and the lengths) stay
-with the code that knows them.
+`mha.positional`), the evaluation's flags (`mha.evaluator.check_flags`),
+the search settings (`mha.search_settings`) and the export's
+(`mha.export.check_flags`, `mha.cli.export`) read this table. Rules that
+tie several fields together (d_model and num_heads, max_tokens and the
+lengths) stay with the code that knows them.
 
 This module imports nothing but the errors (no JAX), so every layer may
 read it.

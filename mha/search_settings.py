@@ -1,0 +1,87 @@
+"""The search's settings as one object: beam size, α, output length, rule.
+
+Every caller that translates (eval.py and `--follow`, `mha.Translator`,
+the in-training BLEU) takes its settings from the workdir's config where
+the user gives none, checks them by the one table of rules
+(`mha.validation`) and passes them on; evaluations of other settings than
+the config's get other output folders (`suffix`). They all do it through
+`SearchSettings`, so a new setting is a field here (and a rule in
+`mha.validation.FIELDS`), not an argument threaded through each of them.
+
+This module imports only `mha.validation` (no JAX).
+"""
+import dataclasses
+from typing import Any
+
+from mha import validation
+
+# The value of a search setting that the configs (and metrics.json files)
+# written before it existed lack: what the search did then.
+OLDER_DEFAULTS = {"beam_stop": "exact"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+  """The beam search's settings (the paper's §6.1 by default).
+
+  beam_size: 1 = greedy search; alpha: the length penalty's exponent;
+  max_decode_extra: outputs of at most source tokens + this; beam_stop:
+  "exact" or "early" (`mha.decoding.beam_search`'s stopping rule).
+  """
+  beam_size: int = 4
+  alpha: float = 0.6
+  max_decode_extra: int = 50
+  beam_stop: str = "exact"
+
+  @classmethod
+  def of_config(cls, config: Any) -> "SearchSettings":
+    """A workdir's config's settings (`OLDER_DEFAULTS` for a field an
+    older config lacks; the class's defaults for a config without any)."""
+    return cls(**{name: config.get(name, OLDER_DEFAULTS.get(name, default))
+                  for name, default in _defaults().items()})
+
+  def given(self, **values: Any) -> "SearchSettings":
+    """These settings with each value given that is not None."""
+    unknown = set(values) - set(_defaults())
+    if unknown:
+      raise TypeError(f"Not a search setting: {', '.join(sorted(unknown))}.")
+    return dataclasses.replace(
+        self, **{k: v for k, v in values.items() if v is not None})
+
+  def problems(self) -> list[tuple[str, str]]:
+    """(field, what it must be) of each setting its rule refuses
+    (`mha.validation.FIELDS`), in field order."""
+    found = []
+    for name, value in self.as_dict().items():
+      allowed = validation.FIELDS[name](value)
+      if allowed is not None:
+        found.append((name, allowed))
+    return found
+
+  def as_dict(self) -> dict[str, Any]:
+    """{field: value}: the keyword arguments of `mha.translate`'s
+    functions and the fields metrics.json records."""
+    return dataclasses.asdict(self)
+
+  def suffix(self, defaults: "SearchSettings") -> str:
+    """'' for `defaults`, else e.g. '_beam8_alpha1.0': names each setting
+    that differs, beam size (`_beam<n>`), α (`_alpha<α>`), max_decode_extra
+    (`_extra<n>`) and the stopping rule (`_early`, `_exact`), so that
+    evaluations with other settings get other folders."""
+    parts = []
+    if self.beam_size != defaults.beam_size:
+      parts.append(f"beam{self.beam_size}")
+    if float(self.alpha) != float(defaults.alpha):
+      parts.append(f"alpha{float(self.alpha)!r}")
+    if self.max_decode_extra != defaults.max_decode_extra:
+      parts.append(f"extra{self.max_decode_extra}")
+    if self.beam_stop != defaults.beam_stop:
+      parts.append(self.beam_stop)
+    return "".join("_" + p for p in parts)
+
+
+def _defaults() -> dict[str, Any]:
+  return {f.name: f.default for f in dataclasses.fields(SearchSettings)}
+
+
+FIELDS = tuple(_defaults())  # the settings' names, in order
