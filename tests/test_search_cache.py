@@ -197,14 +197,15 @@ def test_a_sharded_search_of_unplaced_arrays_is_traced(folder):
   search = _doubling()
   x = np.arange(4, dtype=np.float32)
   np.testing.assert_array_equal(search(x, devices=devices), 2 * x)
-  # Arrays on two other devices: refused, as by the search itself.
-  other = jax.device_put(x, _on(jax.local_devices()[2:]))
-  with pytest.raises(ValueError, match="incompatible devices"):
-    search(other, devices=devices)
   assert not list(folder.glob("*"))
   placed = jax.device_put(x, _on(devices))
   np.testing.assert_array_equal(search(placed, devices=devices), 2 * x)
   assert len(list(folder.glob("*.bin"))) == 1
+  # Arrays on two other devices than the search's: refused, as by the
+  # search itself (the kept file would run them where they are).
+  other = jax.device_put(x, _on(jax.local_devices()[2:]))
+  with pytest.raises(ValueError, match="incompatible devices"):
+    search(other, devices=devices)
 
 
 def test_a_sharded_search_jax_cannot_export_runs_on_its_own_devices(folder):
