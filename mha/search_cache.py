@@ -13,9 +13,21 @@ A file's name is a hash of everything the trace depends on: the search's
 own key (model config, search settings), the static arguments, the
 arguments' tree and shapes, the versions of jax, jaxlib and flax, the
 platform, the jax options that change a trace, and the source of every
-module of the mha package (a changed line of mha is a new file). Only
-searches on the default device are kept (`devices=()`); a sharded search,
-or any search while the compilation cache is off, is traced as before.
+module of the mha package (a changed line of mha is a new file).
+
+A search sharded over several devices (`devices`, a static argument of
+mha/translate.py's search: `jax.shard_map` over a mesh of them) is kept
+too. A `jax.export` names no physical device: its shardings are over a
+mesh of logical devices (the mesh's shape and axis names), and a file of
+N devices serves any N devices of the platform, the arrays given placed on
+them (jax's "device-polymorphic export"). So the file's name has the
+devices' number, platform and kind in place of the devices themselves
+(whose ids would name another file for devices 2, 3 than for devices 0,
+1), and the arguments' placement: each array's mesh (shape, axis names,
+platform, device kind) and partition spec. Such a search is kept when each
+of its arrays is placed on exactly those devices (`jax.device_put` with a
+`NamedSharding`, as mha/translate.py puts them); any other sharded call is
+traced as before, and so is any search while the compilation cache is off.
 A file that cannot be read or deserialized is replaced.
 """
 import functools
@@ -61,20 +73,69 @@ def folder() -> str | None:
 
 
 def _aval(x: Any) -> str:
+  """A leaf's type, and its placement if it is spread over a mesh."""
   if hasattr(x, "shape") and hasattr(x, "dtype"):
+    sharding = getattr(x, "sharding", None)
+    if (isinstance(sharding, jax.sharding.NamedSharding)
+        and len(sharding.device_set) > 1):
+      # The abstract mesh: axis names and sizes, axis types, platform and
+      # device kind; no device ids.
+      return (f"{x.dtype}{list(x.shape)}@{sharding.mesh.abstract_mesh!r}"
+              f"{sharding.spec!r}{sharding.memory_kind}")
     return f"{x.dtype}{list(x.shape)}"
   return repr(x)
+
+
+def _is_devices(value: Any) -> bool:
+  return (isinstance(value, (tuple, list)) and bool(value)
+          and all(isinstance(d, jax.Device) for d in value))
+
+
+def _static(value: Any) -> Any:
+  """A static argument as it goes into the file's name: a tuple of devices
+  as their number, platform and kind (the same for any devices of that
+  number and kind, in any process), anything else as itself."""
+  if _is_devices(value):
+    return ("devices", len(value),
+            tuple(f"{d.platform}:{d.device_kind}" for d in value))
+  return value
 
 
 def file_key(key: Any, args: tuple, static: dict) -> str:
   """The hash naming the file of one call's traced search."""
   leaves, tree = jax.tree.flatten(args)
-  parts = [repr(key), repr(sorted(static.items())), str(tree),
-           ",".join(_aval(x) for x in leaves), jax.__version__,
+  parts = [repr(key),
+           repr(sorted((name, _static(value))
+                       for name, value in static.items())),
+           str(tree), ",".join(_aval(x) for x in leaves), jax.__version__,
            jaxlib.__version__, flax.__version__, jax.default_backend(),
            repr([getattr(jax.config, name) for name in _TRACE_OPTIONS]),
            source_hash()]
   return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _keepable(args: tuple, devices: Any) -> bool:
+  """Whether a call's search can be kept. Its file's name describes an
+  array spread over several devices by its `NamedSharding` (`_aval`), so
+  any other such array is not kept. With `devices`: all of the default
+  platform, and every array argument placed on exactly them (committed,
+  a `NamedSharding`), as an export of N devices is called on arguments on
+  N devices (else jax would put the call on one device and refuse it)."""
+  named = jax.sharding.NamedSharding
+  if devices and (not _is_devices(devices) or any(
+      d.platform != jax.default_backend() for d in devices)):
+    return False
+  for x in jax.tree.leaves(args):
+    sharding = getattr(x, "sharding", None)
+    if devices:
+      if not (isinstance(x, jax.Array) and x.committed
+              and isinstance(sharding, named)
+              and sharding.device_set == set(devices)):
+        return False
+    elif (sharding is not None and len(sharding.device_set) > 1
+          and not isinstance(sharding, named)):
+      return False
+  return True
 
 
 class Cached:
@@ -84,19 +145,22 @@ class Cached:
   def __init__(self, search: Callable[..., Any], key: Any):
     self._search = search
     self._key = key
-    self._loaded: dict[str, Callable[..., Any]] = {}
+    self._loaded: dict[str, Callable[..., Any] | None] = {}
     self._lock = threading.Lock()
 
   def __call__(self, *args, **static) -> Any:
     where = folder()
-    if where is None or static.get("devices", ()):
+    if where is None or not _keepable(args, static.get("devices", ())):
       return self._search(*args, **static)
     name = file_key(self._key, args, static)
     with self._lock:
       if name not in self._loaded:
         self._loaded[name] = self._load(os.path.join(where, f"{name}.bin"),
                                         args, static)
-    return self._loaded[name](*args)
+      loaded = self._loaded[name]
+    if loaded is None:  # not exportable: the search, with these devices
+      return self._search(*args, **static)
+    return loaded(*args)
 
   def lower(self, *args, **static) -> Any:
     """The traced search's `lower` (jit's; the file is not read)."""
@@ -106,15 +170,16 @@ class Cached:
     """Programs compiled for this search in this process (a jitted
     function's `_cache_size`): the traced search's and the loaded ones'."""
     # pylint: disable=protected-access
-    loaded = [getattr(f, "_cache_size", lambda: 0)()
-              for f in self._loaded.values()]
+    loaded = [f._cache_size() for f in self._loaded.values()
+              if f is not None]
     return self._search._cache_size() + sum(loaded)
 
   def _load(self, path: str, args: tuple,
-            static: dict) -> Callable[..., Any]:
+            static: dict) -> Callable[..., Any] | None:
     """The search for these shapes, a function of `args`: its export read
     from `path`, else traced and written there; else (a program jax cannot
-    export) the search itself."""
+    export) None, the search itself (called with each call's own static
+    arguments: sharded calls of one file's name differ in their devices)."""
     try:
       if files.exists(path):
         return jax.jit(
@@ -126,7 +191,7 @@ class Cached:
       exported = jax_export.export(self._search)(*args, **static)
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("Search not kept: jax cannot export it (%s).", e)
-      return functools.partial(self._search, **static)
+      return None
     try:
       files.write_bytes_atomic(path, exported.serialize())
     except OSError as e:

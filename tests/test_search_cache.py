@@ -1,8 +1,10 @@
 """The traced searches kept on disk (`mha.search_cache`): a later process
-gets the same outputs without tracing the search again; anything the trace
-depends on names another file; a bad file is replaced; a sharded search is
-not kept; without the compilation cache there is no folder to keep them
-in."""
+gets the same outputs without tracing the search again, also for a search
+sharded over several devices (one file for any devices of that number);
+anything the trace depends on names another file; a bad file is replaced;
+without the compilation cache there is no folder to keep them in."""
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -96,12 +98,125 @@ def test_a_bad_file_is_replaced(model, folder):
   np.testing.assert_array_equal(_search(model), first)
 
 
-def test_a_sharded_search_is_not_kept(model, folder):
+def _sharded(model, devices):
   model_config, params, inputs = model
+  out = translate.translate_batch(model_config, params, inputs,
+                                  devices=devices, **SEARCH)
+  assert out.sharding.device_set == set(devices)  # the rows stay split
+  return np.asarray(out)
+
+
+def test_a_sharded_search_is_kept_for_any_devices_of_its_number(
+    model, folder, monkeypatch):
   devices = jax.local_devices()
-  assert len(devices) == 4  # tests/conftest.py: the 4 rows split 4 ways
-  translate.translate_batch(model_config, params, inputs, devices=devices,
-                            **SEARCH)
+  assert len(devices) == 4  # tests/conftest.py: the 4 rows split 2 or 4 ways
+  first = _sharded(model, devices[:2])
+  (path,) = folder.glob("*.bin")
+  # A new process (new factories) on two other devices: the one file
+  # serves them (a jax.export names the number of devices, not which),
+  # so tracing the search is an error.
+  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+
+  def traced(*args, **kwargs):
+    raise AssertionError("the search was traced again")
+
+  with monkeypatch.context() as patch:
+    patch.setattr(decoding, "beam_search", traced)
+    other = _sharded(model, devices[2:])
+  assert list(folder.glob("*.bin")) == [path]
+  # The outputs of the search traced and run on those devices without the
+  # file, and of the default device's search.
+  with monkeypatch.context() as patch:
+    patch.setattr(search_cache, "folder", lambda: None)
+    translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+    untraced = _sharded(model, devices[2:])
+    np.testing.assert_array_equal(_search(model), untraced)
+  np.testing.assert_array_equal(other, untraced)
+  np.testing.assert_array_equal(first, untraced)
+  assert len({tuple(row) for row in first}) == 4  # four different outputs
+  # Four devices: another file, read back as well.
+  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  np.testing.assert_array_equal(_sharded(model, devices), first)
+  assert len(list(folder.glob("*.bin"))) == 2
+  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  with monkeypatch.context() as patch:
+    patch.setattr(decoding, "beam_search", traced)
+    np.testing.assert_array_equal(_sharded(model, devices), first)
+  assert len(list(folder.glob("*.bin"))) == 2
+
+
+def _on(devices, spec=jax.sharding.PartitionSpec("rows")):
+  return jax.sharding.NamedSharding(
+      jax.sharding.Mesh(np.asarray(devices), ("rows",)), spec)
+
+
+def test_a_sharded_files_name_has_the_devices_number_not_which():
+  # The devices (a static argument) and the arrays' placement on them name
+  # the file by number, platform and kind: devices 0, 1 share it with 2, 3
+  # and 1, 0, not with 0, 1, 2, 3 or the default device.
+  devices = jax.local_devices()
+  x = np.zeros(4, np.float32)
+
+  def key(placed, spec=jax.sharding.PartitionSpec("rows")):
+    return search_cache.file_key(
+        ("k",), (jax.device_put(x, _on(placed, spec)),),
+        {"devices": tuple(placed)})
+
+  two = key(devices[:2])
+  assert two == key(devices[2:]) == key(devices[1::-1])
+  assert two != key(devices)
+  assert two != key(devices[:2], jax.sharding.PartitionSpec())  # replicated
+  assert two != search_cache.file_key(("k",), (x,), {"devices": ()})
+  # The devices alone, on an array that names no mesh.
+  assert (search_cache.file_key(("k",), (x,), {"devices": tuple(devices[:2])})
+          != search_cache.file_key(("k",), (x,), {"devices": tuple(devices)}))
+
+
+def _doubling(callback=False):
+  """A sharded search of the tests' kind: each device doubles its rows (by
+  a host callback, which jax cannot export: `callback`)."""
+  def local(y):
+    if callback:
+      return jax.pure_callback(lambda a: 2 * a,
+                               jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+    return 2 * y
+
+  @functools.partial(jax.jit, static_argnames=("devices",))
+  def double(x, *, devices):
+    rows = jax.sharding.PartitionSpec("rows")
+    return jax.shard_map(local, mesh=_on(devices).mesh, in_specs=rows,
+                         out_specs=rows)(x)
+
+  return search_cache.cached(double, ("double", callback))
+
+
+def test_a_sharded_search_of_unplaced_arrays_is_traced(folder):
+  # An export of two devices is called on arrays on two devices: arrays
+  # not all placed on the search's devices run the search itself.
+  devices = tuple(jax.local_devices()[:2])
+  search = _doubling()
+  x = np.arange(4, dtype=np.float32)
+  np.testing.assert_array_equal(search(x, devices=devices), 2 * x)
+  assert not list(folder.glob("*"))
+  placed = jax.device_put(x, _on(devices))
+  np.testing.assert_array_equal(search(placed, devices=devices), 2 * x)
+  assert len(list(folder.glob("*.bin"))) == 1
+  # Arrays on two other devices than the search's: refused, as by the
+  # search itself (the kept file would run them where they are).
+  other = jax.device_put(x, _on(jax.local_devices()[2:]))
+  with pytest.raises(ValueError, match="incompatible devices"):
+    search(other, devices=devices)
+
+
+def test_a_sharded_search_jax_cannot_export_runs_on_its_own_devices(folder):
+  # Devices 0, 1 and 2, 3 share the file's name; the search that could not
+  # be kept runs on each call's devices, not on the first call's.
+  search = _doubling(callback=True)
+  x = np.arange(4, dtype=np.float32)
+  for devices in (jax.local_devices()[:2], jax.local_devices()[2:]):
+    out = search(jax.device_put(x, _on(devices)), devices=tuple(devices))
+    np.testing.assert_array_equal(out, 2 * x)
+    assert out.sharding.device_set == set(devices)
   assert not list(folder.glob("*"))
 
 
