@@ -46,6 +46,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -225,6 +226,8 @@ def save_failure(manager: ocp.CheckpointManager, step: int,
   # nobody awaited ("exception was never retrieved", with its stack) when
   # it is collected, at the latest at exit: the error raised here says it.
   logging.getLogger('asyncio').addFilter(_NEVER_RETRIEVED)
+  _SAVE_FAILED.set()
+  _drop_closed_loop_reports()
   directory = epath.Path(manager.directory)
   _remove_temporary(directory, step)
   code = os_errno(error)
@@ -285,19 +288,63 @@ class _NeverRetrieved(logging.Filter):
 
 
 _NEVER_RETRIEVED = _NeverRetrieved()
+_SAVE_FAILED = threading.Event()  # set by `save_failure`
+
+
+def _closed_loop_report(unraisable: Any) -> bool:
+  """Whether an unraisable exception is a call into an asyncio loop
+  that is closed ('Event loop is closed')."""
+  error = unraisable.exc_value
+  return isinstance(error, RuntimeError) and str(error) == (
+      'Event loop is closed')
+
+
+def _drop_closed_loop_reports() -> Any:
+  """From now on, Python does not print the calls into a closed asyncio
+  loop that nobody could catch (`sys.unraisablehook`); every other
+  unraisable exception goes to the hook as before. Returns the hook put
+  in (its `previous`: the hook it passes the others to), or None if one
+  was there already.
+
+  When a save fails, the sibling writes of the failed part still end on
+  TensorStore's threads, and each tells Orbax's asyncio loop, which Orbax
+  has closed: Python printed each as a stack of 6 lines, dozens of them
+  (66 for one full disk), from the background save's failure on, before
+  the one line of the error raised instead (`save_failure`).
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, 'drops_closed_loop_reports', False):
+    return None
+
+  def hook(unraisable: Any) -> None:
+    if not _closed_loop_report(unraisable):
+      previous(unraisable)
+
+  hook.drops_closed_loop_reports = True
+  hook.previous = previous
+  sys.unraisablehook = hook
+  return hook
 
 
 @contextlib.contextmanager
 def quiet_save_errors() -> Iterator[None]:
   """While the block runs, Orbax's background threads log no stacks for a
-  failed save (about 300 to 1,250 lines for one full disk)."""
+  failed save (about 300 to 1,250 lines for one full disk), and Python
+  prints none of their calls into Orbax's closed asyncio loop
+  (`_drop_closed_loop_reports`; after a failed save, until the end of the
+  process)."""
   quiet = _WithoutOrbaxStacks()
   logger = logging.getLogger('absl')
   logger.addFilter(quiet)
+  hook = _drop_closed_loop_reports()
   try:
     yield
   finally:
     logger.removeFilter(quiet)
+    # After a failed save the reports go on until the process ends.
+    if (hook is not None and sys.unraisablehook is hook
+        and not _SAVE_FAILED.is_set()):
+      sys.unraisablehook = hook.previous
 
 
 def restore(manager: ocp.CheckpointManager, step: int | None,

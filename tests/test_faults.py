@@ -8,6 +8,7 @@ one (no root, no mount), the test skips saying why. Each case checks the
 one line, and that the workdir, its earlier checkpoints and the user's files
 are as they were, and that nothing is left running or waiting.
 """
+import asyncio
 import contextlib
 import errno
 import json
@@ -130,7 +131,9 @@ RESUMED = dict(TINY_WORKDIR_LOOP, num_train_steps=8)
 
 
 def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
-    tiny_workdir, tmp_path, caplog):
+    tiny_workdir, tmp_path, caplog, monkeypatch):
+  unraisable = []  # what Python would print as "Exception ignored"
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
   with small_disk(tmp_path / "disk", 16) as disk:
     run = disk / "run"
     shutil.copytree(tiny_workdir, run, ignore=shutil.ignore_patterns("eval"))
@@ -149,6 +152,9 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
     assert not [r for r in caplog.records if r.exc_info], [
         r.getMessage()[:200] for r in caplog.records if r.exc_info]
     assert not _orbax_threads_waiting()
+    # Nor did Python print their calls into Orbax's closed asyncio loop
+    # (a stack of 6 lines each, dozens of them).
+    assert not [u for u in unraisable if "loop is closed" in str(u.exc_value)]
     assert not (run / "lock").exists()
     # Earlier checkpoints as they were, the failed step's files removed.
     assert file_hashes(run / "checkpoints") == before
@@ -156,6 +162,29 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
     filler.unlink()
     result = trainer.train_and_evaluate(tiny_config(**RESUMED), str(run))
   assert result["step"] == 8
+
+
+def test_only_calls_into_a_closed_asyncio_loop_go_unprinted(monkeypatch):
+  unraisable = []
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+  monkeypatch.setattr(checkpoints, "_SAVE_FAILED", threading.Event())
+  loop = asyncio.new_event_loop()
+  loop.close()
+
+  class Calls:  # an exception in __del__ is unraisable: Python prints it
+
+    def __init__(self, call):
+      self.call = call
+
+    def __del__(self):
+      self.call()
+
+  with checkpoints.quiet_save_errors():
+    Calls(lambda: loop.call_soon_threadsafe(print))
+    Calls(lambda: 1 / 0)
+  assert [type(u.exc_value) for u in unraisable] == [ZeroDivisionError]
+  # No save failed: the hook is the one before the block again.
+  assert sys.unraisablehook == unraisable.append  # pylint: disable=comparison-with-callable
 
 
 def test_read_only_checkpoints_folder_stops_with_one_line(copy):
