@@ -405,7 +405,8 @@ def test_nan_stops_with_step_named_and_checkpoints_intact(trained_workdir,
   _assert_trees_equal(_params(copy, 12), before)
 
 
-def test_no_retrace_for_a_batch_shape_seen_before(tmp_path, monkeypatch):
+def test_no_retrace_for_a_batch_shape_seen_before(tiny_workdir, tmp_path,
+                                                  monkeypatch):
   traced_shapes = []
   make = train_step.make_train_step
 
@@ -420,6 +421,7 @@ def test_no_retrace_for_a_batch_shape_seen_before(tmp_path, monkeypatch):
     return traced
 
   monkeypatch.setattr(train_step, "make_train_step", counting)
+  _seed_vocabulary(tiny_workdir, tmp_path / "run")
   trainer.train_and_evaluate(
       _tiny_config(num_train_steps=30, checkpoint_every_steps=100,
                    eval_every_steps=100, log_every_steps=10),
@@ -431,7 +433,12 @@ def test_no_retrace_for_a_batch_shape_seen_before(tmp_path, monkeypatch):
 
 def _seed_vocabulary(source: pathlib.Path, target: pathlib.Path) -> None:
   """Copies a finished run's vocabulary and tokenized splits into a new
-  workdir: the same files its own first start would write, minus the time."""
+  workdir: the same files its own first start would write, minus the time.
+
+  The runs below that start from conftest's tiny_workdir's (the same
+  vocabulary and data settings, TINY_OVERRIDES) test the loop, signals and
+  processes, not the vocabulary's training: trained once per session, it
+  saves each of them ~2.5 s of CPU."""
   target.mkdir(parents=True)
   shutil.copy(source / "spm.model", target / "spm.model")
   shutil.copytree(source / "tokenized", target / "tokenized")
@@ -466,11 +473,12 @@ runpy.run_path("train.py", run_name="__main__")
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_is_bit_identical(tmp_path):
+def test_sigkill_and_resume_is_bit_identical(tiny_workdir, tmp_path):
   flags = _flags(num_train_steps=40, checkpoint_every_steps=10,
                  keep_checkpoints=10, eval_every_steps=1000,
                  log_every_steps=5)
   straight = tmp_path / "straight"
+  _seed_vocabulary(tiny_workdir, straight)
   subprocess.run(_train_cmd(straight, *flags), cwd=REPO, env=_env(2),
                  check=True, capture_output=True)
 
@@ -513,8 +521,9 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path):
   assert not (interrupted / "lock").exists()
 
 
-def test_sigterm_saves_a_checkpoint_where_it_stopped(tmp_path):
+def test_sigterm_saves_a_checkpoint_where_it_stopped(tiny_workdir, tmp_path):
   workdir = tmp_path / "run"
+  _seed_vocabulary(tiny_workdir, workdir)
   flags = _flags(num_train_steps=100000, checkpoint_every_steps=10,
                  eval_every_steps=100000, log_every_steps=1)
   process = subprocess.Popen(_train_cmd(workdir, *flags), cwd=REPO,
@@ -541,10 +550,11 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one(tmp_path):
+def test_two_processes_train_like_one(tiny_workdir, tmp_path):
   flags = _flags(num_train_steps=6, checkpoint_every_steps=6,
                  eval_every_steps=6, log_every_steps=1, dropout_rate=0.0)
   single = tmp_path / "single"
+  _seed_vocabulary(tiny_workdir, single)
   # XLA's default code generation: the two runs' rounding differs by psums
   # across processes, which Adam's per-entry scaling magnifies; under it
   # they agree to 1e-5 (under the suite's faster-compiling flags, to 5e-5).

@@ -7,6 +7,7 @@ import pytest
 from conftest import TINY_WORKDIR_LOOP
 from conftest import tiny_config
 from mha import checkpoints
+from mha import train_step
 from mha import warm_start
 from mha.errors import ConfigError
 from mha.transformer import TransformerConfig
@@ -103,21 +104,30 @@ def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path,
   _count_reads(monkeypatch, TransformerConfig, "from_config", models)
   _count_reads(monkeypatch, warm_start.files, "read_bytes", files_read)
   _count_reads(monkeypatch, workdir_lib, "_read_json", configs_read)
-  # learning_rate_scale 1e-30: the one update moves nothing a float32 holds,
-  # so step 1 holds the parameters the run started from.
-  trainer.train_and_evaluate(
-      _tiny_config(init_from=f"{tiny_workdir}:4", learning_rate_scale=1e-30),
-      str(new))
+  # The parameters the first update starts from, read before it runs (it
+  # donates the state's buffers): the first device's copy of each.
+  update = train_step.CompiledUpdate.__call__
+  started = []
+
+  def recording(self, state, micro_batches, stop):
+    if not started:
+      started.append(jax.tree.map(lambda x: np.asarray(x[0]),
+                                  state["params"]))
+    return update(self, state, micro_batches, stop)
+
+  monkeypatch.setattr(train_step.CompiledUpdate, "__call__", recording)
+  # The tiny_workdir run's own settings (its learning rate too): the
+  # update's compiled program is that run's, from the compilation cache.
+  trainer.train_and_evaluate(_tiny_config(init_from=f"{tiny_workdir}:4"),
+                             str(new))
   assert restored == [str(tiny_workdir)]
   assert files_read.count(str(tiny_workdir / "spm.model")) == 1
   assert configs_read == []  # a new workdir: no config.json to read
   assert len(models) == 1  # the model config: built by the checks, once
   monkeypatch.undo()
-  started, step = checkpoints.restore_params(str(new))
-  assert step == 1
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6,
-                                                       atol=1e-20),
-               started, source)
+  (started,) = started
+  assert checkpoints.latest_step(str(new)) == 1
+  jax.tree.map(np.testing.assert_array_equal, started, source)
   latest, _ = checkpoints.restore_params(str(tiny_workdir), 6)
   assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(started),
                                                    jax.tree.leaves(latest)))
@@ -126,8 +136,7 @@ def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path,
   # Resuming ignores init_from (even one that no longer exists).
   _count_reads(monkeypatch, workdir_lib, "_read_json", configs_read)
   trainer.train_and_evaluate(
-      _tiny_config(init_from=str(tmp_path / "gone"), num_train_steps=2,
-                   learning_rate_scale=1e-30),
+      _tiny_config(init_from=str(tmp_path / "gone"), num_train_steps=2),
       str(new))
   assert checkpoints.latest_step(str(new)) == 2
   assert configs_read == [str(new / "config.json")]  # read once
