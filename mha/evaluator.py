@@ -29,7 +29,6 @@ from mha import data
 from mha import eval_output
 from mha import files
 from mha import paper_bleu as paper_bleu_lib
-from mha import search_settings
 from mha import translate
 from mha import validation
 from mha import workdir as workdir_lib
@@ -261,15 +260,16 @@ class _Plan:
     tokenizer: its vocabulary.
     sources: the sentences to translate.
     references: their references, or None (no scores).
-    settings: `split`, `beam_size`, `alpha`, `max_decode_extra`,
-      `beam_stop` (flags or the config's), and `source_file`,
-      `reference_file` with a source file.
+    search: the search's settings (flags or the config's).
+    settings: `split`, the fields of `search`, and `source_file`,
+      `reference_file` with a source file (what metrics.json records).
     steps: the checkpoint steps chosen (ascending).
   """
   config: Any
   tokenizer: data.Tokenizer
   sources: list[str]
   references: list[str] | None
+  search: SearchSettings
   settings: dict[str, Any]
   steps: list[int]
 
@@ -308,7 +308,8 @@ def _plan(workdir: str, split: str | None, source_file: str | None,
   settings = {"split": split_name, **search.as_dict()}
   if source_file:
     settings.update(source_file=source_file, reference_file=reference_file)
-  return _Plan(config, tokenizer, sources, references, settings, steps)
+  return _Plan(config, tokenizer, sources, references, search, settings,
+               steps)
 
 
 def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
@@ -322,7 +323,7 @@ def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
   settings = plan.settings
   folder = output_dir or eval_output.default_output_dir(
       workdir, settings["split"], steps,
-      _settings_of(settings).suffix(SearchSettings.of_config(plan.config)))
+      plan.search.suffix(SearchSettings.of_config(plan.config)))
   if write:
     eval_output.check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
                                   averaged_steps=list(steps)))
@@ -501,21 +502,17 @@ def evaluate(workdir: str, *, split: str | None = None,
 
 def _translate(model_config: TransformerConfig, params: Any, plan: _Plan,
                settings: dict[str, Any]) -> translate.Translations:
-  """Translate: the plan's sources with `settings`' search
-  (`translate.translate_with_ids`: the texts, their ids and the time taken,
-  compilation included)."""
+  """Translate: the plan's sources with its search, in batches of
+  `settings["batch_size"]` (`translate.translate_with_ids`: the texts,
+  their ids and the time taken, compilation included)."""
+  search = plan.search
   logging.info("Evaluating step(s) %s on %s (%d sentences), beam %d, "
                "alpha %s, stop %s.", settings["averaged_steps"],
-               settings["split"], len(plan.sources), settings["beam_size"],
-               settings["alpha"], settings["beam_stop"])
+               settings["split"], len(plan.sources), search.beam_size,
+               search.alpha, search.beam_stop)
   return translate.translate_with_ids(
       model_config, params, plan.tokenizer, plan.sources,
-      batch_size=settings["batch_size"], **_settings_of(settings).as_dict())
-
-
-def _settings_of(settings: dict[str, Any]) -> SearchSettings:
-  """The search settings among an evaluation's `settings`."""
-  return SearchSettings(**{k: settings[k] for k in search_settings.FIELDS})
+      batch_size=settings["batch_size"], **search.as_dict())
 
 
 def _score(plan: _Plan, translations: translate.Translations,
