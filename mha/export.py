@@ -62,6 +62,7 @@ from mha import validation
 from mha.data import tokenizer as tokenizer_lib
 from mha.errors import ExportError
 from mha.positional import sinusoidal_encoding
+from mha.search_settings import SearchSettings
 from mha.transformer import TransformerConfig
 
 # The formats, and CTranslate2's quantisations offered (its own, made at
@@ -384,8 +385,7 @@ def export(workdir: str, output_dir: str, *,
       "format": export_format, "ctranslate2_version": ctranslate2.__version__,
       "workdir": os.fspath(workdir), "checkpoint_step": checkpoint_step,
       "averaged_steps": steps, "quantization": quantization or "float32",
-      "beam_size": config.beam_size, "alpha": config.alpha,
-      "max_decode_extra": config.max_decode_extra,
+      **SearchSettings.of_config(config).as_dict(),
       "max_len": model_config.max_len}
   _write_folder(spec, files.read_bytes(tokenizer.path), manifest, output_dir)
   logging.info("Exported step(s) %s of %s to %s (CTranslate2, %s).", steps,

@@ -388,6 +388,12 @@ def test_output_folder_rules(tiny_workdir, tmp_path):
   export.export(str(tiny_workdir), str(tmp_path / "out"))
   manifest = json.loads((tmp_path / "out" / export.MANIFEST_FILE).read_text())
   assert manifest["checkpoint_step"] == 6
+  # The workdir's search settings, the stopping rule included.
+  config, _ = evaluator.load_workdir(str(tiny_workdir))
+  assert [manifest[k] for k in ("beam_size", "alpha", "max_decode_extra",
+                                "beam_stop")] == [
+      config.beam_size, config.alpha, config.max_decode_extra,
+      config.beam_stop]
   assert sorted(os.listdir(tmp_path)) == ["file", "foreign", "out"]
   assert sorted(os.listdir(tmp_path / "out")) == [
       "config.json", export.MANIFEST_FILE, "model.bin", "shared_vocabulary.json",
