@@ -79,7 +79,12 @@ def _state(workdir, step):
   as NumPy arrays, read without a target."""
   path = checkpoints.checkpoint_dir(str(workdir)) / str(step) / "state"
   with ocp.PyTreeCheckpointer() as reader:
-    return jax.tree_util.tree_map(np.asarray, reader.restore(path))
+    # Every leaf as a NumPy array, as its metadata says (no target needed).
+    restore_args = jax.tree_util.tree_map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+        reader.metadata(path).item_metadata.tree)
+    return reader.restore(path, args=ocp.args.PyTreeRestore(
+        restore_args=restore_args))
 
 
 def _assert_trees_equal(a, b):
