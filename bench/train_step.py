@@ -472,15 +472,15 @@ def compare_shape(name, config, epoch, packages, peak, args):
         if i >= args.warmup:
           times[label].append(time.perf_counter() - start)
         runs[label] = (update, state, model_cfg)
-    flops = flops.training_flops(runs[list(runs)[-1]][2], rows_, s, t)
+    step_flops = flops.training_flops(runs[list(runs)[-1]][2], rows_, s, t)
     base_label, new_label = list(runs)
     ratio = statistics.median(
         a / b for a, b in zip(times[base_label], times[new_label]))
     medians = {label: statistics.median(v) for label, v in times.items()}
     rows.append((f"{rows_}x{s}+{t}", len(group) / len(epoch), medians, ratio,
-                 flops, temp))
+                 step_flops, temp))
     weights.append(len(group) / len(epoch))
-    flops_all.append(flops)
+    flops_all.append(step_flops)
     for label in runs:
       seconds[label].append(medians[label])
   peak.measure(f"after {name}")
@@ -488,9 +488,10 @@ def compare_shape(name, config, epoch, packages, peak, args):
   peak_best = max(peak.best, 1.0)  # the best of every measurement so far
   rows = [[batch, f"{share:.0%}"] + [f"{medians[label]:.3f}" for label in runs]
           + [f"{ratio:.2f}x"]
-          + [f"{flops / medians[label] / peak_best:.1%}" for label in runs]
+          + [f"{step_flops / medians[label] / peak_best:.1%}"
+             for label in runs]
           + [common.fmt_bytes(temp[label]) for label in runs]
-          for batch, share, medians, ratio, flops, temp in rows]
+          for batch, share, medians, ratio, step_flops, temp in rows]
   print(f"\n== {name}: {labels[0]} vs {labels[1]}, in turn, "
         f"{args.steps} rounds after {args.warmup} warm-up; load average "
         f"{common.load_average():.2f}")
@@ -550,8 +551,9 @@ def main():
                       "batches, and print both and their ratio")
   args = parser.parse_args()
   args.warmup = max(args.warmup, 1)
-  if args.huge_pages:
-    host_memory.reexec_with_huge_pages()
+  # The commands' rule (mha/host_memory.py), forced on or off by the flag.
+  os.environ[host_memory.ENV] = "1" if args.huge_pages else "0"
+  host_memory.start()
 
   start = time.perf_counter()
   print(common.machine_line())

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from mha import dropout as dropout_lib
 from mha import validation
 
 # The self-attention decode cache is stored as [B, H, D, L]: the axes of a
@@ -50,7 +51,8 @@ def _mix(weights: jax.Array, value: jax.Array, dropout_rate: float,
   if not deterministic and dropout_rate > 0.0:
     if dropout_rng is None:
       raise ValueError("Attention dropout needs a dropout_rng.")
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    keep = dropout_lib.keep_mask(dropout_rng, 1.0 - dropout_rate,
+                                 weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
   weights = weights.astype(value.dtype)
   # [B, H, Q, K] x [B, K, H, V] -> [B, Q, H, V]

@@ -72,15 +72,13 @@ def _loss_sums(model: Transformer, config: ml_collections.ConfigDict,
 
 
 def _dropout_rng(state: State, micro_step) -> jax.Array:
-  """fold_in(rng, step), then the micro-batch and the global device index;
-  the masks are drawn by XLA's RngBitGenerator (an `rbg` key seeded from
-  that threefry key), cheaper than threefry for millions of bits."""
+  """fold_in(rng, step), then the micro-batch and the global device index:
+  each update, micro-batch and device draws masks of its own
+  (`mha.dropout`: a few words of this key seed each layer's mask hash)."""
   rng = jax.random.wrap_key_data(state["rng"])
   rng = jax.random.fold_in(rng, state["step"])
   rng = jax.random.fold_in(rng, micro_step)
-  rng = jax.random.fold_in(rng, lax.axis_index(AXIS))
-  return jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32),
-                                  impl="rbg")
+  return jax.random.fold_in(rng, lax.axis_index(AXIS))
 
 
 def make_grad_step(model: Transformer, config: ml_collections.ConfigDict):

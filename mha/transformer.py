@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mha import dropout as dropout_lib
 from mha import validation
 from mha.attention import MultiHeadAttention
 from mha.errors import ConfigError
@@ -122,22 +123,9 @@ class FeedForward(nn.Module):
                     name="w2")(h)
 
 
-def dropout_keep_mask(rng: jax.Array, keep_prob: float,
-                      shape: tuple[int, ...]) -> jax.Array:
-  """Boolean `shape` mask, each entry True with probability `keep_prob`.
-
-  `jax.random.bernoulli` with a float32 probability: the mask flax's
-  `nn.Dropout` draws, so P_drop is the config's (0.1, not a rounding of it).
-  A float16 probability (16 random bits per entry instead of 32) rounds the
-  keep probability to a multiple of 2^-10 (P_drop 0.0996 for 0.1) and was
-  not measurably faster (bench/README.md, train step).
-  """
-  return jax.random.bernoulli(rng, jnp.float32(keep_prob), shape)
-
-
 class Dropout(nn.Module):
   """Inverted dropout (§5.4): zeros with probability `rate`, the rest scaled
-  by 1 / (1 - rate); the mask is `dropout_keep_mask`'s."""
+  by 1 / (1 - rate); the mask is `mha.dropout.keep_mask`'s."""
   rate: float
   deterministic: bool
 
@@ -146,7 +134,7 @@ class Dropout(nn.Module):
     if self.deterministic or self.rate == 0.0:
       return x
     keep_prob = 1.0 - self.rate
-    keep = dropout_keep_mask(self.make_rng("dropout"), keep_prob, x.shape)
+    keep = dropout_lib.keep_mask(self.make_rng("dropout"), keep_prob, x.shape)
     return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype),
                      jnp.zeros((), x.dtype))
 

@@ -1,8 +1,8 @@
 """Dropout where the paper puts it (§5.4), observed in training mode.
 
 The model runs with dropout on; every Bernoulli mask it draws is recorded
-(`jax.random.bernoulli` is wrapped, the one source of masks for flax's
-`nn.Dropout` and for the attention-weight dropout) and the same masks, in the
+(`mha.dropout.keep_mask` is wrapped, the one source of masks for the
+residual, embedding and attention-weight dropouts) and the same masks, in the
 same order, are applied by the hand-written Transformer of
 `paper_reference.py` at the paper's places:
 
@@ -26,6 +26,7 @@ import pytest
 
 import mha
 from configs import base
+from mha import dropout
 import paper_reference as ref
 
 P_DROP = 0.3
@@ -46,7 +47,7 @@ def _config(**changes):
 
 
 class RecordedMasks:
-  """The masks drawn by `jax.random.bernoulli`, replayed in order."""
+  """The masks drawn by `mha.dropout.keep_mask`, replayed in order."""
 
   def __init__(self, records, rates):
     self.records = list(records)
@@ -65,10 +66,10 @@ class RecordedMasks:
 def _training_logits_and_masks(config, params, monkeypatch, seed=0):
   """Training-mode logits and the masks drawn, in order (one jit)."""
   drawn = []
-  bernoulli = jax.random.bernoulli
+  keep_mask = dropout.keep_mask
 
-  def recording(key, p=0.5, shape=None, **kwargs):
-    keep = bernoulli(key, p, shape, **kwargs)
+  def recording(key, keep_prob, shape):
+    keep = keep_mask(key, keep_prob, shape)
     drawn.append(keep)
     return keep
 
@@ -81,9 +82,9 @@ def _training_logits_and_masks(config, params, monkeypatch, seed=0):
                       rngs={"dropout": jax.random.key(seed)})
     return out, list(drawn)
 
-  monkeypatch.setattr(jax.random, "bernoulli", recording)
+  monkeypatch.setattr(dropout, "keep_mask", recording)
   out, masks = run(params)
-  monkeypatch.setattr(jax.random, "bernoulli", bernoulli)
+  monkeypatch.setattr(dropout, "keep_mask", keep_mask)
   return np.asarray(out), [np.asarray(m) for m in masks]
 
 
