@@ -96,7 +96,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha.token_ids import PAD_ID
-from mha.validation import BEAM_STOPS
+from mha import validation
 
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
@@ -112,9 +112,11 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
 
 
 def check_beam_stop(stop: str) -> str:
-  if stop not in BEAM_STOPS:
-    raise ValueError(f'stop must be one of {", ".join(BEAM_STOPS)}, got '
-                     f'{stop!r}.')
+  """`stop`, if it is one of the stopping rules (validation's rule for the
+  `beam_stop` field); else a ValueError naming them."""
+  problem = validation.FIELDS['beam_stop'](stop)
+  if problem:
+    raise ValueError(f'stop must be {problem}, got {stop!r}.')
   return stop
 
 
