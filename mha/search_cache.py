@@ -193,7 +193,12 @@ class Cached:
       logging.warning("Search not kept: jax cannot export it (%s).", e)
       return None
     try:
-      files.write_bytes_atomic(path, exported.serialize())
+      serialized = exported.serialize()
+    except ImportError as e:  # jax's serializer needs flatbuffers
+      logging.warning("Search not kept: jax cannot serialize it (%s).", e)
+      return jax.jit(exported.call)
+    try:
+      files.write_bytes_atomic(path, serialized)
     except OSError as e:
       logging.warning("Search not kept: cannot write %s (%s).", path, e)
     return jax.jit(exported.call)

@@ -7,8 +7,10 @@ requirements-tfds.txt (+ TensorFlow for TFDS datasets by name, +
 CTranslate2), requirements-dev.txt (all of it + the test tools: the test
 command and CI).
 """
+import importlib.metadata
 import re
 import subprocess
+import sys
 import tomllib
 
 from packaging.requirements import Requirement
@@ -65,6 +67,25 @@ def read_lock(file_name: str, platform: str = "x86_64-unknown-linux-gnu",
     assert spec.operator == "==", line
     pins[_name(requirement.name)] = spec.version
   return pins
+
+
+def outside_the_core(modules: list[str]) -> list[str]:
+  """The distributions of the imported `modules` (sys.modules names) that
+  the core lock, requirements.txt, does not hold: what a process that
+  imported them would lack when installed with the README's main command.
+  The standard library and this repository's own packages count as held."""
+  core = read_lock("requirements.txt")
+  owners = importlib.metadata.packages_distributions()
+  missing = set()
+  for module in modules:
+    top = module.split(".")[0]
+    if top in sys.stdlib_module_names or top in ("mha", "configs",
+                                                 "__main__"):
+      continue
+    for distribution in owners.get(top, ()):
+      if _name(distribution) not in core and _name(distribution) != "mha":
+        missing.add(f"{distribution} (import {top})")
+  return sorted(missing)
 
 
 def _project():

@@ -220,6 +220,28 @@ def test_a_sharded_search_jax_cannot_export_runs_on_its_own_devices(folder):
   assert not list(folder.glob("*"))
 
 
+def test_a_search_jax_cannot_serialize_runs_and_is_not_kept(folder,
+                                                           monkeypatch):
+  # jax.export's serializer imports flatbuffers when called; without it
+  # (an install that lacks it) the search runs as traced, with a warning,
+  # and nothing is written.
+  def no_flatbuffers(self, *args, **kwargs):
+    raise ImportError("Please install 'flatbuffers' in order to use "
+                      "Exported serialization")
+
+  monkeypatch.setattr(jax.export.Exported, "serialize", no_flatbuffers)
+  warnings = []
+  monkeypatch.setattr(search_cache.logging, "warning",
+                      lambda *args: warnings.append(args[0] % args[1:]))
+  devices = tuple(jax.local_devices()[:2])
+  x = jax.device_put(np.arange(4, dtype=np.float32), _on(devices))
+  for _ in range(2):
+    np.testing.assert_array_equal(_doubling()(x, devices=devices),
+                                  2 * np.arange(4))
+  assert not list(folder.glob("*"))
+  assert len(warnings) == 2 and "flatbuffers" in warnings[0], warnings
+
+
 def test_folder_follows_the_compilation_cache(tmp_path):
   before = (jax.config.jax_compilation_cache_dir,
             jax.config.jax_enable_compilation_cache)
