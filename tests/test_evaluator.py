@@ -21,6 +21,7 @@ from mha import translate
 from mha.errors import UserError
 from mha.transformer import TransformerConfig
 from test_packaging import outside_the_core
+from test_packaging import with_imports_recorded
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SPLIT = "test[:12]"
@@ -72,16 +73,6 @@ def _run_eval(*args, stdin=None):
                         timeout=300)
 
 
-# eval.py run as a script, writing the names of every module it imported
-# (sys.modules at exit) as JSON to the file given first.
-_IMPORTS_AUDIT = """
-import atexit, json, runpy, sys
-out = sys.argv.pop(1)
-atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
-sys.argv[0] = "eval.py"
-runpy.run_path("eval.py", run_name="__main__")
-"""
-
 
 def _references(split: str) -> tuple[list[str], list[str]]:
   return data.load_text_pairs(quickstart.get_config(), split)
@@ -90,8 +81,8 @@ def _references(split: str) -> tuple[list[str], list[str]]:
 def test_eval_py_writes_metrics_and_bleu_recomputes(workdir, tmp_path):
   imports = tmp_path / "imports.json"
   result = subprocess.run(
-      [sys.executable, "-c", _IMPORTS_AUDIT, str(imports),
-       f"--workdir={workdir}", f"--split={SPLIT}"], cwd=REPO,
+      with_imports_recorded(imports, "eval.py", f"--workdir={workdir}",
+                            f"--split={SPLIT}"), cwd=REPO,
       capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   # Everything it imported (the search kept on disk with jax.export's

@@ -69,6 +69,23 @@ def read_lock(file_name: str, platform: str = "x86_64-unknown-linux-gnu",
   return pins
 
 
+# A script run with `python -c`: it writes the names of every module it
+# imported (sys.modules at exit) as JSON to the file given first.
+_IMPORTS_RECORDED = """
+import atexit, json, runpy, sys
+out, script = sys.argv.pop(1), sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv[0] = script
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def with_imports_recorded(out, script: str, *args: str) -> list[str]:
+  """The command line that runs `script` with `args` as `python script`
+  would, and records its imports in `out` (see `outside_the_core`)."""
+  return [sys.executable, "-c", _IMPORTS_RECORDED, str(out), script, *args]
+
+
 def outside_the_core(modules: list[str]) -> list[str]:
   """The distributions of the imported `modules` (sys.modules names) that
   the core lock, requirements.txt, does not hold: what a process that

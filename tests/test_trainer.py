@@ -33,6 +33,8 @@ from mha import workdir as workdir_lib
 from conftest import TINY_OVERRIDES
 from conftest import tiny_config
 from conftest import xla_flags
+from test_packaging import outside_the_core
+from test_packaging import with_imports_recorded
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -484,8 +486,12 @@ def test_sigkill_and_resume_is_bit_identical(tiny_workdir, tmp_path):
                  log_every_steps=5)
   straight = tmp_path / "straight"
   _seed_vocabulary(tiny_workdir, straight)
-  subprocess.run(_train_cmd(straight, *flags), cwd=REPO, env=_env(2),
-                 check=True, capture_output=True)
+  imports = tmp_path / "imports.json"
+  subprocess.run(with_imports_recorded(imports, "train.py",
+                                       f"--workdir={straight}", *flags),
+                 cwd=REPO, env=_env(2), check=True, capture_output=True)
+  # Everything training imported is installed by the README's main command.
+  assert not outside_the_core(json.loads(imports.read_text()))
 
   interrupted = tmp_path / "interrupted"
   _seed_vocabulary(straight, interrupted)
