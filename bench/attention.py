@@ -38,7 +38,7 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.attention import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.validation import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.attention import MultiHeadAttention  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
