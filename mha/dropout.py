@@ -2,14 +2,14 @@
 
 A mask entry is dropped when a 32-bit hash of its position, keyed by three
 words drawn from the layer's PRNG key, falls below round(P_drop · 2^32):
-P_drop is the config's to within 2^-33 (0.1 -> 0.1000000001), closer than a
-float32 uniform draw's grid of 2^-23. The hash is three rounds of `x ^= key word,
-then murmur3's 32-bit finalizer` (a bijection of the 2^32 positions for each
-key), a few integer operations an entry that XLA fuses into the dropout
-itself. jax.random's generators (threefry, or XLA's RngBitGenerator) cost
-many times more per entry on CPU, a large part of a train step
-(bench/README.md); the hash is elementwise integer arithmetic on every
-backend.
+P_drop is the config's to within 2^-33 (0.1 -> 0.1000000001), closer than
+a float32 uniform draw's grid of 2^-23. The hash is three rounds of `x ^=
+key word, then murmur3's 32-bit finalizer` (a bijection of the 2^32
+positions for each key), a few integer operations an entry that XLA fuses
+into the dropout itself. jax.random's generators (threefry, or XLA's
+RngBitGenerator) cost many times more per entry on CPU, a large part of a
+train step (bench/README.md); the hash is elementwise integer arithmetic
+on every backend.
 
 Masks of different layers, steps, micro-batches and devices differ through
 their keys (flax's `make_rng`, then `train_step._dropout_rng`'s fold-ins);
