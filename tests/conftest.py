@@ -16,15 +16,11 @@ def xla_flags(num_devices: int) -> str:
   its LLVM back end at optimisation level 0 and its older (elemental)
   fusion code generator, the LLVM module compiled whole instead of split
   into parts for parallel compilation, and the default (not the
-  concurrency-optimised) HLO scheduler, and without LLVM's expensive
-  passes (its loop vectorizer among them). The suite's programs are tiny
-  and each runs a few times, so compiling them costs more than running
-  them. The split and scheduler flags cut the CPU time of a compile by
-  ~20% (the suite's two workers keep both cores busy: the split's parallel
-  compilation gained no time), the LLVM one the CPU time of the compiling
-  test files by another ~9% (test_translator, test_decoding and
-  test_trainer_steps: 93 -> 85 s, the mean of two runs each); like the
-  first two, they may change the last bits of some results
+  concurrency-optimised) HLO scheduler. The suite's programs are tiny and
+  each runs a few times, so compiling them costs more than running them.
+  The last two cut the CPU time of a compile by ~20% (the suite's two
+  workers keep both cores busy: the split's parallel compilation gained
+  no time); like the first two, they change the last bits of some results
   (deterministically), which the suite's tolerances hold.
   Every process of the suite uses the same flags (the quickstart test,
   which runs the README's commands as a user does, uses none)."""
@@ -32,8 +28,7 @@ def xla_flags(num_devices: int) -> str:
           "--xla_backend_optimization_level=0 "
           "--xla_cpu_use_fusion_emitters=false "
           "--xla_cpu_parallel_codegen_split_count=1 "
-          "--xla_cpu_enable_concurrency_optimized_scheduler=false "
-          "--xla_llvm_disable_expensive_passes=true")
+          "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 
 
 os.environ.setdefault("XLA_FLAGS", xla_flags(4))
