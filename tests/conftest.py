@@ -74,10 +74,13 @@ def multi30k_dir() -> pathlib.Path | None:
 
 # The tiny training config of the trainer tests: the synthetic pair and a
 # 512-piece vocabulary keep sentences short (about 10 pieces), so three
-# bucket shapes (lengths 8, 16, 24) hold them: few compiles.
+# bucket shapes (lengths 8, 16, 24) hold them: few compiles. Bucketed as
+# configs/base.py (the paper's §5.1), not packed as the quickstart is, so
+# that the trainer tests run the default batching (packed, the suite passes
+# too and takes ~4% less time).
 TINY_OVERRIDES = dict(vocab_size=512, max_source_length=24,
                       max_target_length=24, max_tokens=768, max_len=64,
-                      eval_bleu_sentences=0)
+                      eval_bleu_sentences=0, pack_examples=False)
 
 
 def tiny_config(**changes):

@@ -43,7 +43,7 @@ def test_quickstart_command_reaches_the_readmes_bleu(tmp_path):
   assert steps[0][:3] == ["python3", "-m", "venv"]
   # Run from another folder, keeping the README's relative workdir (and so
   # checking relative paths), with the scripts and configs made absolute.
-  # The whole run, as a new user makes it: ~1.5 minutes on 2 cores.
+  # The whole run, as a new user makes it: ~1.3 minutes on 2 cores.
   # As a user's shell runs them, without the suite's settings (conftest.py):
   # the machine's one CPU device, XLA's default optimisation, and the huge
   # pages the commands turn on for themselves on CPU hosts.
@@ -64,7 +64,7 @@ def test_quickstart_command_reaches_the_readmes_bleu(tmp_path):
   # eval.py prints what the README shows, line for line, with this run's
   # timings: the header, the folder written, BLEU and chrF with the same
   # signature, and scores within 2 points of the README's (float rounding
-  # differs between CPUs: the README gives 96.97 and 96.12 on two).
+  # differs between CPUs: docs/results.md has runs on other CPUs).
   sample = readme_quickstart_output()
   header = re.escape(sample[0].split(" sentences in ")[0])
   assert re.search(header + r" sentences in [0-9.]+ s \([0-9.]+ "
