@@ -875,6 +875,41 @@ def _merge_finished(state: _BeamState, ends: jax.Array,
       finished_logprobs=_take(all_logprobs, finished_index))
 
 
+def _fresh_beams(limits: jax.Array, alpha: float, beam_size: int,
+                 length: int) -> dict[str, jax.Array]:
+  """`_BeamState` fields of sentences (or slots) that start a search: one
+  live (empty) hypothesis, no finished one; `limits` `[sentences]`."""
+  n = limits.shape[0]
+  return dict(
+      live_seqs=jnp.zeros((n, beam_size, length), jnp.int32),
+      live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1),
+                                       jnp.float32), (n, 1)),
+      last=jnp.full((n, beam_size), PAD_ID, jnp.int32),
+      finished_seqs=jnp.zeros((n, beam_size, length), jnp.int32),
+      finished_scores=jnp.full((n, beam_size), NEG_INF, jnp.float32),
+      finished_flags=jnp.zeros((n, beam_size), jnp.bool_),
+      finished_logprobs=jnp.full((n, beam_size), NEG_INF, jnp.float32),
+      limits=limits, lp_limit=length_penalty(limits, alpha))
+
+
+def _beam_done(beams: _BeamState, step: jax.Array, alpha: float,
+               num_best: int, stop: str) -> jax.Array:
+  """Which sentences (or slots) are done under `beam_search`'s stopping
+  rule `stop`, at `step` (`[]`, or `[slots]`: each slot at its own): the
+  num_best best finished hypotheses can no longer be beaten, or the
+  sentence is at its length limit (where every candidate ended; said apart
+  because NaN scores, of a model with NaN parameters, settle no
+  comparison, and the sentence would never be done)."""
+  best_live = beams.live_logprobs[:, 0]
+  best_reachable = _best_reachable(best_live, step, alpha, beams.lp_limit,
+                                   stop)
+  worst_finished = jnp.where(
+      jnp.all(beams.finished_flags[:, :num_best], axis=1),
+      beams.finished_scores[:, num_best - 1], NEG_INF)
+  return ((best_live == NEG_INF) | (worst_finished > best_reachable)
+          | (step >= beams.limits))
+
+
 def beam_search(tokens_to_logits: TokensToLogits,
                 cache: PyTree,
                 batch_size: int,
@@ -1001,34 +1036,12 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
   init = _BeamState(
       step=jnp.array(0, jnp.int32),
-      live_seqs=jnp.zeros((batch_size, beam_size, lengths[0]), jnp.int32),
-      # One live hypothesis (the empty one) per sentence to start with.
-      live_logprobs=jnp.tile(
-          jnp.array([0.0] + [NEG_INF] * (beam_size - 1), jnp.float32),
-          (batch_size, 1)),
-      last=jnp.full((batch_size, beam_size), PAD_ID, jnp.int32),
-      finished_seqs=jnp.zeros((batch_size, beam_size, lengths[0]),
-                              jnp.int32),
-      finished_scores=jnp.full((batch_size, beam_size), NEG_INF, jnp.float32),
-      finished_flags=jnp.zeros((batch_size, beam_size), jnp.bool_),
-      finished_logprobs=jnp.full((batch_size, beam_size), NEG_INF,
-                                 jnp.float32),
-      limits=limits,
-      lp_limit=length_penalty(limits, alpha),
       rows=_first_rows(batch_size, beam_size),
       cache=_expand_cache(cache, kinds, batch_size, beam_size),
-  )
+      **_fresh_beams(limits, alpha, beam_size, lengths[0]))
 
   def sentence_done(state: _BeamState) -> jax.Array:
-    best_live = state.live_logprobs[:, 0]  # [batch]
-    best_reachable = _best_reachable(best_live, state.step, alpha,
-                                     state.lp_limit, stop)  # [batch]
-    # The num_best-th best finished score (-inf while that slot is empty).
-    worst_finished = jnp.where(
-        jnp.all(state.finished_flags[:, :num_best], axis=1),
-        state.finished_scores[:, num_best - 1], NEG_INF)  # [batch]
-    no_live = best_live == NEG_INF
-    return no_live | (worst_finished > best_reachable)  # [batch]
+    return _beam_done(state, state.step, alpha, num_best, stop)  # [batch]
 
   def cond(state: _BeamState) -> jax.Array:
     return ((state.step < state.live_seqs.shape[2]) &
@@ -1157,41 +1170,6 @@ class _BeamRefillState(NamedTuple):
   out_scores: jax.Array  # [sentences]
   out_logprobs: jax.Array  # [sentences]
   cache: PyTree  # the step function's (the beam's own `cache`: None)
-
-
-def _fresh_beams(limits: jax.Array, alpha: float, beam_size: int,
-                 length: int) -> dict[str, jax.Array]:
-  """`_BeamState` fields of slots that start a search: one live (empty)
-  hypothesis, no finished one; `limits` `[slots]`."""
-  slots = limits.shape[0]
-  return dict(
-      live_seqs=jnp.zeros((slots, beam_size, length), jnp.int32),
-      live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam_size - 1),
-                                       jnp.float32), (slots, 1)),
-      last=jnp.full((slots, beam_size), PAD_ID, jnp.int32),
-      finished_seqs=jnp.zeros((slots, beam_size, length), jnp.int32),
-      finished_scores=jnp.full((slots, beam_size), NEG_INF, jnp.float32),
-      finished_flags=jnp.zeros((slots, beam_size), jnp.bool_),
-      finished_logprobs=jnp.full((slots, beam_size), NEG_INF, jnp.float32),
-      limits=limits, lp_limit=length_penalty(limits, alpha))
-
-
-def _beam_done(beams: _BeamState, step: jax.Array, alpha: float,
-               num_best: int, stop: str) -> jax.Array:
-  """`beam_search`'s stopping rule `stop`, each slot at its own `step`
-  `[slots]`:
-  its num_best best finished hypotheses can no longer be beaten, or it is
-  at its length limit (where every candidate ended; said apart because NaN
-  scores, of a model with NaN parameters, settle no comparison, and the
-  slot would never stop)."""
-  best_live = beams.live_logprobs[:, 0]
-  best_reachable = _best_reachable(best_live, step, alpha, beams.lp_limit,
-                                   stop)
-  worst_finished = jnp.where(
-      jnp.all(beams.finished_flags[:, :num_best], axis=1),
-      beams.finished_scores[:, num_best - 1], NEG_INF)
-  return ((best_live == NEG_INF) | (worst_finished > best_reachable)
-          | (step >= beams.limits))
 
 
 def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
