@@ -910,6 +910,50 @@ def _beam_done(beams: _BeamState, step: jax.Array, alpha: float,
           | (step >= beams.limits))
 
 
+def _beam_step(tokens_to_logits: TokensToLogits, kinds: PyTree,
+               eos_id: int, alpha: float, beams: _BeamState, cache: PyTree,
+               step: jax.Array, active: jax.Array | None = None
+               ) -> tuple[_BeamState, PyTree]:
+  """One step of beam search for every sentence (or slot) of `beams`, at
+  `step` (`[]`, or `[slots]`: each slot at its own); slots whose `active`
+  (`[slots]` bool) is False write nothing and move no cache row. The best
+  `2 * beam` extensions of the live hypotheses are scored; those ending in
+  EOS (or at their sentence's length limit) compete for the finished
+  slots, the others for the live ones, and the cache rows follow their
+  hypotheses. Returns the new `beams` (its `step` and `cache` fields
+  untouched) and the step function's new `cache`."""
+  n, beam_size, room = beams.live_seqs.shape
+  logits, cache = tokens_to_logits(_row_tokens(beams), cache)
+  cand_logprobs, cand_parent, cand_token = _candidates(
+      jnp.asarray(logits, jnp.float32).reshape(n, beam_size, -1),
+      beams.live_logprobs, beams.rows)
+  cand_seqs = _take(beams.live_seqs, cand_parent)  # [n, c, len]
+  length = step + 1
+  if active is None:
+    cand_seqs = cand_seqs.at[:, :, step].set(cand_token)
+    moves = True
+  else:
+    at = jnp.where(active, step, room)  # idle slots: nowhere
+    cand_seqs = cand_seqs.at[jnp.arange(n), :, at].set(cand_token,
+                                                       mode='drop')
+    length = length[:, None]  # [slots, 1]
+    moves = active[:, None]
+  ends = (cand_logprobs > NEG_INF) & (
+      (cand_token == eos_id) | (step + 1 >= beams.limits)[:, None])
+  # Live: the best beam candidates that did not end.
+  live_logprobs, live_index = lax.top_k(
+      jnp.where(ends, NEG_INF, cand_logprobs), beam_size)  # [n, beam]
+  rows, cache = _move_rows(cache, kinds, beams.rows,
+                           _take(cand_parent, live_index),
+                           (live_logprobs > NEG_INF) & moves)
+  return _merge_finished(beams, ends, cand_logprobs, cand_seqs, length,
+                         alpha, beam_size)._replace(
+      live_seqs=_take(cand_seqs, live_index),  # [n, beam, len]
+      live_logprobs=live_logprobs,
+      last=_take(cand_token, live_index),
+      rows=rows), cache
+
+
 def beam_search(tokens_to_logits: TokensToLogits,
                 cache: PyTree,
                 batch_size: int,
@@ -1048,7 +1092,6 @@ def beam_search(tokens_to_logits: TokensToLogits,
             ~jnp.all(sentence_done(state)))
 
   def body(state: _BeamState) -> _BeamState:
-    batch_size = state.live_logprobs.shape[0]  # sentences of this loop
     if stop == 'early':
       # Under the early rule a done sentence's finished hypotheses could
       # still change at a later step (its bound is no bound), and its result
@@ -1058,32 +1101,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
       # rule nothing it returns can change.
       state = state._replace(live_logprobs=jnp.where(
           sentence_done(state)[:, None], NEG_INF, state.live_logprobs))
-    logits, cache = tokens_to_logits(_row_tokens(state), state.cache)
-    logits = jnp.asarray(logits, jnp.float32)
-    cand_logprobs, cand_parent, cand_token = _candidates(
-        logits.reshape(batch_size, beam_size, -1), state.live_logprobs,
-        state.rows)
-    cand_seqs = _take(state.live_seqs, cand_parent)  # [b, c, len]
-    cand_seqs = cand_seqs.at[:, :, state.step].set(cand_token)
-    length = state.step + 1
-    real = cand_logprobs > NEG_INF  # [b, c]
-    ends = real & ((cand_token == eos_id) |
-                   (length >= state.limits)[:, None])
-
-    # Live: the best beam candidates that did not end.
-    live_logprobs, live_index = lax.top_k(
-        jnp.where(ends, NEG_INF, cand_logprobs), beam_size)  # [b, beam]
-    rows, cache = _move_rows(cache, kinds, state.rows,
-                             _take(cand_parent, live_index),
-                             live_logprobs > NEG_INF)
-    return _merge_finished(state, ends, cand_logprobs, cand_seqs, length,
-                           alpha, beam_size)._replace(
-        step=length,
-        live_seqs=_take(cand_seqs, live_index),  # [b, beam, len]
-        live_logprobs=live_logprobs,
-        last=_take(cand_token, live_index),
-        rows=rows, cache=cache,
-    )
+    state, cache = _beam_step(tokens_to_logits, kinds, eos_id, alpha,
+                              state, state.cache, state.step)
+    return state._replace(step=state.step + 1, cache=cache)
 
   def grow(state: _BeamState, length: int) -> _BeamState:
     return state._replace(live_seqs=_pad_axis(state.live_seqs, 2, length),
@@ -1175,32 +1195,11 @@ class _BeamRefillState(NamedTuple):
 def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
                       state: _BeamRefillState) -> _BeamRefillState:
   """`beam_search`'s step for every slot, each at its own step."""
-  beams = state.beam
-  slots, beam_size, room = beams.live_seqs.shape
-  logits, cache = tokens_to_logits(_row_tokens(beams), state.cache)
-  cand_logprobs, cand_parent, cand_token = _candidates(
-      jnp.asarray(logits, jnp.float32).reshape(slots, beam_size, -1),
-      beams.live_logprobs, beams.rows)
-  cand_seqs = _take(beams.live_seqs, cand_parent)  # [slots, c, len]
-  at = jnp.where(state.active, state.step, room)  # idle slots: nowhere
-  cand_seqs = cand_seqs.at[jnp.arange(slots), :, at].set(cand_token,
-                                                          mode='drop')
-  length = state.step + 1  # [slots]
-  ends = (cand_logprobs > NEG_INF) & (
-      (cand_token == eos_id) | (length >= beams.limits)[:, None])
-  live_logprobs, live_index = lax.top_k(
-      jnp.where(ends, NEG_INF, cand_logprobs), beam_size)
-  beams = _merge_finished(beams, ends, cand_logprobs, cand_seqs,
-                          length[:, None], alpha, beam_size)._replace(
-      live_seqs=_take(cand_seqs, live_index),
-      live_logprobs=live_logprobs,
-      last=_take(cand_token, live_index))
-  rows, cache = _move_rows(cache, kinds, beams.rows,
-                           _take(cand_parent, live_index),
-                           (live_logprobs > NEG_INF) & state.active[:, None])
+  beams, cache = _beam_step(tokens_to_logits, kinds, eos_id, alpha,
+                            state.beam, state.cache, state.step, state.active)
   return state._replace(
-      step=jnp.where(state.active, length, state.step),
-      beam=beams._replace(rows=rows), cache=cache)
+      step=jnp.where(state.active, state.step + 1, state.step),
+      beam=beams, cache=cache)
 
 
 def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
