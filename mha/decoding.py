@@ -928,7 +928,9 @@ def _beam_step(tokens_to_logits: TokensToLogits, kinds: PyTree,
       jnp.asarray(logits, jnp.float32).reshape(n, beam_size, -1),
       beams.live_logprobs, beams.rows)
   cand_seqs = _take(beams.live_seqs, cand_parent)  # [n, c, len]
-  length = step + 1
+  length = step + 1  # of the candidates: [] or [slots]
+  ends = (cand_logprobs > NEG_INF) & (
+      (cand_token == eos_id) | (length >= beams.limits)[:, None])
   if active is None:
     cand_seqs = cand_seqs.at[:, :, step].set(cand_token)
     moves = True
@@ -936,10 +938,8 @@ def _beam_step(tokens_to_logits: TokensToLogits, kinds: PyTree,
     at = jnp.where(active, step, room)  # idle slots: nowhere
     cand_seqs = cand_seqs.at[jnp.arange(n), :, at].set(cand_token,
                                                        mode='drop')
-    length = length[:, None]  # [slots, 1]
+    length = length[:, None]  # [slots, 1], as the candidates' scores
     moves = active[:, None]
-  ends = (cand_logprobs > NEG_INF) & (
-      (cand_token == eos_id) | (step + 1 >= beams.limits)[:, None])
   # Live: the best beam candidates that did not end.
   live_logprobs, live_index = lax.top_k(
       jnp.where(ends, NEG_INF, cand_logprobs), beam_size)  # [n, beam]

@@ -73,7 +73,6 @@ def _run_eval(*args, stdin=None):
                         timeout=300)
 
 
-
 def _references(split: str) -> tuple[list[str], list[str]]:
   return data.load_text_pairs(quickstart.get_config(), split)
 
