@@ -463,33 +463,65 @@ def _check_grow_cache(lengths: list[int], grow_cache) -> None:
                      'the step function\'s cache to a longer output.')
 
 
-def _run_stages(state, lengths: list[int], cond, body, grow, grow_cache,
-                result):
-  """Runs the search loop for each stage; returns `result(final state)`.
+def _run_stages(state, lengths: list[int], body, done, grow, grow_cache,
+                result, shrink_sizes: Sequence[int] = (), gather=None):
+  """The search loop of `greedy_search` and `beam_search` from `state` to
+  its end, through its length stages and shrinks; returns `result(state)`
+  of the final state, its outputs padded to the last length.
 
-  `grow(state, length)` pads the state's output arrays; `grow_cache(cache,
-  length)` the step function's cache. Between stages, `lax.cond` skips the
-  rest when no sentence is left to search (the usual case): only the
-  outputs are padded to the last length, and the cache, by far the largest
-  array, is neither padded nor copied.
+  The loop runs `body` while the room of the stage (`lengths`) lasts and
+  some sentence is not `done` (`[batch]` bool). Out of room, the state's
+  outputs are padded (`grow(state, length)`) and so is the step function's
+  cache (`grow_cache(cache, length)`), and the loop goes on in the next
+  stage; `lax.switch` skips that when every sentence is done (the usual
+  case), so that the cache, by far the largest array, is neither padded nor
+  copied.
+
+  `shrink_sizes=(n1, n2, ...)` (beam_search's, which gives `gather(state,
+  index)`: the state of sentences `index` alone): once at most n1
+  sentences are not done, the loop goes on with n1 of them, those first,
+  traced again for the smaller batch; then n2, and so on; their results
+  are put back in their places. No shrinking after a (rarely reached)
+  growth: every path of stages and shrinks is traced and compiled on its
+  own.
   """
   _check_grow_cache(lengths, grow_cache)
 
-  def rest(state, i: int):
-    if i == len(lengths):
-      return result(state)
+  def finish(state):
+    return result(grow(state, lengths[-1]))
 
-    def go_on(state):
-      state = state._replace(cache=grow_cache(state.cache, lengths[i]))
-      return rest(lax.while_loop(cond, body, state), i + 1)
+  def run(state, stage: int, level: int):
+    smaller = shrink_sizes[level] if level < len(shrink_sizes) else 0
 
-    def stop(state):
-      return result(grow(state, lengths[-1]))
+    def cond(state):
+      return (state.step < lengths[stage]) & (jnp.sum(~done(state)) > smaller)
 
-    state = grow(state, lengths[i])  # outputs only: the cache waits for go_on
-    return lax.cond(cond(state), go_on, stop, state)
+    state = lax.while_loop(cond, body, state)
+    branches = [finish]  # every sentence done
+    if smaller:  # at most `smaller` sentences left
+      def shrink(state):
+        # The sentences not done first (a stable sort keeps their order).
+        index = jnp.argsort(done(state), stable=True)[:smaller]
+        part = run(gather(state, index), stage, level + 1)
+        return jax.tree.map(lambda whole, x: whole.at[index].set(x),
+                            finish(state), part)
+      branches.append(shrink)
+    if stage + 1 < len(lengths):  # out of room: the next length stage
+      def longer(state):
+        state = grow(state, lengths[stage + 1])
+        return run(state._replace(
+            cache=grow_cache(state.cache, lengths[stage + 1])), stage + 1,
+                   len(shrink_sizes))
+      branches.append(longer)
+    if len(branches) == 1:
+      return finish(state)
+    left = jnp.sum(~done(state))
+    branch = jnp.where(left == 0, 0, len(branches) - 1)
+    if smaller:
+      branch = jnp.where((left > 0) & (left <= smaller), 1, branch)
+    return lax.switch(branch, branches, state)
 
-  return rest(lax.while_loop(cond, body, state), 1)
+  return run(state, 0, 0)
 
 
 # ---------------------------------------------------------------------- greedy
@@ -533,9 +565,6 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
                           1),
   )
 
-  def cond(state: _GreedyState) -> jax.Array:
-    return (state.step < state.seqs.shape[1]) & ~jnp.all(state.finished)
-
   def body(state: _GreedyState) -> _GreedyState:
     if choose is _argmax:  # without the [batch, V] log-softmax
       logits, cache = _step_logits(tokens_to_logits, state.last[:, None],
@@ -561,7 +590,7 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
     )
 
   return _run_stages(
-      init, lengths, cond, body,
+      init, lengths, body, lambda state: state.finished,
       lambda state, n: state._replace(seqs=_pad_axis(state.seqs, 1, n)),
       grow_cache,
       lambda state: (state.seqs,
@@ -1087,10 +1116,6 @@ def beam_search(tokens_to_logits: TokensToLogits,
   def sentence_done(state: _BeamState) -> jax.Array:
     return _beam_done(state, state.step, alpha, num_best, stop)  # [batch]
 
-  def cond(state: _BeamState) -> jax.Array:
-    return ((state.step < state.live_seqs.shape[2]) &
-            ~jnp.all(sentence_done(state)))
-
   def body(state: _BeamState) -> _BeamState:
     if stop == 'early':
       # Under the early rule a done sentence's finished hypotheses could
@@ -1129,51 +1154,12 @@ def beam_search(tokens_to_logits: TokensToLogits,
     return state._replace(cache=jax.tree.map(leaf, kinds, state.cache),
                           **per_sentence)
 
-  def result(state: _BeamState):
-    state = grow(state, lengths[-1])
-    return (state.finished_seqs, state.finished_scores,
-            state.finished_logprobs)
-
-  def run(state: _BeamState, stage: int, level: int):
-    """The search from `state` (length stage `stage`, shrink level `level`)
-    to its end: the results of the state's sentences."""
-    smaller = shrink_sizes[level] if level < len(shrink_sizes) else 0
-
-    def loop_cond(state):
-      active = jnp.sum(~sentence_done(state))
-      return cond(state) & (active > smaller)
-
-    state = lax.while_loop(loop_cond, body, state)
-    branches = [result]  # every sentence done
-    if smaller:  # at most `smaller` sentences left
-      def shrink(state):
-        # The sentences not done first (a stable sort keeps their order).
-        index = jnp.argsort(sentence_done(state), stable=True)[:smaller]
-        shrunk = run(gather_sentences(state, index), stage, level + 1)
-        return jax.tree.map(lambda whole, part: whole.at[index].set(part),
-                            result(state), shrunk)
-      branches.append(shrink)
-    if stage + 1 < len(lengths):  # out of room: the next length stage
-      def longer(state):
-        state = grow(state, lengths[stage + 1])
-        # No shrinking after this (rarely reached) growth: every path of
-        # stages and shrinks is traced and compiled on its own.
-        return run(state._replace(
-            cache=grow_cache(state.cache, lengths[stage + 1])), stage + 1,
-                   len(shrink_sizes))
-      branches.append(longer)
-    if len(branches) == 1:
-      return result(state)
-    done = jnp.all(sentence_done(state))
-    can_shrink = (jnp.sum(~sentence_done(state)) <= smaller) if smaller else (
-        jnp.array(False))
-    branch = jnp.where(done, 0, jnp.where(can_shrink, 1, len(branches) - 1))
-    return lax.switch(branch, branches, state)
-
-  _check_grow_cache(lengths, grow_cache)
   # Every sentence has a finished hypothesis: at the latest, its live ones are
   # forced to end at its max_length.
-  found = run(init, 0, 0)
+  found = _run_stages(
+      init, lengths, body, sentence_done, grow, grow_cache,
+      lambda state: (state.finished_seqs, state.finished_scores,
+                     state.finished_logprobs), shrink_sizes, gather_sentences)
   return found if with_log_probs else found[:2]
 
 
