@@ -7,6 +7,7 @@ import sys
 
 from etils import epath
 import pytest
+import requests
 import tensorflow_datasets as tfds
 
 from conftest import tiny_config
@@ -240,6 +241,30 @@ def test_unknown_tfds_dataset():
   with pytest.raises(data.DataError, match="Unknown TFDS dataset 'nosuch"):
     data.load_text_pairs(_wmt_config(dataset_name="nosuch_translate/de-en"),
                          "train")
+
+
+def test_wmt_download_failure_is_one_line(tmp_path, monkeypatch):
+  """The real WMT14 builder prepared with the network down: the download
+  manager is made (tensorflow/datasets#11212 broke it: a module TFDS
+  imports without requiring it) and the failed download is one line that
+  names the dataset and the way out; nothing is downloaded."""
+  def offline(self, url_or_urls):
+    raise requests.exceptions.ConnectionError(
+        "HTTPConnectionPool(host='www.statmt.org', port=80): Failed to "
+        "resolve 'www.statmt.org'\n(second line)")
+
+  monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract",
+                      offline)
+  with pytest.raises(data.DataError) as error:
+    data.load_text_pairs(_wmt_config(data_dir=str(tmp_path)), "train")
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith(
+      "Cannot prepare TFDS dataset 'wmt14_translate/de-en' "
+      f"(config.dataset_name) in {tmp_path}")
+  assert ("(ConnectionError: HTTPConnectionPool(host='www.statmt.org', port=80)"
+          ": Failed to resolve 'www.statmt.org'): run where") in message
+  assert message.endswith("give its folder as config.data_dir.")
 
 
 class TinyTranslate(tfds.core.GeneratorBasedBuilder):

@@ -214,7 +214,15 @@ def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
   if not builder.is_prepared():
     logging.info("Preparing TFDS dataset %s in %s (may download).", name,
                  builder.data_dir)
-    builder.download_and_prepare()
+    try:
+      builder.download_and_prepare()
+    except OSError as e:  # requests' errors too: no network, a refused URL
+      raise DataError(
+          f"Cannot prepare TFDS dataset {name!r} (config.dataset_name) in "
+          f"{builder.data_dir}, which downloads its files on first use "
+          f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]}): run "
+          "where the network reaches them, or prepare it elsewhere (`tfds "
+          "build`) and give its folder as config.data_dir.") from None
   known = list(builder.info.splits.keys())
   for split_name in _split_names(split):
     if known and split_name not in known:
