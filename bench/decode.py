@@ -70,7 +70,9 @@ new/old speed ratios and how many sentences' outputs are identical.
 `--beam_stop=early`: the current search with the early stopping rule
 (`mha.decoding.beam_search`'s `stop`); the baseline keeps its default,
 the exact rule, so `--baseline=HEAD --beam_stop=early` times the two rules
-of the same code side by side.
+of the same code side by side. `--matmul_dtype=bfloat16` likewise: the
+current search with its weight products in bfloat16 (float32 results), the
+baseline's in float32.
 """
 import argparse
 import collections
@@ -174,14 +176,18 @@ class Path:
   """One search implementation (a translate module) on the sentences."""
 
   def __init__(self, name, module, model_config, encoded, batch_size,
-               cache_extra, options=None):
+               cache_extra, options=None, matmul_dtype=None):
     self.name, self.module, self.encoded = name, module, encoded
     self.options = options or {}  # decode_batches' keywords of this path
+    self.matmul_dtype = matmul_dtype  # the model's weight products
     self.batches = module.make_batches(
         encoded, batch_size=batch_size, max_len=model_config.max_len,
         max_decode_extra=cache_extra)
 
   def run(self, model_config, params, batches, **kwargs) -> list[np.ndarray]:
+    if self.matmul_dtype:
+      model_config = self.module.with_matmul_dtype(model_config,
+                                                   self.matmul_dtype)
     return self.module.decode_batches(model_config, params, batches,
                                       **kwargs, **self.options)
 
@@ -591,6 +597,10 @@ def main():
                       choices=validation.BEAM_STOPS,
                       help="the current search's stopping rule (the "
                       "baseline's: its default, exact)")
+  parser.add_argument("--matmul_dtype", default="float32",
+                      choices=validation.MATMUL_DTYPES,
+                      help="the current search's weight products (the "
+                      "baseline's: float32)")
   args = parser.parse_args()
   if args.ctranslate2 and not args.workdir:
     parser.error("--ctranslate2 needs --workdir (a trained model to export)")
@@ -632,7 +642,8 @@ def main():
     paths.append(Path(f"old ({args.baseline})", load_baseline(args.baseline),
                       model_config, encoded, args.batch_size, cache_extra))
   paths.append(Path("new", translate, model_config, encoded, args.batch_size,
-                    cache_extra, dict(beam_stop=args.beam_stop)))
+                    cache_extra, dict(beam_stop=args.beam_stop),
+                    matmul_dtype=args.matmul_dtype))
   print(f"{len(paths[-1].batches)} batches of up to {args.batch_size} "
         f"sentences; {jax.device_count()} {jax.default_backend()} device(s), "
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")

@@ -287,6 +287,7 @@ class MultiHeadAttention(nn.Module):
     deterministic: disables dropout.
     decode: incremental decoding with a cache (see `__call__`).
     dtype: computation dtype; parameters stay in float32.
+    matmul_dtype: the projections' products (`weight_product`).
     kernel_init: initializer of the projections.
   """
   num_heads: int
@@ -301,6 +302,7 @@ class MultiHeadAttention(nn.Module):
   deterministic: bool = True
   decode: bool = False
   dtype: jnp.dtype = jnp.float32
+  matmul_dtype: str = "float32"
   kernel_init: Callable = nn.initializers.xavier_uniform()
 
   def _projection(self, name: str, d_model: int, head_size: int) -> jax.Array:
@@ -322,7 +324,9 @@ class MultiHeadAttention(nn.Module):
   def _project(self, name: str, x: jax.Array, head_size: int) -> jax.Array:
     """x [B, L, M] -> [B, L, H, head_size] through a fused kernel."""
     kernel = self._projection(name, x.shape[-1], head_size)
-    return _apply_projection(x.astype(self.dtype), kernel)
+    # [B, L, M] x [M, H, D] -> [B, L, H, D]
+    return weight_product("BLM,MHD->BLHD", x.astype(self.dtype), kernel,
+                          self.matmul_dtype)
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
@@ -375,7 +379,8 @@ class MultiHeadAttention(nn.Module):
     # Concat(head_1..head_h) W^O: [B, Q, H, V] x [H, V, M] -> [B, Q, M]
     # Rows by sentence (cached cross-attention) back to one row per query.
     heads = heads.reshape(inputs_q.shape[:2] + heads.shape[2:])
-    return jnp.einsum("BQHV,HVM->BQM", heads, w_out.astype(self.dtype))
+    return weight_product("BQHV,HVM->BQM", heads, w_out.astype(self.dtype),
+                          self.matmul_dtype)
 
   def _heads(self, query: jax.Array, key: jax.Array, value: jax.Array,
              mask: jax.Array | None,
@@ -522,8 +527,10 @@ class MultiHeadAttention(nn.Module):
     inputs_kv = inputs_kv.astype(self.dtype)
 
     def project():
-      return (_apply_projection(inputs_kv, w_key),     # [b, S, H, d_k]
-              _apply_projection(inputs_kv, w_value))   # [b, S, H, d_v]
+      return (weight_product("BLM,MHD->BLHD", inputs_kv, w_key,
+                             self.matmul_dtype),   # [b, S, H, d_k]
+              weight_product("BLM,MHD->BLHD", inputs_kv, w_value,
+                             self.matmul_dtype))   # [b, S, H, d_v]
 
     batch = inputs_kv.shape[0]
     if not initialized:
@@ -578,6 +585,38 @@ def _queries_by_sentence(query: jax.Array, sentences: int) -> jax.Array:
                        + query.shape[2:])
 
 
-def _apply_projection(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  # [B, L, M] x [M, H, D] -> [B, L, H, D]
-  return jnp.einsum("BLM,MHD->BLHD", x, kernel)
+def weight_product(spec: str, x: jax.Array, weights: jax.Array,
+                   matmul_dtype: str = "float32") -> jax.Array:
+  """`jnp.einsum(spec, x, weights)`: activations times a weight matrix.
+
+  `matmul_dtype='bfloat16'` (a search setting, `mha.SearchSettings`): a
+  float32 product takes both operands in bfloat16 and returns float32, as
+  a TPU's default precision does; on CPUs with bfloat16 instructions
+  (AVX512-BF16) such products run faster (bench/README.md), and the
+  results differ from float32's by bfloat16's rounding of the inputs.
+  'float32' (the default) and any other computation dtype: the product as
+  it is.
+  """
+  if matmul_dtype == "float32" or x.dtype != jnp.float32:
+    return jnp.einsum(spec, x, weights)
+  return jnp.einsum(spec, x.astype(jnp.bfloat16),
+                    weights.astype(jnp.bfloat16),
+                    preferred_element_type=jnp.float32)
+
+
+def dot_general_of(matmul_dtype: str) -> Callable[..., jax.Array] | None:
+  """`nn.Dense`'s `dot_general` for `matmul_dtype` (`weight_product`):
+  None (lax.dot_general) for float32."""
+  if matmul_dtype == "float32":
+    return None
+
+  def dot_general(lhs, rhs, dimension_numbers, precision=None,
+                  preferred_element_type=None):
+    del precision, preferred_element_type
+    if lhs.dtype != jnp.float32:
+      return lax.dot_general(lhs, rhs, dimension_numbers)
+    return lax.dot_general(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16),
+                           dimension_numbers,
+                           preferred_element_type=jnp.float32)
+
+  return dot_general

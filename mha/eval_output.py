@@ -39,8 +39,8 @@ TRANSLATIONS_FILE = "translations.txt"
 METRICS_FILE = "metrics.json"
 # metrics.json fields that say which results a folder holds.
 SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
-                   "alpha", "max_decode_extra", "beam_stop", "source_file",
-                   "reference_file")
+                   "alpha", "max_decode_extra", "beam_stop", "matmul_dtype",
+                   "source_file", "reference_file")
 
 
 def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],

@@ -170,7 +170,8 @@ def check_flags(*, checkpoint_step: int | None = None,
                 average_last: int | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
                 max_decode_extra: int | None = None, batch_size: int = 64,
-                plot_attention: int = 0, beam_stop: str | None = None) -> None:
+                plot_attention: int = 0, beam_stop: str | None = None,
+                matmul_dtype: str | None = None) -> None:
   """Checks the numeric flags that need no workdir; None = the default.
 
   Each by its rule in the one table of rules (`mha.validation`).
@@ -181,7 +182,8 @@ def check_flags(*, checkpoint_step: int | None = None,
   given = {"checkpoint_step": checkpoint_step, "average_last": average_last,
            "beam_size": beam_size, "max_decode_extra": max_decode_extra,
            "batch_size": batch_size, "plot_attention": plot_attention,
-           "alpha": alpha, "beam_stop": beam_stop}
+           "alpha": alpha, "beam_stop": beam_stop,
+           "matmul_dtype": matmul_dtype}
   for name, value in given.items():
     if value is not None:
       validation.check_flag(name, value, EvalError)
@@ -294,13 +296,14 @@ def _plan(workdir: str, split: str | None, source_file: str | None,
           reference_file: str | None, *, checkpoint_step: int | None,
           average_last: int | None, beam_size: int | None,
           alpha: float | None, max_decode_extra: int | None,
-          beam_stop: str | None, plot_attention: int, plot_layer: int,
+          beam_stop: str | None, matmul_dtype: str | None,
+          plot_attention: int, plot_layer: int,
           write: bool) -> _Plan:
   """Load: the workdir's config and vocabulary, the steps and the inputs."""
   config, tokenizer = load_workdir(workdir)
   search = _search_settings(config, workdir, beam_size=beam_size,
                             alpha=alpha, max_decode_extra=max_decode_extra,
-                            beam_stop=beam_stop)
+                            beam_stop=beam_stop, matmul_dtype=matmul_dtype)
   _check_plot_flags(config, plot_attention, plot_layer, write)
   steps = choose_steps(workdir, checkpoint_step, average_last)
   split_name, sources, references = _read_inputs(
@@ -443,7 +446,8 @@ def evaluate(workdir: str, *, split: str | None = None,
              write: bool = True, plot_attention: int = 0,
              plot_layer: int = -1, paper_bleu: bool = False,
              reference_tokenized: bool = False,
-             beam_stop: str | None = None) -> dict[str, Any]:
+             beam_stop: str | None = None,
+             matmul_dtype: str | None = None) -> dict[str, Any]:
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
   Checks the flags; loads the workdir, chooses the steps, reads the
@@ -461,6 +465,9 @@ def evaluate(workdir: str, *, split: str | None = None,
     beam_stop: the beam search's stopping rule, "exact" or "early"
       (`mha.decoding.beam_search`); default the config's ("exact" for a
       config without the field).
+    matmul_dtype: "float32" or "bfloat16", the model's products with its
+      weight matrices (`mha.attention.weight_product`); default the
+      config's ("float32" for a config without the field).
     source_file, reference_file: one sentence a line, instead of a split
       ('-' = stdin); without references, no scores.
     output_dir: default `eval_output.default_output_dir`; write: write
@@ -482,7 +489,7 @@ def evaluate(workdir: str, *, split: str | None = None,
   flags = dict(checkpoint_step=checkpoint_step, average_last=average_last,
                beam_size=beam_size, alpha=alpha,
                max_decode_extra=max_decode_extra, beam_stop=beam_stop,
-               plot_attention=plot_attention)
+               matmul_dtype=matmul_dtype, plot_attention=plot_attention)
   _check_arguments(split, source_file, reference_file, paper_bleu,
                    reference_tokenized, batch_size=batch_size, **flags)
   plan = _plan(workdir, split, source_file, reference_file,
@@ -524,7 +531,8 @@ def _score(plan: _Plan, translations: translate.Translations,
     `bleu`, `chrf`, `sacrebleu_signature`, `chrf_signature`, `bleu_details`
     when there are references (and `bleu_paper`, `bleu_paper_signature`
     with `paper_bleu`); `split`, `checkpoint_step`, `averaged_steps`,
-    `beam_size`, `alpha`, `max_decode_extra`, `beam_stop`, `batch_size`,
+    `beam_size`, `alpha`, `max_decode_extra`, `beam_stop`, `matmul_dtype`,
+    `batch_size`,
     `num_sentences`, `decode_seconds`, `sentences_per_second` (and
     `source_file`, `reference_file` for a source file); `translations`
     (the texts).
@@ -539,7 +547,7 @@ def _score(plan: _Plan, translations: translate.Translations,
           references_tokenized=reference_tokenized))
   result.update({k: settings[k] for k in (
       "split", "checkpoint_step", "averaged_steps", "beam_size", "alpha",
-      "max_decode_extra", "beam_stop", "batch_size")})
+      "max_decode_extra", "beam_stop", "matmul_dtype", "batch_size")})
   n = len(hypotheses)
   result.update(num_sentences=n, decode_seconds=seconds,
                 sentences_per_second=n / max(seconds, 1e-9))

@@ -221,7 +221,7 @@ def _lock(workdir: str, base: str) -> FollowLock:
 def follow(workdir: str, *, split: str | None = None,
            average_last: int | None = None, beam_size: int | None = None,
            alpha: float | None = None, max_decode_extra: int | None = None,
-           beam_stop: str | None = None,
+           beam_stop: str | None = None, matmul_dtype: str | None = None,
            batch_size: int = 64, paper_bleu: bool = False,
            poll_seconds: float = 60.0, timeout_seconds: float = 3600.0,
            report: Callable[[dict[str, Any]], None] | None = None,
@@ -234,7 +234,7 @@ def follow(workdir: str, *, split: str | None = None,
     workdir: a training workdir, local or gs://, with or without a trainer
       running.
     split, average_last, beam_size, alpha, max_decode_extra, beam_stop,
-      batch_size, paper_bleu: as `evaluator.evaluate`'s; `average_last=N` adds the
+      matmul_dtype, batch_size, paper_bleu: as `evaluator.evaluate`'s; `average_last=N` adds the
       average of the last N checkpoints up to each step.
     poll_seconds: the interval between two listings of the checkpoints.
     timeout_seconds: stop after this long without a new checkpoint
@@ -255,18 +255,20 @@ def follow(workdir: str, *, split: str | None = None,
                     f"{timeout_seconds}.")
   evaluator.check_flags(average_last=average_last, beam_size=beam_size,
                         alpha=alpha, max_decode_extra=max_decode_extra,
-                        beam_stop=beam_stop, batch_size=batch_size)
+                        beam_stop=beam_stop, matmul_dtype=matmul_dtype,
+                        batch_size=batch_size)
   config, _ = evaluator.load_workdir(workdir)
   single, average = names(config, split, average_last,
                           beam_size=beam_size, alpha=alpha,
                           max_decode_extra=max_decode_extra,
-                          beam_stop=beam_stop)
+                          beam_stop=beam_stop, matmul_dtype=matmul_dtype)
   lock = _lock(workdir, single)
   try:
     follower = _Follower(
         workdir, dict(split=split, beam_size=beam_size, alpha=alpha,
                       max_decode_extra=max_decode_extra, beam_stop=beam_stop,
-                      batch_size=batch_size, paper_bleu=paper_bleu),
+                      matmul_dtype=matmul_dtype, batch_size=batch_size,
+                      paper_bleu=paper_bleu),
         [(single, None)] + ([(average, average_last)] if average else []),
         Record.load(os.path.join(workdir, workdir_lib.EVAL_DIR,
                                  f"{RECORD_PREFIX}{single}.json")), report)

@@ -17,7 +17,7 @@ from mha import validation
 
 # The value of a search setting that the configs (and metrics.json files)
 # written before it existed lack: what the search did then.
-OLDER_DEFAULTS = {"beam_stop": "exact"}
+OLDER_DEFAULTS = {"beam_stop": "exact", "matmul_dtype": "float32"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,12 +26,16 @@ class SearchSettings:
 
   beam_size: 1 = greedy search; alpha: the length penalty's exponent;
   max_decode_extra: outputs of at most source tokens + this; beam_stop:
-  "exact" or "early" (`mha.decoding.beam_search`'s stopping rule).
+  "exact" or "early" (`mha.decoding.beam_search`'s stopping rule);
+  matmul_dtype: "float32", or "bfloat16" for the model's products with its
+  weight matrices (`mha.attention.weight_product`: faster on CPUs with
+  bfloat16 instructions, other outputs).
   """
   beam_size: int = 4
   alpha: float = 0.6
   max_decode_extra: int = 50
   beam_stop: str = "exact"
+  matmul_dtype: str = "float32"
 
   @classmethod
   def of_config(cls, config: Any) -> "SearchSettings":
@@ -66,7 +70,8 @@ class SearchSettings:
   def suffix(self, defaults: "SearchSettings") -> str:
     """'' for `defaults`, else e.g. '_beam8_alpha1.0': names each setting
     that differs, beam size (`_beam<n>`), α (`_alpha<α>`), max_decode_extra
-    (`_extra<n>`) and the stopping rule (`_early`, `_exact`), so that
+    (`_extra<n>`), the stopping rule (`_early`, `_exact`) and the weight
+    products' dtype (`_bfloat16`, `_float32`), so that
     evaluations with other settings get other folders."""
     parts = []
     if self.beam_size != defaults.beam_size:
@@ -77,6 +82,8 @@ class SearchSettings:
       parts.append(f"extra{self.max_decode_extra}")
     if self.beam_stop != defaults.beam_stop:
       parts.append(self.beam_stop)
+    if self.matmul_dtype != defaults.matmul_dtype:
+      parts.append(self.matmul_dtype)
     return "".join("_" + p for p in parts)
 
 

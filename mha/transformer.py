@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from mha import attention as attention_lib
 from mha import dropout as dropout_lib
 from mha import validation
 from mha.attention import MultiHeadAttention
@@ -50,6 +51,9 @@ class TransformerConfig:
   layer_norm: str = "post"
   share_embeddings: bool = True
   dtype: Any = jnp.float32
+  # A search setting (`mha.SearchSettings`, set by mha.translate): the
+  # products with the weight matrices in bfloat16 (`weight_product`).
+  matmul_dtype: str = "float32"
   max_len: int = 512
   deterministic: bool = False
   decode: bool = False
@@ -69,7 +73,7 @@ class TransformerConfig:
       ConfigError: a model field that cannot be right, naming it.
     """
     values = {f.name: config[f.name] for f in dataclasses.fields(cls)
-              if f.name in config}
+              if f.name in config and f.name != "matmul_dtype"}
     for side in ("num_encoder_layers", "num_decoder_layers"):
       if values.get(side) is None:
         values[side] = config.num_layers
@@ -117,10 +121,12 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     cfg = self.config
     init = nn.initializers.xavier_uniform()
-    h = nn.Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=init, name="w1")(x)
+    product = attention_lib.dot_general_of(cfg.matmul_dtype)
+    h = nn.Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=init,
+                 dot_general=product, name="w1")(x)
     h = nn.relu(h)  # [B, L, d_ff]
     return nn.Dense(x.shape[-1], dtype=cfg.dtype, kernel_init=init,
-                    name="w2")(h)
+                    dot_general=product, name="w2")(h)
 
 
 class Dropout(nn.Module):
@@ -165,7 +171,7 @@ def _attention(cfg: TransformerConfig, name: str) -> MultiHeadAttention:
       location_num_filters=cfg.location_num_filters,
       dropout_rate=cfg.attention_dropout_rate,
       deterministic=cfg.deterministic, decode=cfg.decode, dtype=cfg.dtype,
-      name=name)
+      matmul_dtype=cfg.matmul_dtype, name=name)
 
 
 class EncoderLayer(nn.Module):
@@ -296,12 +302,12 @@ class Transformer(nn.Module):
     """Logits `[B, T, vocab]` of the next token at each target position:
     `decode_hidden`'s output through the pre-softmax projection."""
     kernel, bias = self.output_weights()
-    logits = jnp.einsum("BLM,VM->BLV",
-                        self.decode_hidden(encoded, inputs, targets,
-                                           targets_positions,
-                                           inputs_segmentation,
-                                           targets_segmentation),
-                        kernel.astype(self.config.dtype)).astype(jnp.float32)
+    logits = attention_lib.weight_product(
+        "BLM,VM->BLV",
+        self.decode_hidden(encoded, inputs, targets, targets_positions,
+                           inputs_segmentation, targets_segmentation),
+        kernel.astype(self.config.dtype),
+        self.config.matmul_dtype).astype(jnp.float32)
     return logits if bias is None else logits + bias
 
   def output_weights(self) -> tuple[jax.Array, jax.Array | None]:

@@ -67,6 +67,7 @@ import numpy as np
 from mha import data
 from mha import decoding
 from mha import search_cache
+from mha import validation
 from mha.data.batching import round_up
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
@@ -1032,12 +1033,20 @@ def _run_batches(params: Any, batches: Sequence[DecodeBatch],
   return [jax.tree.map(np.asarray, o) for o in outputs]
 
 
+def with_matmul_dtype(model_config: TransformerConfig,
+                      matmul_dtype: str) -> TransformerConfig:
+  """`model_config` whose weight products are in `matmul_dtype` (a search
+  setting, checked by its rule in `mha.validation`)."""
+  validation.check_field("matmul_dtype", matmul_dtype)
+  return model_config.replace(matmul_dtype=matmul_dtype)
+
+
 def translate_ids(model_config: TransformerConfig, params: Any,
                   tokenizer: data.Tokenizer, sources: Sequence[str], *,
                   beam_size: int, alpha: float, max_decode_extra: int,
                   batch_size: int = 64,
                   devices: Sequence[jax.Device] | None = None,
-                  beam_stop: str = "exact"
+                  beam_stop: str = "exact", matmul_dtype: str = "float32"
                   ) -> list[tuple[np.ndarray, np.ndarray]]:
   """(source ids, output ids) of each source, in the order of `sources`.
 
@@ -1055,6 +1064,9 @@ def translate_ids(model_config: TransformerConfig, params: Any,
       default: `jax.local_devices()`).
     beam_stop: the beam search's stopping rule, "exact" or "early"
       (`translate_batch`).
+    matmul_dtype: "float32", or "bfloat16" for the products with the
+      weight matrices (`mha.attention.weight_product`: faster on CPUs with
+      bfloat16 instructions, other outputs).
 
   Returns:
     Per source: int32 `[s]` source ids as encoded (EOS included, truncated
@@ -1063,6 +1075,7 @@ def translate_ids(model_config: TransformerConfig, params: Any,
   """
   if not sources:
     return []
+  model_config = with_matmul_dtype(model_config, matmul_dtype)
   encoded = encode_sources(tokenizer, sources, model_config.max_len)
   batches = make_batches(encoded, batch_size=batch_size,
                          max_len=model_config.max_len,
@@ -1101,14 +1114,14 @@ def nbest_ids(model_config: TransformerConfig, params: Any,
               num_best: int, beam_size: int, alpha: float,
               max_decode_extra: int, batch_size: int = 64,
               devices: Sequence[jax.Device] | None = None,
-              beam_stop: str = "exact"
+              beam_stop: str = "exact", matmul_dtype: str = "float32"
               ) -> list[list[tuple[np.ndarray, float, float]]]:
   """The `num_best` best hypotheses of each source, by the beam search.
 
   Args:
     num_best: hypotheses per source, 1..beam_size.
     model_config, params, tokenizer, sources, beam_size, alpha,
-      max_decode_extra, batch_size, devices, beam_stop: as in
+      max_decode_extra, batch_size, devices, beam_stop, matmul_dtype: as in
       `translate_ids`.
 
   Returns:
@@ -1120,6 +1133,7 @@ def nbest_ids(model_config: TransformerConfig, params: Any,
   """
   if not sources:
     return []
+  model_config = with_matmul_dtype(model_config, matmul_dtype)
   _, batches = _batches(model_config, tokenizer, sources, batch_size,
                         max_decode_extra)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
@@ -1275,12 +1289,13 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
                        beam_size: int, alpha: float, max_decode_extra: int,
                        batch_size: int = 64,
                        devices: Sequence[jax.Device] | None = None,
-                       beam_stop: str = "exact") -> Translations:
+                       beam_stop: str = "exact",
+                       matmul_dtype: str = "float32") -> Translations:
   """The translations of `sources` with the ids they were made of.
 
   Args:
     model_config, params, tokenizer, sources, beam_size, alpha,
-      max_decode_extra, batch_size, devices, beam_stop: as in
+      max_decode_extra, batch_size, devices, beam_stop, matmul_dtype: as in
       `translate_ids`.
   """
   start = time.perf_counter()
@@ -1291,7 +1306,8 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
   for i, (source, output) in zip(keep, translate_ids(
       model_config, params, tokenizer, [sources[i] for i in keep],
       beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
-      batch_size=batch_size, devices=devices, beam_stop=beam_stop)):
+      batch_size=batch_size, devices=devices, beam_stop=beam_stop,
+      matmul_dtype=matmul_dtype)):
     texts[i] = detokenize(tokenizer, output)
     source_ids[i], output_ids[i] = source, crop_output(output)
   return Translations(texts, source_ids, output_ids,
@@ -1303,13 +1319,14 @@ def translate_texts(model_config: TransformerConfig, params: Any,
                     beam_size: int, alpha: float, max_decode_extra: int,
                     batch_size: int = 64,
                     devices: Sequence[jax.Device] | None = None,
-                    beam_stop: str = "exact") -> list[str]:
+                    beam_stop: str = "exact",
+                    matmul_dtype: str = "float32") -> list[str]:
   """Detokenized translations of `sources`, in their order: the `texts` of
   `translate_with_ids` (one per source, "" for a blank one)."""
   return translate_with_ids(
       model_config, params, tokenizer, sources, beam_size=beam_size,
       alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size,
-      devices=devices, beam_stop=beam_stop).texts
+      devices=devices, beam_stop=beam_stop, matmul_dtype=matmul_dtype).texts
 
 
 __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
@@ -1319,4 +1336,4 @@ __all__ = ["CACHE_ROWS", "DecodeBatch", "FIRST_STAGE_EXTRA", "LENGTH_BUCKETS",
            "nbest_ids", "replicate", "sample_batch", "sample_ids",
            "score_batch", "score_ids", "search_devices", "search_rows",
            "Translations", "translate_batch", "translate_ids",
-           "translate_texts", "translate_with_ids"]
+           "translate_texts", "translate_with_ids", "with_matmul_dtype"]

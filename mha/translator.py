@@ -127,12 +127,12 @@ class Translator:
     self.steps = [int(s) for s in steps]
     self.defaults = SearchSettings.of_config(config)
 
-  def _search(self, beam_size, alpha, max_decode_extra,
-              beam_stop) -> SearchSettings:
+  def _search(self, beam_size, alpha, max_decode_extra, beam_stop,
+              matmul_dtype) -> SearchSettings:
     """`defaults` with the settings given (None: not given), checked."""
     given = self.defaults.given(
         beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
-        beam_stop=beam_stop)
+        beam_stop=beam_stop, matmul_dtype=matmul_dtype)
     for field, allowed in given.problems():
       raise ConfigError(f"{field} must be {allowed}, got "
                         f"{getattr(given, field)!r}.")
@@ -154,7 +154,8 @@ class Translator:
                 alpha: float | None = None,
                 max_decode_extra: int | None = None,
                 batch_size: int = 64,
-                beam_stop: str | None = None) -> list[str]:
+                beam_stop: str | None = None,
+                matmul_dtype: str | None = None) -> list[str]:
     """The best translation of each sentence by beam search.
 
     Args:
@@ -163,8 +164,11 @@ class Translator:
         (>= 0); max_decode_extra: outputs of at most source tokens + this;
         beam_stop: when a sentence's search ends, "exact" (its result is
         that of a search run to the length limit) or "early" (sooner: may
-        miss a longer hypothesis; `mha.decoding.beam_search`). None:
-        `defaults` (the workdir's config).
+        miss a longer hypothesis; `mha.decoding.beam_search`);
+        matmul_dtype: "float32", or "bfloat16" for the model's products
+        with its weight matrices (faster on CPUs with bfloat16
+        instructions, other outputs). None: `defaults` (the workdir's
+        config).
       batch_size: sentences per decoding batch.
 
     Returns:
@@ -174,7 +178,8 @@ class Translator:
       ConfigError: a setting out of range.
     """
     sentences = _check_sentences("sentences", sentences)
-    search = self._search(beam_size, alpha, max_decode_extra, beam_stop)
+    search = self._search(beam_size, alpha, max_decode_extra, beam_stop,
+                          matmul_dtype)
     _check_int("batch_size", batch_size, 1)
     return translate.translate_texts(
         self.model_config, self.params, self.tokenizer, sentences,
@@ -184,13 +189,14 @@ class Translator:
             beam_size: int | None = None, alpha: float | None = None,
             max_decode_extra: int | None = None,
             batch_size: int = 64,
-            beam_stop: str | None = None) -> list[list[Hypothesis]]:
+            beam_stop: str | None = None,
+            matmul_dtype: str | None = None) -> list[list[Hypothesis]]:
     """The n best hypotheses of each sentence's beam search, best first.
 
     Args:
       n: 1..beam_size; the first is `translate`'s translation.
-      sentences, beam_size, alpha, max_decode_extra, batch_size, beam_stop:
-        as in `translate` ("early" ends a sentence's search when no live
+      sentences, beam_size, alpha, max_decode_extra, batch_size, beam_stop,
+        matmul_dtype: as in `translate` ("early" ends a sentence's search when no live
         hypothesis would beat its n-th best if it ended at the next step).
 
     Returns:
@@ -201,7 +207,8 @@ class Translator:
       ConfigError: n > beam_size, or a setting out of range.
     """
     sentences = _check_sentences("sentences", sentences)
-    search = self._search(beam_size, alpha, max_decode_extra, beam_stop)
+    search = self._search(beam_size, alpha, max_decode_extra, beam_stop,
+                          matmul_dtype)
     n = _check_int("n", n, 1)
     if n > search.beam_size:
       raise ConfigError(f"n = {n} hypotheses asked of a beam of "
@@ -246,7 +253,7 @@ class Translator:
     top_k = _check_int("top_k", top_k, 0)
     seed = _check_int("seed", seed, -_INT32, _INT32 - 1)
     first_id = _check_int("first_id", first_id, 0, _INT32 - 1)
-    max_decode_extra = self._search(None, None, max_decode_extra,
+    max_decode_extra = self._search(None, None, max_decode_extra, None,
                                     None).max_decode_extra
     keep, texts = self._nonempty(sentences, batch_size)
     out = [Sample("", 0.0)] * len(sentences)
@@ -360,7 +367,8 @@ def line_translator(translator: Translator, *, nbest: int = 0,
                     beam_size: int | None = None, alpha: float | None = None,
                     max_decode_extra: int | None = None,
                     batch_size: int = 64,
-                    beam_stop: str | None = None) -> LineFunction:
+                    beam_stop: str | None = None,
+                    matmul_dtype: str | None = None) -> LineFunction:
   """The function that turns input lines into output lines.
 
   Beam search (`Translator.translate`) by default, a translation per line
@@ -376,15 +384,15 @@ def line_translator(translator: Translator, *, nbest: int = 0,
   """
   search = dict(beam_size=beam_size, alpha=alpha,
                 max_decode_extra=max_decode_extra, batch_size=batch_size,
-                beam_stop=beam_stop)
+                beam_stop=beam_stop, matmul_dtype=matmul_dtype)
   if sample and nbest:
     raise ConfigError("Sampling gives one output per line: give n-best or "
                       "sampling, not both.")
   if sample:
-    if beam_size is not None or alpha is not None or beam_stop is not None:
-      raise ConfigError("beam_size, alpha and beam_stop are beam search "
-                        "settings: sampling takes temperature, top_k and "
-                        "seed.")
+    if (beam_size, alpha, beam_stop, matmul_dtype) != (None,) * 4:
+      raise ConfigError("beam_size, alpha, beam_stop and matmul_dtype are "
+                        "beam search settings: sampling takes temperature, "
+                        "top_k and seed.")
     options = dict(temperature=temperature, top_k=top_k, seed=seed,
                    max_decode_extra=max_decode_extra, batch_size=batch_size)
     translator.sample([], **options)

@@ -41,6 +41,8 @@ TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
 EXPORT_FORMATS = ("ctranslate2",)  # mha-export --format
 QUANTIZATIONS = ("float32", "int8")  # mha-export --quantization
 BEAM_STOPS = ("exact", "early")  # mha.decoding.beam_search's stopping rules
+# The searches' weight products (mha.attention.weight_product).
+MATMUL_DTYPES = ("float32", "bfloat16")
 _SPECIAL_PIECES = 3  # PAD, EOS, UNK (mha.token_ids)
 
 
@@ -146,6 +148,7 @@ FIELDS: dict[str, Rule] = {
     "beam_size": integer(1),
     "alpha": real(0.0, note=" (the length penalty; the paper: 0.6)"),
     "max_decode_extra": integer(0), "beam_stop": one_of(BEAM_STOPS),
+    "matmul_dtype": one_of(MATMUL_DTYPES),
 }
 
 FLAGS: dict[str, Rule] = {

@@ -1,10 +1,13 @@
 """Attention against NumPy implementations of the paper's equations."""
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
 import mha
+from mha import attention
 
 
 def numpy_attention(q, k, v, mask=None, scale=None):
@@ -214,3 +217,52 @@ def test_bad_attention_choice_is_refused(module, message):
   x = jnp.ones((1, 2, 4))
   with pytest.raises(ValueError, match=message):
     module.init(jax.random.key(0), x, x)
+
+
+def _bfloat16_rounded(x: np.ndarray) -> np.ndarray:
+  """x rounded to bfloat16 (8 bits of mantissa, to nearest even), back in
+  float64: the top 16 bits of each float32, computed on the bits."""
+  bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+  bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+  return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_weight_products_in_bfloat16_round_the_inputs_only():
+  """`matmul_dtype='bfloat16'` (a search setting): each product with a
+  weight matrix is that of the bfloat16-rounded inputs, summed and returned
+  in float32; 'float32' is the plain einsum, and so is any other
+  computation dtype."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, 5, 48)).astype(np.float32)
+  w = rng.normal(size=(48, 3, 8)).astype(np.float32)
+  expected = np.einsum("blm,mhd->blhd", _bfloat16_rounded(x),
+                       _bfloat16_rounded(w))
+  got = attention.weight_product("BLM,MHD->BLHD", jnp.asarray(x),
+                                 jnp.asarray(w), "bfloat16")
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  exact = np.einsum("blm,mhd->blhd", x.astype(np.float64), w)
+  assert np.max(np.abs(np.asarray(got) - exact)) > 1e-2  # inputs rounded
+  plain = jnp.einsum("BLM,MHD->BLHD", x, w)
+  np.testing.assert_array_equal(
+      attention.weight_product("BLM,MHD->BLHD", x, w, "float32"), plain)
+  half = jnp.asarray(x, jnp.bfloat16)
+  np.testing.assert_array_equal(
+      attention.weight_product("BLM,MHD->BLHD", half, w, "bfloat16"),
+      jnp.einsum("BLM,MHD->BLHD", half, w))
+  # The feed-forward network's nn.Dense, through dot_general_of.
+  dense = nn.Dense(8, use_bias=False,
+                   dot_general=attention.dot_general_of("bfloat16"))
+  params = {"params": {"kernel": jnp.asarray(w[:, 0])}}
+  np.testing.assert_allclose(
+      dense.apply(params, x), np.einsum("blm,md->bld", _bfloat16_rounded(x),
+                                        _bfloat16_rounded(w[:, 0])),
+      rtol=1e-5, atol=1e-5)
+  assert attention.dot_general_of("float32") is None
+
+
+def test_bfloat16_products_are_a_search_setting_not_a_training_one():
+  config = base.get_config()
+  assert config.matmul_dtype == "float32"
+  config.matmul_dtype = "bfloat16"  # the searches' (mha.SearchSettings)
+  assert mha.TransformerConfig.from_config(config).matmul_dtype == "float32"

@@ -118,7 +118,9 @@ def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):
        "--input=.*none.txt: no such"),
       ([f"--input={source}", f"--output={source}"], "is the input file"),
       ([f"--input={source}", f"--output={output}", "--beam_stop=fast"],
-       "beam_stop must be one of exact, early, got 'fast'")]:
+       "beam_stop must be one of exact, early, got 'fast'"),
+      ([f"--input={source}", f"--output={output}", "--matmul_dtype=fp8"],
+       "matmul_dtype must be one of float32, bfloat16, got 'fp8'")]:
     result = subprocess.run(command(random_workdir, *args), cwd=REPO,
                             capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 1

@@ -54,6 +54,8 @@ def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
       (dict(beam_size=2.5), "--beam_size must be an integer >= 1, got 2.5"),
       (dict(beam_stop="fast"),
        "--beam_stop must be one of exact, early, got 'fast'"),
+      (dict(matmul_dtype="float16"),
+       "--matmul_dtype must be one of float32, bfloat16, got 'float16'"),
   ]
   for kwargs, message in cases:
     # Checked first: a workdir that does not exist is not even looked at.
@@ -119,13 +121,13 @@ def test_a_tokenized_reference_file_is_only_compound_split(
 
 
 def _fake_search(model_config, params, tokenizer, sources, *, beam_size,
-                 alpha, max_decode_extra, batch_size, beam_stop):
+                 alpha, max_decode_extra, batch_size, beam_stop, matmul_dtype):
   """Stands in for the beam search (tested in test_evaluator.py): output
   that depends on the settings, without compiling a search per setting."""
   del model_config, params, tokenizer, batch_size
   return translate.Translations(
-      [f"{s} {beam_size} {alpha} {max_decode_extra} {beam_stop}"
-       for s in sources],
+      [f"{s} {beam_size} {alpha} {max_decode_extra} {beam_stop} "
+       f"{matmul_dtype}" for s in sources],
       [None] * len(sources), [None] * len(sources), 1.0)
 
 
@@ -137,22 +139,27 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   kept = file_hashes(out)
   metrics = json.loads((out / "metrics.json").read_text())
   assert (metrics["beam_size"], metrics["alpha"]) == (4, 0.6)
-  assert metrics["beam_stop"] == "exact"
+  assert (metrics["beam_stop"], metrics["matmul_dtype"]) == ("exact",
+                                                             "float32")
   assert (out / "translations.txt").read_text().split("\n")[0].endswith(
-      " 4 0.6 8 exact")  # what the search was given (the config's extra 8)
+      " 4 0.6 8 exact float32")  # what the search was given (extra 8)
 
   # Other settings: another folder, named by what differs from the config.
   for kwargs, name in [(dict(beam_size=8, alpha=1.0), "test_4_6_beam8_alpha1.0"),
                        (dict(max_decode_extra=3), "test_4_6_extra3"),
                        (dict(average_last=2, alpha=0), "test_4_avg2_6_alpha0.0"),
-                       (dict(beam_stop="early"), "test_4_6_early")]:
+                       (dict(beam_stop="early"), "test_4_6_early"),
+                       (dict(matmul_dtype="bfloat16"), "test_4_6_bfloat16")]:
     result = evaluator.evaluate(str(copy), split=SPLIT, **kwargs)
     assert result["output_dir"] == str(copy / "eval" / name)
     written = json.loads((copy / "eval" / name / "metrics.json").read_text())
     assert written["alpha"] == kwargs.get("alpha", 0.6)
     assert written["beam_stop"] == kwargs.get("beam_stop", "exact")
+    assert written["matmul_dtype"] == kwargs.get("matmul_dtype", "float32")
   assert (copy / "eval" / "test_4_6_early" / "translations.txt").read_text(
-      ).split("\n")[0].endswith(" 4 0.6 8 early")
+      ).split("\n")[0].endswith(" 4 0.6 8 early float32")
+  assert (copy / "eval" / "test_4_6_bfloat16" / "translations.txt"
+          ).read_text().split("\n")[0].endswith(" 4 0.6 8 exact bfloat16")
   assert file_hashes(out) == kept
 
   # The results of the code before beam_stop (no such field in their
@@ -161,13 +168,17 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   older = copy / "eval" / "older"
   evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older))
   recorded = json.loads((older / "metrics.json").read_text())
-  del recorded["beam_stop"]
+  del recorded["beam_stop"], recorded["matmul_dtype"]
   (older / "metrics.json").write_text(json.dumps(recorded))
   evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older))
   with pytest.raises(evaluator.EvalError,
                      match=re.escape("(beam_stop 'exact', not 'early')")):
     evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older),
                        beam_stop="early")
+  with pytest.raises(evaluator.EvalError, match=re.escape(
+      "(matmul_dtype 'float32', not 'bfloat16')")):
+    evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older),
+                       matmul_dtype="bfloat16")
   shutil.rmtree(older)
 
   # A folder that records other settings is refused before any checkpoint
@@ -198,8 +209,8 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
     evaluator.evaluate(str(copy), split=SPLIT)
   assert file_hashes(out) == kept
   assert sorted(p.name for p in (copy / "eval").iterdir()) == [
-      "test_4_6", "test_4_6_beam8_alpha1.0", "test_4_6_early",
-      "test_4_6_extra3", "test_4_avg2_6_alpha0.0"]
+      "test_4_6", "test_4_6_beam8_alpha1.0", "test_4_6_bfloat16",
+      "test_4_6_early", "test_4_6_extra3", "test_4_avg2_6_alpha0.0"]
 
 
 def test_write_outputs_replaces_entries_and_keeps_other_files(tmp_path):

@@ -97,6 +97,21 @@ def test_nbest_and_samples(translator, sources):
   assert translator.sample(sources, seed=6) != [s.text for s in first]
 
 
+def test_bfloat16_weight_products_reach_the_search(translator, sources):
+  """matmul_dtype='bfloat16' (a search setting): the model's products take
+  bfloat16 inputs, so a hypothesis's log-probability moves by their
+  rounding, not more; 'float32' is the default search, bit for bit."""
+  lists = translator.nbest(sources, 2)
+  assert translator.nbest(sources, 2, matmul_dtype="float32") == lists
+  rounded = translator.nbest(sources, 2, matmul_dtype="bfloat16")
+  moved = [(a.log_prob, b.log_prob) for hyps, others in zip(lists, rounded)
+           for a, b in zip(hyps, others) if a.text == b.text]
+  assert len(moved) >= len(sources)  # mostly the same hypotheses
+  assert any(a != b for a, b in moved)
+  for a, b in moved:
+    assert abs(a - b) <= 0.02 * abs(a), (a, b)
+
+
 def test_score_equals_the_full_forward_pass_on_the_text(translator, pairs):
   sources, targets = pairs
   tokenizer, model_config = translator.tokenizer, translator.model_config
@@ -136,9 +151,14 @@ def test_average_last_loads_the_mean(tiny_workdir):
     (lambda t: t.translate(["a"], alpha=float("nan")), "alpha must be"),
     (lambda t: t.nbest(["a"], 2, beam_stop="fast"),
      "beam_stop must be one of exact, early, got 'fast'"),
+    (lambda t: t.translate(["a"], matmul_dtype="float16"),
+     "matmul_dtype must be one of float32, bfloat16, got 'float16'"),
+    (lambda t: translator_lib.line_translator(t, sample=True,
+                                              matmul_dtype="bfloat16"),
+     "beam_size, alpha, beam_stop and matmul_dtype are beam search settings"),
     (lambda t: translator_lib.line_translator(t, sample=True,
                                               beam_stop="early"),
-     "beam_size, alpha and beam_stop are beam search settings"),
+     "beam_size, alpha, beam_stop and matmul_dtype are beam search settings"),
     (lambda t: t.translate("a sentence"), "list of strings"),
     (lambda t: t.sample(["a"], temperature=-1), "temperature must be"),
     (lambda t: t.sample(["a"], top_k=-2), "top_k must be"),

@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
       checkpoint_step=FLAGS.checkpoint_step,
       average_last=FLAGS.average_last, beam_size=FLAGS.beam_size,
       alpha=FLAGS.alpha, max_decode_extra=FLAGS.max_decode_extra,
-      beam_stop=FLAGS.beam_stop,
+      beam_stop=FLAGS.beam_stop, matmul_dtype=FLAGS.matmul_dtype,
       batch_size=FLAGS.batch_size, source_file=FLAGS.source_file,
       reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
       write=not piped or FLAGS.output_dir is not None,
@@ -177,7 +177,7 @@ def _follow() -> int:
       FLAGS.workdir, split=FLAGS.split, average_last=FLAGS.average_last,
       beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
       max_decode_extra=FLAGS.max_decode_extra, beam_stop=FLAGS.beam_stop,
-      batch_size=FLAGS.batch_size,
+      matmul_dtype=FLAGS.matmul_dtype, batch_size=FLAGS.batch_size,
       paper_bleu=FLAGS.paper_bleu, poll_seconds=FLAGS.follow_interval,
       timeout_seconds=FLAGS.follow_timeout,
       report=lambda result: print_summary(result, sys.stdout, flush=True))

@@ -75,7 +75,8 @@ def define_once(define: Callable[..., Any], name: str, default: Any,
 def define_search_flags() -> None:
   """Defines the flags of the commands that read a trained workdir and
   search (mha-eval, mha-translate): --workdir, --average_last, --beam_size,
-  --alpha, --max_decode_extra, --beam_stop, --batch_size; once, as
+  --alpha, --max_decode_extra, --beam_stop, --matmul_dtype, --batch_size;
+  once, as
   `define_flags`."""
   for define, name, default, help_text in (
       (flags.DEFINE_string, "workdir", None, "A training workdir."),
@@ -90,6 +91,10 @@ def define_search_flags() -> None:
        "When a sentence's beam search ends: exact (its result is that of a "
        "search run to the length limit) or early (faster; may miss a longer "
        "hypothesis). Default: config (exact)."),
+      (flags.DEFINE_string, "matmul_dtype", None,
+       "The model's products with its weight matrices: float32, or bfloat16 "
+       "(float32 results; faster on CPUs with bfloat16 instructions, other "
+       "outputs). Default: config (float32)."),
       (flags.DEFINE_integer, "batch_size", 64,
        "Sentences per decoding batch.")):
     define_once(define, name, default, help_text)

@@ -88,7 +88,7 @@ def _translate(write) -> int:
       temperature=FLAGS.temperature, top_k=FLAGS.top_k, seed=FLAGS.seed,
       beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
       max_decode_extra=FLAGS.max_decode_extra, beam_stop=FLAGS.beam_stop,
-      batch_size=FLAGS.batch_size)
+      matmul_dtype=FLAGS.matmul_dtype, batch_size=FLAGS.batch_size)
   logging.info("Loaded %s, step %s.", FLAGS.workdir,
                translator.steps if len(translator.steps) > 1
                else translator.step)
