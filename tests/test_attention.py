@@ -266,3 +266,40 @@ def test_bfloat16_products_are_a_search_setting_not_a_training_one():
   assert config.matmul_dtype == "float32"
   config.matmul_dtype = "bfloat16"  # the searches' (mha.SearchSettings)
   assert mha.TransformerConfig.from_config(config).matmul_dtype == "float32"
+
+
+def test_the_layers_take_bfloat16_weight_products_where_asked():
+  """MultiHeadAttention's four projections and the feed-forward network's
+  two with `matmul_dtype='bfloat16'`: each product of the NumPy layer on
+  bfloat16-rounded operands, the rest (attention weights, ReLU, biases)
+  in float64."""
+  from mha import transformer  # pylint: disable=import-outside-toplevel
+  d_model, h = 16, 4
+  rng = np.random.default_rng(3)
+  x_q = jnp.asarray(rng.normal(size=(2, 5, d_model)), jnp.float32)
+  x_kv = jnp.asarray(rng.normal(size=(2, 6, d_model)), jnp.float32)
+  mask = jnp.asarray(rng.random((2, 1, 5, 6)) > 0.3)
+  module = mha.MultiHeadAttention(num_heads=h, matmul_dtype="bfloat16")
+  params = module.init(jax.random.key(0), x_q, x_kv, mask)["params"]
+  got = module.apply({"params": params}, x_q, x_kv, mask)
+  r = _bfloat16_rounded
+  p = {name: np.asarray(w) for name, w in params.items()}
+  q, k, v = (np.einsum("blm,mhd->blhd", r(x), r(p[f"{name}_kernel"]))
+             for x, name in ((x_q, "query"), (x_kv, "key"), (x_kv, "value")))
+  heads = numpy_attention(q, k, v, np.asarray(mask))  # [B, Q, H, d_v]
+  expected = np.einsum("bqhv,hvm->bqm", r(heads), r(p["out_kernel"]))
+  np.testing.assert_allclose(got, expected, atol=1e-4)
+  plain = mha.MultiHeadAttention(num_heads=h).apply({"params": params}, x_q,
+                                                    x_kv, mask)
+  assert np.max(np.abs(np.asarray(plain) - expected)) > 1e-3
+
+  ffn = transformer.FeedForward(transformer.TransformerConfig(
+      vocab_size=8, d_ff=32, matmul_dtype="bfloat16"))
+  ffn_params = ffn.init(jax.random.key(1), x_q)["params"]
+  w1, w2 = (ffn_params[n] for n in ("w1", "w2"))
+  hidden = np.maximum(np.einsum("blm,mf->blf", r(x_q), r(w1["kernel"]))
+                      + np.asarray(w1["bias"]), 0.0)
+  expected = (np.einsum("blf,fm->blm", r(hidden), r(w2["kernel"]))
+              + np.asarray(w2["bias"]))
+  np.testing.assert_allclose(ffn.apply({"params": ffn_params}, x_q), expected,
+                             atol=1e-4)

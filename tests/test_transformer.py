@@ -61,15 +61,18 @@ def test_future_targets_do_not_change_earlier_logits():
 @pytest.mark.parametrize("changes", [
     {}, {"layer_norm": "pre"}, {"position_encoding": "learned"},
     {"attention_type": "additive"}, {"share_embeddings": False},
-    {"d_k": 4, "d_v": 12},
+    {"d_k": 4, "d_v": 12}, {"matmul_dtype": "bfloat16"},
 ])
 def test_incremental_decoding_equals_full_pass(changes):
-  config = tiny(**changes)
-  model = mha.create_model(config, deterministic=True)
+  # matmul_dtype is the searches' setting, not a config field of the model.
+  search = {k: v for k, v in changes.items() if k == "matmul_dtype"}
+  config = tiny(**{k: v for k, v in changes.items() if k not in search})
+  model = mha.create_model(config, deterministic=True, **search)
   params = init(model, SRC, TGT)
   full = model.apply({"params": params}, SRC, TGT)  # [B, T, V]
 
-  decoder = mha.create_model(config, deterministic=True, decode=True)
+  decoder = mha.create_model(config, deterministic=True, decode=True,
+                             **search)
   length = TGT.shape[1]
   cache = decoder.init(jax.random.key(0), SRC, jnp.ones((2, length),
                                                         jnp.int32))["cache"]
@@ -235,3 +238,22 @@ def test_config_errors_name_the_field():
   with pytest.raises(ConfigError, match="config.dtype must be one of float32, "
                      "bfloat16, float16, got 'int8'"):
     mha.create_model(tiny(dtype="int8"))
+
+
+def test_bfloat16_weight_products_reach_the_pre_softmax_projection():
+  """A model config with `matmul_dtype='bfloat16'` (the searches' setting):
+  the logits are the product of the bfloat16-rounded final hidden states
+  and shared embedding matrix, in float32."""
+  model_config = mha.TransformerConfig.from_config(
+      tiny(), deterministic=True).replace(matmul_dtype="bfloat16")
+  model = mha.create_model(model_config)
+  params = init(model, SRC, TGT)
+  hidden, (kernel, bias) = model.apply({"params": params}, SRC, TGT,
+                                       method="hidden_and_output_weights")
+  assert bias is None  # shared embeddings (§3.4)
+  rounded = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64)
+             for x in (hidden, kernel)]
+  logits = model.apply({"params": params}, SRC, TGT)
+  np.testing.assert_allclose(logits, rounded[0] @ rounded[1].T, atol=1e-4)
+  assert np.max(np.abs(np.asarray(logits)
+                       - np.asarray(hidden) @ np.asarray(kernel).T)) > 1e-4
