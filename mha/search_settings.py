@@ -1,12 +1,18 @@
-"""The search's settings as one object: beam size, α, output length, rule.
+"""The search's settings as one object: beam size, α, output length, rule,
+the weight products' dtype.
 
 Every caller that translates (eval.py and `--follow`, `mha.Translator`,
 the in-training BLEU) takes its settings from the workdir's config where
 the user gives none, checks them by the one table of rules
-(`mha.validation`) and passes them on; evaluations of other settings than
-the config's get other output folders (`suffix`). They all do it through
-`SearchSettings`, so a new setting is a field here (and a rule in
-`mha.validation.FIELDS`), not an argument threaded through each of them.
+(`mha.validation`) and passes them on (`as_dict`: the keywords of
+mha.translate's functions); evaluations of other settings than the
+config's get other output folders (`suffix`). A new setting is a field
+here, a rule in `mha.validation.FIELDS` and a config field in
+configs/base.py; the functions that take the settings one by one from
+their callers (`evaluator.evaluate` and `check_flags`, `follow.follow`,
+the `Translator` methods and `line_translator`, the commands' flags in
+mha/cli/startup.py, and mha.translate's functions that use it) name it
+too.
 
 This module imports only `mha.validation` (no JAX).
 """
