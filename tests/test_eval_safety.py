@@ -131,6 +131,21 @@ def _fake_search(model_config, params, tokenizer, sources, *, beam_size,
       [None] * len(sources), [None] * len(sources), 1.0)
 
 
+def test_eval_py_names_the_settings_it_was_given(copy, monkeypatch, eval_py,
+                                                capsys):
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
+  assert eval_py(f"--workdir={copy}", f"--split={SPLIT}", "--beam_stop=early",
+                 "--matmul_dtype=bfloat16") == 0
+  out = capsys.readouterr().out.split("\n")
+  assert out[0].startswith(
+      f"{SPLIT}, step 6, beam 4, alpha 0.6, stop early, bfloat16 products: "
+      "4 sentences in ")
+  assert out[1] == f"Wrote {copy / 'eval' / 'test_4_6_early_bfloat16'}"
+  translations = (copy / "eval" / "test_4_6_early_bfloat16" /
+                  "translations.txt").read_text()
+  assert translations.split("\n")[0].endswith(" 4 0.6 8 early bfloat16")
+
+
 def test_other_settings_never_replace_results(copy, monkeypatch):
   monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   first = evaluator.evaluate(str(copy), split=SPLIT)

@@ -191,9 +191,15 @@ def print_summary(result: dict[str, Any], report, flush: bool = False
   steps = result["averaged_steps"]
   what = (f"average of steps {steps}" if len(steps) > 1
           else f"step {result['checkpoint_step']}")
+  # The stopping rule and the products' dtype, when not exact and float32.
+  others = ""
+  if result.get("beam_stop") == "early":
+    others += ", stop early"
+  if result.get("matmul_dtype", "float32") != "float32":
+    others += f", {result['matmul_dtype']} products"
   print(f"{result['split']}, {what}, beam {result['beam_size']}, "
-        f"alpha {result['alpha']}: {result['num_sentences']} sentences in "
-        f"{result['decode_seconds']:.1f} s "
+        f"alpha {result['alpha']}{others}: {result['num_sentences']} "
+        f"sentences in {result['decode_seconds']:.1f} s "
         f"({result['sentences_per_second']:.1f} sentences/s)", file=report)
   if "output_dir" in result:
     print(f"Wrote {result['output_dir']}", file=report)
