@@ -385,7 +385,10 @@ def export(workdir: str, output_dir: str, *,
       "format": export_format, "ctranslate2_version": ctranslate2.__version__,
       "workdir": os.fspath(workdir), "checkpoint_step": checkpoint_step,
       "averaged_steps": steps, "quantization": quantization or "float32",
-      **SearchSettings.of_config(config).as_dict(),
+      # The workdir's search settings, but the products' dtype (a setting
+      # of this code's search, not of CTranslate2's: its compute type).
+      **{k: v for k, v in SearchSettings.of_config(config).as_dict().items()
+         if k != "matmul_dtype"},
       "max_len": model_config.max_len}
   _write_folder(spec, files.read_bytes(tokenizer.path), manifest, output_dir)
   logging.info("Exported step(s) %s of %s to %s (CTranslate2, %s).", steps,

@@ -394,6 +394,7 @@ def test_output_folder_rules(tiny_workdir, tmp_path):
                                 "beam_stop")] == [
       config.beam_size, config.alpha, config.max_decode_extra,
       config.beam_stop]
+  assert "matmul_dtype" not in manifest  # CTranslate2 has its compute type
   assert sorted(os.listdir(tmp_path)) == ["file", "foreign", "out"]
   assert sorted(os.listdir(tmp_path / "out")) == [
       "config.json", export.MANIFEST_FILE, "model.bin", "shared_vocabulary.json",
