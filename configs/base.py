@@ -165,7 +165,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.beam_stop = "exact"
   # The searches' products with the weight matrices: "float32", or
   # "bfloat16" (float32 results; faster on CPUs with bfloat16 instructions,
-  # other outputs: docs/evaluation.md). Training is not affected.
+  # other outputs: docs/evaluation.md). The training steps are not affected;
+  # the in-training BLEU, a search, is.
   c.matmul_dtype = "float32"
   return c
 
