@@ -127,12 +127,9 @@ class Translator:
     self.steps = [int(s) for s in steps]
     self.defaults = SearchSettings.of_config(config)
 
-  def _search(self, beam_size, alpha, max_decode_extra, beam_stop,
-              matmul_dtype) -> SearchSettings:
+  def _search(self, **given) -> SearchSettings:
     """`defaults` with the settings given (None: not given), checked."""
-    given = self.defaults.given(
-        beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
-        beam_stop=beam_stop, matmul_dtype=matmul_dtype)
+    given = self.defaults.given(**given)
     for field, allowed in given.problems():
       raise ConfigError(f"{field} must be {allowed}, got "
                         f"{getattr(given, field)!r}.")
@@ -178,8 +175,9 @@ class Translator:
       ConfigError: a setting out of range.
     """
     sentences = _check_sentences("sentences", sentences)
-    search = self._search(beam_size, alpha, max_decode_extra, beam_stop,
-                          matmul_dtype)
+    search = self._search(beam_size=beam_size, alpha=alpha,
+                          max_decode_extra=max_decode_extra,
+                          beam_stop=beam_stop, matmul_dtype=matmul_dtype)
     _check_int("batch_size", batch_size, 1)
     return translate.translate_texts(
         self.model_config, self.params, self.tokenizer, sentences,
@@ -207,8 +205,9 @@ class Translator:
       ConfigError: n > beam_size, or a setting out of range.
     """
     sentences = _check_sentences("sentences", sentences)
-    search = self._search(beam_size, alpha, max_decode_extra, beam_stop,
-                          matmul_dtype)
+    search = self._search(beam_size=beam_size, alpha=alpha,
+                          max_decode_extra=max_decode_extra,
+                          beam_stop=beam_stop, matmul_dtype=matmul_dtype)
     n = _check_int("n", n, 1)
     if n > search.beam_size:
       raise ConfigError(f"n = {n} hypotheses asked of a beam of "
@@ -253,8 +252,8 @@ class Translator:
     top_k = _check_int("top_k", top_k, 0)
     seed = _check_int("seed", seed, -_INT32, _INT32 - 1)
     first_id = _check_int("first_id", first_id, 0, _INT32 - 1)
-    max_decode_extra = self._search(None, None, max_decode_extra, None,
-                                    None).max_decode_extra
+    max_decode_extra = self._search(
+        max_decode_extra=max_decode_extra).max_decode_extra
     keep, texts = self._nonempty(sentences, batch_size)
     out = [Sample("", 0.0)] * len(sentences)
     # A sentence's key follows its position in `sentences` (blank ones
