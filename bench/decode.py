@@ -24,8 +24,9 @@ Two modes, and the output says which one ran:
   the cost of beam search grows with it); tokens/s counts the forced tokens.
 
 Before and after, in one run: `--baseline=REV` (default: the commit
-before issue 20's decoding work) loads `mha/decoding.py` and
-`mha/translate.py` as they were at REV (`git show`) beside the current ones,
+before issue 20's decoding work) loads `mha/decoding.py`,
+`mha/batch_search.py` (where REV has it) and `mha/translate.py` as they
+were at REV (`git show`) beside the current ones,
 both running on the current model code (attention, Transformer) with the
 same parameters, and times the two searches on the same sentences, taking
 turns chunk by chunk (a chunk: the batches the current search searches as
@@ -101,6 +102,7 @@ import sentencepiece as spm
 from bench import common
 from configs import multi30k
 import mha
+from mha import batch_search
 from mha import data
 from mha import evaluator
 from mha import export
@@ -152,24 +154,40 @@ def _train_tokenizer(folder: pathlib.Path, vocab_size: int) -> data.Tokenizer:
 
 
 def load_baseline(rev: str) -> types.ModuleType:
-  """`mha/translate.py` (and the `mha/decoding.py` it imports) of commit
-  `rev`, loaded from git as separate modules on the current model code."""
+  """`mha/translate.py` of commit `rev`, with the `mha/decoding.py` and (at
+  commits since it exists) the `mha/batch_search.py` it imports, loaded
+  from git as separate modules on the current model code."""
   modules = {}
-  saved = sys.modules.get("mha.decoding"), mha.decoding
+  own = ("decoding", "batch_search")  # the modules translate imports
+  saved = {name: (sys.modules[f"mha.{name}"], getattr(mha, name))
+           for name in own}
   try:
-    for name in ("decoding", "translate"):
-      source = subprocess.run(
+    for name in own + ("translate",):
+      shown = subprocess.run(
           ["git", "-C", str(REPO), "show", f"{rev}:mha/{name}.py"],
-          check=True, capture_output=True, text=True).stdout
+          capture_output=True, text=True)
+      if shown.returncode and name == "batch_search":
+        continue  # before the search of a batch had its own module
+      shown.check_returncode()
       module = types.ModuleType(f"baseline_{rev}_{name}")
       sys.modules[module.__name__] = module  # dataclasses look it up
-      if name == "translate":  # its `from mha import decoding`: the old one
-        sys.modules["mha.decoding"] = mha.decoding = modules["decoding"]
-      exec(compile(source, f"{rev}:mha/{name}.py", "exec"), module.__dict__)  # pylint: disable=exec-used
+      for old_name, old in modules.items():  # its imports: the old ones
+        sys.modules[f"mha.{old_name}"] = old
+        setattr(mha, old_name, old)
+      exec(compile(shown.stdout, f"{rev}:mha/{name}.py", "exec"),  # pylint: disable=exec-used
+           module.__dict__)
       modules[name] = module
   finally:
-    sys.modules["mha.decoding"], mha.decoding = saved
+    for name, (module, attribute) in saved.items():
+      sys.modules[f"mha.{name}"] = module
+      setattr(mha, name, attribute)
   return modules["translate"]
+
+
+def _searches(module: types.ModuleType) -> types.ModuleType:
+  """The module of a translate module's compiled searches (`_translate_fn`,
+  `_search_inputs`): its `batch_search`, or itself before the split."""
+  return getattr(module, "batch_search", module)
 
 
 class Path:
@@ -524,12 +542,13 @@ def profile(name, module, model_config, params, batch, *, beam_size, alpha,
   batch (`jax.profiler`) and prints XLA's op time summed by category (the
   jax source of each op); `options`: more arguments of its `_translate_fn`
   (the current code's `beam_stop`)."""
-  fn = module._translate_fn(model_config, beam_size, float(alpha), eos_id,  # pylint: disable=protected-access
-                            **(options or {}))
-  static, devices, rows = module._search_inputs(  # pylint: disable=protected-access
+  searches = _searches(module)
+  fn = searches._translate_fn(model_config, beam_size, float(alpha), eos_id,  # pylint: disable=protected-access
+                              **(options or {}))
+  static, devices, rows = searches._search_inputs(  # pylint: disable=protected-access
       model_config, batch.inputs, max_decode_extra=extra,
       max_decode_len=batch.max_decode_len,
-      first_stage_extra=translate.FIRST_STAGE_EXTRA, devices=(),
+      first_stage_extra=batch_search.FIRST_STAGE_EXTRA, devices=(),
       extra_rows=())
   params = jax.device_put(params)
   start = time.perf_counter()
@@ -628,7 +647,8 @@ def main():
     if args.baseline != "none":
       baseline = load_baseline(args.baseline)
       # The baseline's default rule (its code may predate the argument).
-      takes = "beam_stop" in inspect.signature(baseline._translate_fn).parameters  # pylint: disable=protected-access
+      takes = "beam_stop" in inspect.signature(
+          _searches(baseline)._translate_fn).parameters  # pylint: disable=protected-access
       modules.insert(0, (f"old ({args.baseline})", baseline,
                          dict(beam_stop="exact") if takes else {}))
     for beam in ([1] * (not args.no_greedy)) + [args.beam_size]:

@@ -16,7 +16,7 @@ from token 0 (the pad id, the shift-right convention of the decoder).
 
 Cache leaves: the caller says what the rows of each leaf are, with
 `cache_rows`, a pytree of the cache's structure whose leaves are `CacheRows`
-(the model side knows its cache; `mha.translate.cache_rows` says it for the
+(the model side knows its cache; `mha.batch_search.cache_rows` says it for the
 Transformer). Rows are ordered `[batch, beam]`: sentence b's hypotheses
 are in rows `b * beam_size` to `(b + 1) * beam_size - 1`, in an order of
 the search's own (rows in place, below).

@@ -16,8 +16,8 @@ platform, the jax options that change a trace, and the source of every
 module of the mha package (a changed line of mha is a new file).
 
 A search sharded over several devices (`devices`, a static argument of
-mha/translate.py's search: `jax.shard_map` over a mesh of them) is kept
-too. A `jax.export` names no physical device: its shardings are over a
+mha/batch_search.py's search: `jax.shard_map` over a mesh of them) is
+kept too. A `jax.export` names no physical device: its shardings are over a
 mesh of logical devices (the mesh's shape and axis names), and a file of
 N devices serves any N devices of the platform, the arrays given placed on
 them (jax's "device-polymorphic export"). So the file's name has the
@@ -26,7 +26,7 @@ devices' number, platform and kind in place of the devices themselves
 1), and the arguments' placement: each array's mesh (shape, axis names,
 platform, device kind) and partition spec. Such a search is kept when each
 of its arrays is placed on exactly those devices (`jax.device_put` with a
-`NamedSharding`, as mha/translate.py puts them); any other sharded call is
+`NamedSharding`, as mha/batch_search.py puts them); any other sharded call is
 traced as before, and so is any search while the compilation cache is off.
 A file that cannot be read or deserialized is replaced.
 """

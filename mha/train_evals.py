@@ -137,7 +137,7 @@ def bleu_batch_size(num_sentences: int, beam_size: int,
   search where batches of 64 sorted by length compile one per length
   bucket (bench/train_bleu.py). The translations are those of batches of
   64 (tests/test_train_evals.py; a search row's bits do not depend on the
-  batch once it has `translate.MIN_SEARCH_ROWS` rows or more).
+  batch once it has `mha.batch_search.MIN_SEARCH_ROWS` rows or more).
   """
   rows = BLEU_ROWS_PER_DEVICE * num_devices // beam_size
   return max(1, min(num_sentences, rows))

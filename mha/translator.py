@@ -10,7 +10,7 @@
 The model, its parameters and the vocabulary are loaded once (the
 evaluator's loading: `evaluator.load_workdir`, `evaluator.load_params`,
 checkpoint averaging included) and the parameters stay on the devices
-between calls (`translate.PlacedParams`); every method goes through
+between calls (`mha.batch_search.PlacedParams`); every method goes through
 `mha.translate`, the translation layer of `eval.py` and the in-training
 BLEU, so `translate` returns what `eval.py` writes for the same sentences
 and settings. The search settings default to the workdir's config (the
@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 from absl import logging
 import numpy as np
 
+from mha import batch_search
 from mha import data
 from mha import translate
 from mha.errors import ConfigError
@@ -122,7 +123,7 @@ class Translator:
     self.tokenizer = tokenizer
     self.model_config = TransformerConfig.from_config(config,
                                                       deterministic=True)
-    self.params = translate.PlacedParams(params)
+    self.params = batch_search.PlacedParams(params)
     self.step = int(step)
     self.steps = [int(s) for s in steps]
     self.defaults = SearchSettings.of_config(config)

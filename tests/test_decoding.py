@@ -17,7 +17,7 @@ import pytest
 from configs import base
 from mha import decoding
 from mha import transformer
-from mha import translate
+from mha import batch_search
 from mha.decoding import CacheRows
 
 EOS = 1
@@ -373,7 +373,7 @@ def test_translate_greedy_equals_full_model_on_growing_prefix(
     tiny_transformer):
   model_config, model, params, inputs = tiny_transformer
   extra = 4
-  out = np.asarray(translate.translate_batch(
+  out = np.asarray(batch_search.translate_batch(
       model_config, params, inputs, beam_size=1, alpha=0.6,
       max_decode_extra=extra, eos_id=EOS))
   assert out.shape == (3, 16)  # longest limit 6 + 4, rounded up to 8
@@ -401,14 +401,14 @@ def test_translate_greedy_equals_full_model_on_growing_prefix(
 def test_translate_beam_search_compiles_once_per_shape(tiny_transformer):
   model_config, _, params, inputs = tiny_transformer
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_extra=4, eos_id=EOS)
-  first = np.asarray(translate.translate_batch(model_config, params, inputs,
+  first = np.asarray(batch_search.translate_batch(model_config, params, inputs,
                                         **kwargs))
   # The second call (same shapes, same longest source) compiles nothing,
   # whatever other tests compiled before with the same search function.
-  search = translate._translate_fn(model_config, 3, 0.6, EOS, "exact")
+  search = batch_search._translate_fn(model_config, 3, 0.6, EOS, "exact")
   compiled = search._cache_size()
   other = inputs[::-1].copy()
-  second = np.asarray(translate.translate_batch(model_config, params, other,
+  second = np.asarray(batch_search.translate_batch(model_config, params, other,
                                          **kwargs))
   assert search._cache_size() == compiled >= 1
   np.testing.assert_array_equal(first, second[::-1])
@@ -491,7 +491,8 @@ def test_transformer_caches_cross_attention_as_sentence_leaves(
     tiny_transformer):
   model_config, _, params, inputs = tiny_transformer
   model = transformer.Transformer(model_config.replace(decode=True))
-  _, cache, _ = translate._model_fns(model, params, jnp.asarray(inputs), 2, 8)
+  _, cache, _ = batch_search._model_fns(model, params, jnp.asarray(inputs), 2,
+                                        8)
   names = {jax.tree_util.keystr(path)
            for path, _ in jax.tree_util.tree_flatten_with_path(cache)[0]}
   source = {n for n in names if "'source_" in n}
@@ -499,7 +500,7 @@ def test_transformer_caches_cross_attention_as_sentence_leaves(
   assert not any('cross_attention' in n and 'cached_' in n for n in names)
   assert any('self_attention' in n and 'cached_key' in n for n in names)
   kinds = {jax.tree_util.keystr(path): kind for path, kind in
-           jax.tree_util.tree_flatten_with_path(translate.cache_rows(cache))[0]}
+           jax.tree_util.tree_flatten_with_path(batch_search.cache_rows(cache))[0]}
   # The search's per-sentence inputs (encoder output, source ids) beside
   # the decoder's cache, so that the step function takes any batch.
   assert {n for n, k in kinds.items() if k is CacheRows.ONE_PER_SENTENCE
@@ -514,7 +515,7 @@ def test_transformer_caches_cross_attention_as_sentence_leaves(
   assert {rows[n] for n in source} == {3}
   assert {r for n, r in rows.items() if 'cached_' in n} == {6}
   with pytest.raises(ValueError, match='new_variable'):
-    translate.cache_rows({'layer': {'new_variable': jnp.zeros((2,))}})
+    batch_search.cache_rows({'layer': {'new_variable': jnp.zeros((2,))}})
 
 
 class GrowingHistoryModel(HistoryModel):
@@ -592,11 +593,11 @@ def test_stages_without_grow_cache_are_refused():
 def test_translate_in_two_stages_equals_one_stage(tiny_transformer, beam):
   model_config, _, params, inputs = tiny_transformer
   kwargs = dict(beam_size=beam, alpha=0.6, max_decode_extra=12, eos_id=EOS)
-  one = np.asarray(translate.translate_batch(model_config, params, inputs,
+  one = np.asarray(batch_search.translate_batch(model_config, params, inputs,
                                       first_stage_extra=None, **kwargs))
   lengths = [len(hypothesis(t)) for t in one]
   assert max(lengths) > inputs.shape[1] + 1  # past the first stage below
-  two = np.asarray(translate.translate_batch(model_config, params, inputs,
+  two = np.asarray(batch_search.translate_batch(model_config, params, inputs,
                                       first_stage_extra=1, **kwargs))
   np.testing.assert_array_equal(two, one)
 
@@ -608,10 +609,10 @@ def test_translate_beam_batch_equals_one_sentence_at_a_time(tiny_transformer):
   model_config, _, params, inputs = tiny_transformer
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_extra=6, eos_id=EOS,
                 max_decode_len=16)
-  batch = np.asarray(translate.translate_batch(model_config, params, inputs,
+  batch = np.asarray(batch_search.translate_batch(model_config, params, inputs,
                                                **kwargs))
   assert len({hypothesis(t) for t in batch}) == 3
   for b in range(3):
-    alone = translate.translate_batch(model_config, params, inputs[b:b + 1],
+    alone = batch_search.translate_batch(model_config, params, inputs[b:b + 1],
                                       **kwargs)
     np.testing.assert_array_equal(np.asarray(alone)[0], batch[b])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mha import decoding
-from mha import translate
+from mha import batch_search
 from mha.decoding import CacheRows
 
 from test_decoding import EOS, GrowingHistoryModel, hypothesis
@@ -77,8 +77,8 @@ def test_shrink_sizes_must_decrease():
 
 
 def test_translate_shrinks_to_no_fewer_than_min_search_rows():
-  assert translate.MIN_SEARCH_ROWS == 64
-  assert translate.shrink_sizes(64, 4) == (32, 16)
-  assert translate.shrink_sizes(40, 4) == (20,)
-  assert translate.shrink_sizes(16, 4) == ()
-  assert translate.shrink_sizes(256, 1) == (128, 64)
+  assert batch_search.MIN_SEARCH_ROWS == 64
+  assert batch_search.shrink_sizes(64, 4) == (32, 16)
+  assert batch_search.shrink_sizes(40, 4) == (20,)
+  assert batch_search.shrink_sizes(16, 4) == ()
+  assert batch_search.shrink_sizes(256, 1) == (128, 64)

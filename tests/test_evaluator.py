@@ -17,6 +17,7 @@ from mha import checkpoints
 from mha import data
 from mha import evaluator
 from mha import scoring
+from mha import batch_search
 from mha import translate
 from mha.errors import UserError
 from mha.transformer import TransformerConfig
@@ -212,7 +213,7 @@ def test_batching_order_truncation_and_no_recompilation(workdir, model,
 
   # BLEU during training: repeated calls with new parameters compile nothing.
   # pylint: disable=protected-access
-  search = translate._translate_fn(model_config, 1, 0.6, data.EOS_ID, "exact")
+  search = batch_search._translate_fn(model_config, 1, 0.6, data.EOS_ID, "exact")
   p4, _ = checkpoints.restore_params(str(workdir), 4)
   translate.translate_texts(model_config, p4, tokenizer, sources, **kwargs)
   compiled = search._cache_size()

@@ -10,7 +10,7 @@ import mha
 from configs import base
 from mha import attention
 from mha import decoding
-from mha import translate
+from mha import batch_search
 
 
 def tiny(**changes):
@@ -169,9 +169,9 @@ def test_beam_search_scores_equal_full_pass_log_probabilities():
 
   @jax.jit
   def search(params):
-    step, cache, _ = translate._model_fns(decoder, params, SRC, beam, max_len)
+    step, cache, _ = batch_search._model_fns(decoder, params, SRC, beam, max_len)
     return decoding.beam_search(step, cache, 2, beam, 0.0, max_len, eos,
-                                cache_rows=translate.cache_rows(cache))
+                                cache_rows=batch_search.cache_rows(cache))
 
   tokens, scores = (np.asarray(x) for x in search(params))
   checked = 0

@@ -12,7 +12,7 @@ import pytest
 from conftest import random_tiny_transformer
 from mha import decoding
 from mha import search_cache
-from mha import translate
+from mha import batch_search
 
 EOS = 1
 SEARCH = dict(beam_size=3, alpha=0.6, max_decode_extra=6, eos_id=EOS)
@@ -32,14 +32,14 @@ def model():
 def folder(tmp_path, monkeypatch):
   """A fresh folder of kept searches, and a fresh process's factories."""
   monkeypatch.setattr(search_cache, "folder", lambda: str(tmp_path))
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
   yield tmp_path
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
 
 
 def _search(model, **changes):
   model_config, params, inputs = model
-  return np.asarray(translate.translate_batch(
+  return np.asarray(batch_search.translate_batch(
       model_config, params, inputs, devices=(), **dict(SEARCH, **changes)))
 
 
@@ -49,7 +49,7 @@ def test_a_later_process_loads_the_search_instead_of_tracing_it(
   assert len(list(folder.glob("*.bin"))) == 1
   # A new process (new factories): the search must come from the file, so
   # tracing it is an error.
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
 
   def traced(*args, **kwargs):
     raise AssertionError("the search was traced again")
@@ -60,7 +60,7 @@ def test_a_later_process_loads_the_search_instead_of_tracing_it(
   np.testing.assert_array_equal(again, first)
   # The same outputs as the search traced and run without the file.
   monkeypatch.setattr(search_cache, "folder", lambda: None)
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
   np.testing.assert_array_equal(_search(model), first)
   assert len({tuple(row) for row in first}) == 4  # four different outputs
 
@@ -72,12 +72,12 @@ def test_what_the_trace_depends_on_names_another_file(model, folder,
   _search(model, beam_stop="early")
   _search(model, max_decode_extra=9)  # a static argument (its length)
   model_config, params, inputs = model
-  translate.translate_batch(model_config, params, inputs[:, :5], devices=(),
+  batch_search.translate_batch(model_config, params, inputs[:, :5], devices=(),
                             **SEARCH)  # a shape
   assert len(list(folder.glob("*.bin"))) == 5
   # mha's source: a changed line is a new file.
   monkeypatch.setattr(search_cache, "source_hash", lambda: "edited")
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
   _search(model)
   assert len(list(folder.glob("*.bin"))) == 6
   key = search_cache.file_key(("k",), (np.zeros(3, np.float32),), {})
@@ -91,16 +91,16 @@ def test_a_bad_file_is_replaced(model, folder):
   first = _search(model)
   (path,) = folder.glob("*.bin")
   path.write_bytes(b"not a serialized search")
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
   np.testing.assert_array_equal(_search(model), first)
   assert path.read_bytes() != b"not a serialized search"
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
   np.testing.assert_array_equal(_search(model), first)
 
 
 def _sharded(model, devices):
   model_config, params, inputs = model
-  out = translate.translate_batch(model_config, params, inputs,
+  out = batch_search.translate_batch(model_config, params, inputs,
                                   devices=devices, **SEARCH)
   assert out.sharding.device_set == set(devices)  # the rows stay split
   return np.asarray(out)
@@ -115,7 +115,7 @@ def test_a_sharded_search_is_kept_for_any_devices_of_its_number(
   # A new process (new factories) on two other devices: the one file
   # serves them (a jax.export names the number of devices, not which),
   # so tracing the search is an error.
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
 
   def traced(*args, **kwargs):
     raise AssertionError("the search was traced again")
@@ -128,17 +128,17 @@ def test_a_sharded_search_is_kept_for_any_devices_of_its_number(
   # file, and of the default device's search.
   with monkeypatch.context() as patch:
     patch.setattr(search_cache, "folder", lambda: None)
-    translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+    batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
     untraced = _sharded(model, devices[2:])
     np.testing.assert_array_equal(_search(model), untraced)
   np.testing.assert_array_equal(other, untraced)
   np.testing.assert_array_equal(first, untraced)
   assert len({tuple(row) for row in first}) == 4  # four different outputs
   # Four devices: another file, read back as well.
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
   np.testing.assert_array_equal(_sharded(model, devices), first)
   assert len(list(folder.glob("*.bin"))) == 2
-  translate._translate_fn.cache_clear()  # pylint: disable=protected-access
+  batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
   with monkeypatch.context() as patch:
     patch.setattr(decoding, "beam_search", traced)
     np.testing.assert_array_equal(_sharded(model, devices), first)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import random_tiny_transformer
+from mha import batch_search
 from mha import translate
 
 EOS = 1
@@ -42,8 +43,8 @@ def test_four_devices_equal_one_device(model):
              for row in o[:len(b.indices)]}
   assert len(outputs) > 5  # not one output for all
   # The 4-device search ran on all four, each holding its own rows.
-  sharded = translate.translate_batch(
-      model_config, translate.replicate(params, tuple(devices)),
+  sharded = batch_search.translate_batch(
+      model_config, batch_search.replicate(params, tuple(devices)),
       batches[0].inputs, max_decode_len=batches[0].max_decode_len,
       devices=devices, **kwargs)
   assert sharded.sharding.device_set == set(devices)
@@ -60,7 +61,7 @@ def test_rows_and_devices_of_a_batch():
                                    max_decode_extra=4)
   assert lone.inputs.shape == (1, 8)
   devices = tuple(jax.local_devices())
-  assert translate.search_devices(8, devices) == devices
-  assert translate.search_devices(4, devices) == devices
-  assert translate.search_devices(2, devices) == ()  # the default device
-  assert translate.search_devices(8, devices[:1]) == ()
+  assert batch_search.search_devices(8, devices) == devices
+  assert batch_search.search_devices(4, devices) == devices
+  assert batch_search.search_devices(2, devices) == ()  # the default device
+  assert batch_search.search_devices(8, devices[:1]) == ()

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha import translate
+from mha import batch_search
 
 from test_decoding import EOS, hypothesis, lp
 from test_decoding import tiny_transformer  # noqa: F401  pylint: disable=unused-import
@@ -35,7 +35,7 @@ def test_forced_scores_equal_the_full_forward_pass(tiny_transformer):  # noqa: F
       np.int32)
   targets[0, 5], targets[0, 6:] = EOS, 0  # ends with EOS, then padding
   targets[1, 2:] = 0  # ends without EOS
-  got = np.asarray(translate.score_batch(model_config, params, inputs,
+  got = np.asarray(batch_search.score_batch(model_config, params, inputs,
                                          targets))
   full = np.asarray(full_log_probs(model, params, inputs,
                                    np.where(targets > 0, targets, 2)))
@@ -50,11 +50,11 @@ def test_nbest_is_the_searchs_hypotheses_with_their_log_probs(
     tiny_transformer):  # noqa: F811
   model_config, _, params, inputs = tiny_transformer
   kwargs = dict(alpha=0.6, max_decode_extra=5, eos_id=EOS, max_decode_len=16)
-  best = np.asarray(translate.translate_batch(model_config, params, inputs,
+  best = np.asarray(batch_search.translate_batch(model_config, params, inputs,
                                               beam_size=3, **kwargs))
   # (num_best = n exact for every n <= beam: test_decoding_outputs.py.)
   tokens, scores, log_probs = [np.asarray(x) for x in
-                               translate.translate_batch(
+                               batch_search.translate_batch(
                                    model_config, params, inputs,
                                    beam_size=3, num_best=3, **kwargs)]
   assert tokens.shape == (3, 3, 16)
@@ -63,14 +63,14 @@ def test_nbest_is_the_searchs_hypotheses_with_their_log_probs(
   assert np.all(np.diff(scores, axis=1) <= 0)
   assert len({hypothesis(t) for t in tokens.reshape(9, 16)}) == 9
   # The search's log P(Y | X) of each hypothesis is its forced score.
-  forced = np.asarray(translate.score_batch(
+  forced = np.asarray(batch_search.score_batch(
       model_config, params, np.repeat(inputs, 3, axis=0),
       tokens.reshape(9, 16))).sum(axis=1).reshape(3, 3)
   np.testing.assert_allclose(forced, log_probs, rtol=1e-5, atol=1e-5)
   lengths = np.array([[len(hypothesis(t)) for t in row] for row in tokens])
   np.testing.assert_allclose(scores, log_probs / lp(lengths, 0.6), rtol=1e-5)
   with pytest.raises(ValueError, match='num_best'):
-    translate.translate_batch(model_config, params, inputs, beam_size=3,
+    batch_search.translate_batch(model_config, params, inputs, beam_size=3,
                               num_best=4, **kwargs)
 
 
@@ -78,7 +78,7 @@ def test_sampled_first_tokens_follow_softmax_over_top_k(tiny_transformer):  # no
   model_config, model, params, inputs = tiny_transformer
   n, temperature, top_k = 2048, 0.8, 5
   batch = np.repeat(inputs[:1], n, axis=0)  # one sentence, n keys
-  tokens, _ = translate.sample_batch(
+  tokens, _ = batch_search.sample_batch(
       model_config, params, batch, np.arange(n), temperature=temperature,
       top_k=top_k, seed=7, max_decode_extra=0, eos_id=EOS, max_decode_len=1)
   first = np.asarray(tokens)[:, 0]
@@ -103,10 +103,10 @@ def test_sampling_on_four_devices_equals_one_and_scores_itself(
   kwargs = dict(temperature=1.0, top_k=0, seed=3, max_decode_extra=6,
                 eos_id=EOS, max_decode_len=16)
   devices = jax.local_devices()
-  four = translate.sample_batch(model_config, params, batch, ids,
+  four = batch_search.sample_batch(model_config, params, batch, ids,
                                 devices=devices, **kwargs)
   assert four[0].sharding.device_set == set(devices)
-  one = translate.sample_batch(model_config, params, batch, ids,
+  one = batch_search.sample_batch(model_config, params, batch, ids,
                                devices=devices[:1], **kwargs)
   # The same tokens; their log-probabilities to rounding (3 rows of a
   # device against 12: XLA:CPU's products may round differently).
@@ -115,13 +115,13 @@ def test_sampling_on_four_devices_equals_one_and_scores_itself(
                              rtol=1e-6)
   tokens, log_probs = [np.asarray(x) for x in one]
   assert len({hypothesis(t) for t in tokens[:10]}) > 5
-  forced = np.asarray(translate.score_batch(model_config, params, batch,
+  forced = np.asarray(batch_search.score_batch(model_config, params, batch,
                                             tokens))
   np.testing.assert_allclose(forced.sum(axis=1)[:10], log_probs[:10],
                              rtol=1e-5, atol=1e-5)
   # The same ids in other rows (the batch reordered): the same samples.
   order = np.random.default_rng(0).permutation(12)
-  again = translate.sample_batch(model_config, params, batch[order],
+  again = batch_search.sample_batch(model_config, params, batch[order],
                                  ids[order], devices=devices[:1], **kwargs)
   np.testing.assert_array_equal(np.asarray(again[0]), tokens[order])
   # (Temperature 0 = greedy search: test_decoding_outputs.py.)

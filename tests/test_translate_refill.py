@@ -12,6 +12,7 @@ import numpy as np
 
 from conftest import random_tiny_transformer
 from mha import decoding
+from mha import batch_search
 from mha import translate
 
 EOS = 1
@@ -127,10 +128,10 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
   kwargs = dict(beam_size=1, alpha=0.6, max_decode_extra=8, eos_id=EOS)
   refilled = translate.decode_batches(model_config, params, batches,
                                       devices=device, **kwargs)
-  assert translate._refill_fn(model_config, 1, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
+  assert batch_search._refill_fn(model_config, 1, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
   lengths = []
   for batch, tokens in zip(batches, refilled):
-    alone = translate.translate_batch(
+    alone = batch_search.translate_batch(
         model_config, params, batch.inputs, max_decode_len=batch.max_decode_len,
         devices=device, **kwargs)
     np.testing.assert_array_equal(tokens, np.asarray(alone))
@@ -239,10 +240,10 @@ def test_translate_refills_beam_slots_with_the_next_batches_sentences():
   kwargs = dict(beam_size=4, alpha=0.6, max_decode_extra=8, eos_id=EOS)
   refilled = translate.decode_batches(model_config, params, batches,
                                       devices=device, **kwargs)
-  assert translate._refill_fn(model_config, 4, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
+  assert batch_search._refill_fn(model_config, 4, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
   lengths = []
   for batch, tokens in zip(batches, refilled):
-    alone = translate.translate_batch(
+    alone = batch_search.translate_batch(
         model_config, params, batch.inputs, max_decode_len=batch.max_decode_len,
         devices=device, **kwargs)
     np.testing.assert_array_equal(tokens, np.asarray(alone))

@@ -26,6 +26,7 @@ from mha import checkpoints
 from mha import data
 from mha import decoding
 from mha import evaluator
+from mha import batch_search
 from mha import translate
 from mha import translator as translator_lib
 from mha.errors import UserError
@@ -260,7 +261,7 @@ def test_a_terminal_sessions_searches_are_prepared_before_the_first_line(
   # for no shape. After the warm-up, a one-line input in a warmed bucket
   # compiles nothing more, and gets the translation it would get anyway.
   # pylint: disable=protected-access
-  search = translate._translate_fn(translator.model_config,
+  search = batch_search._translate_fn(translator.model_config,
                                    translator.defaults.beam_size, 0.37,
                                    data.EOS_ID, "exact")
   function = translator_lib.line_translator(translator, alpha=0.37)
