@@ -333,10 +333,8 @@ def translate_ids(model_config: TransformerConfig, params: Any,
   if not sources:
     return []
   model_config = with_matmul_dtype(model_config, matmul_dtype)
-  encoded = encode_sources(tokenizer, sources, model_config.max_len)
-  batches = make_batches(encoded, batch_size=batch_size,
-                         max_len=model_config.max_len,
-                         max_decode_extra=max_decode_extra)
+  encoded, batches = _batches(model_config, tokenizer, sources, batch_size,
+                              max_decode_extra)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
                            alpha=alpha, max_decode_extra=max_decode_extra,
                            devices=devices, beam_stop=beam_stop)
