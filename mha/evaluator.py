@@ -533,9 +533,10 @@ def _score(plan: _Plan, translations: translate.Translations,
     with `paper_bleu`); `split`, `checkpoint_step`, `averaged_steps`,
     `beam_size`, `alpha`, `max_decode_extra`, `beam_stop`, `matmul_dtype`,
     `batch_size`,
-    `num_sentences`, `decode_seconds`, `sentences_per_second` (and
-    `source_file`, `reference_file` for a source file); `translations`
-    (the texts).
+    `num_sentences`, `decode_seconds` (compilation included),
+    `compile_seconds` (of it, preparing the searches:
+    `translate.Translations`), `sentences_per_second` (and `source_file`,
+    `reference_file` for a source file); `translations` (the texts).
   """
   hypotheses, seconds = translations.texts, translations.seconds
   result: dict[str, Any] = {}
@@ -550,6 +551,7 @@ def _score(plan: _Plan, translations: translate.Translations,
       "max_decode_extra", "beam_stop", "matmul_dtype", "batch_size")})
   n = len(hypotheses)
   result.update(num_sentences=n, decode_seconds=seconds,
+                compile_seconds=translations.compile_seconds,
                 sentences_per_second=n / max(seconds, 1e-9))
   if "source_file" in settings:
     result.update(source_file=settings["source_file"],

@@ -35,6 +35,7 @@ import hashlib
 import os
 import pathlib
 import threading
+import time
 from typing import Any, Callable
 
 from absl import logging
@@ -43,6 +44,7 @@ import jax
 from jax import export as jax_export
 import jaxlib
 
+from mha import compile_time
 from mha import files
 
 FOLDER = "mha_searches"
@@ -182,8 +184,13 @@ class Cached:
     arguments: sharded calls of one file's name differ in their devices)."""
     try:
       if files.exists(path):
-        return jax.jit(
+        start = time.time()
+        loaded = jax.jit(
             jax_export.deserialize(bytearray(files.read_bytes(path))).call)
+        # Counted with the time of compilations (`mha.compile_time`).
+        jax.monitoring.record_event_time_span(
+            compile_time.SEARCH_LOAD_EVENT, start, time.time())
+        return loaded
     except Exception as e:  # pylint: disable=broad-except  (a bad file)
       logging.warning("Tracing the search again: cannot read %s (%s).",
                       path, e)

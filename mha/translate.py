@@ -53,6 +53,7 @@ import jax
 import numpy as np
 
 from mha import batch_search
+from mha import compile_time
 from mha import data
 from mha import validation
 from mha.data.batching import round_up
@@ -533,11 +534,16 @@ class Translations:
       EOS (`crop_output`); None for a blank source.
     seconds: the time the search and the detokenization took, compilation
       included.
+    compile_seconds: of `seconds`, the time spent preparing the searches:
+      tracing, compiling (or fetching from the compilation cache), reading
+      kept searches (`mha.compile_time`); 0 when every search of these
+      shapes was prepared before in this process.
   """
   texts: list[str]
   source_ids: list[np.ndarray | None]
   output_ids: list[np.ndarray | None]
   seconds: float
+  compile_seconds: float = 0.0
 
 
 def translate_with_ids(model_config: TransformerConfig, params: Any,
@@ -559,15 +565,17 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
   texts = [""] * len(sources)
   source_ids: list[np.ndarray | None] = [None] * len(sources)
   output_ids: list[np.ndarray | None] = [None] * len(sources)
-  for i, (source, output) in zip(keep, translate_ids(
-      model_config, params, tokenizer, [sources[i] for i in keep],
-      beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
-      batch_size=batch_size, devices=devices, beam_stop=beam_stop,
-      matmul_dtype=matmul_dtype)):
+  with compile_time.CompileTime() as preparing:
+    pairs = translate_ids(
+        model_config, params, tokenizer, [sources[i] for i in keep],
+        beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
+        batch_size=batch_size, devices=devices, beam_stop=beam_stop,
+        matmul_dtype=matmul_dtype)
+  for i, (source, output) in zip(keep, pairs):
     texts[i] = detokenize(tokenizer, output)
     source_ids[i], output_ids[i] = source, crop_output(output)
   return Translations(texts, source_ids, output_ids,
-                      time.perf_counter() - start)
+                      time.perf_counter() - start, preparing.seconds)
 
 
 def translate_texts(model_config: TransformerConfig, params: Any,

@@ -128,7 +128,8 @@ def _fake_search(model_config, params, tokenizer, sources, *, beam_size,
   return translate.Translations(
       [f"{s} {beam_size} {alpha} {max_decode_extra} {beam_stop} "
        f"{matmul_dtype}" for s in sources],
-      [None] * len(sources), [None] * len(sources), 1.0)
+      [None] * len(sources), [None] * len(sources), 2.0,
+      compile_seconds=0.5 if beam_stop == "early" else 0.0)
 
 
 def test_eval_py_names_the_settings_it_was_given(copy, monkeypatch, eval_py,
@@ -137,10 +138,19 @@ def test_eval_py_names_the_settings_it_was_given(copy, monkeypatch, eval_py,
   assert eval_py(f"--workdir={copy}", f"--split={SPLIT}", "--beam_stop=early",
                  "--matmul_dtype=bfloat16") == 0
   out = capsys.readouterr().out.split("\n")
-  assert out[0].startswith(
+  # The time of compiling the searches apart (the fake's 0.5 s of 2 s).
+  assert out[0] == (
       f"{SPLIT}, step 6, beam 4, alpha 0.6, stop early, bfloat16 products: "
-      "4 sentences in ")
+      "4 sentences in 2.0 s, 0.5 s of it compiling (2.0 sentences/s)")
   assert out[1] == f"Wrote {copy / 'eval' / 'test_4_6_early_bfloat16'}"
+  metrics = json.loads((copy / "eval" / "test_4_6_early_bfloat16" /
+                        "metrics.json").read_text())
+  assert (metrics["decode_seconds"], metrics["compile_seconds"]) == (2.0, 0.5)
+  # Without compilation (searches compiled before): no such part.
+  assert eval_py(f"--workdir={copy}", f"--split={SPLIT}") == 0
+  assert capsys.readouterr().out.split("\n")[0] == (
+      f"{SPLIT}, step 6, beam 4, alpha 0.6: 4 sentences in 2.0 s "
+      "(2.0 sentences/s)")
   translations = (copy / "eval" / "test_4_6_early_bfloat16" /
                   "translations.txt").read_text()
   assert translations.split("\n")[0].endswith(" 4 0.6 8 early bfloat16")

@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SPLIT = "test[:12]"
 FIELDS = ("bleu", "chrf", "sacrebleu_signature", "chrf_signature", "split",
           "num_sentences", "checkpoint_step", "averaged_steps", "beam_size",
-          "alpha", "decode_seconds", "sentences_per_second")
+          "alpha", "decode_seconds", "compile_seconds", "sentences_per_second")
 
 
 def _snapshot(path: pathlib.Path) -> dict[str, tuple[str, int] | None]:
@@ -96,6 +96,9 @@ def test_eval_py_writes_metrics_and_bleu_recomputes(workdir, tmp_path):
   assert (metrics["beam_size"], metrics["alpha"]) == (4, 0.6)
   assert metrics["num_sentences"] == 12 and metrics["split"] == SPLIT
   assert metrics["sentences_per_second"] > 0
+  # A new process prepares its searches (traced, or read from the files
+  # kept, and compiled or fetched from XLA's cache): counted apart.
+  assert 0 < metrics["compile_seconds"] <= metrics["decode_seconds"]
   assert "tok:13a" in metrics["sacrebleu_signature"]
   assert "case:mixed" in metrics["sacrebleu_signature"]
   hypotheses = (out / "translations.txt").read_text().split("\n")
@@ -213,14 +216,23 @@ def test_batching_order_truncation_and_no_recompilation(workdir, model,
 
   # BLEU during training: repeated calls with new parameters compile nothing.
   # pylint: disable=protected-access
-  search = batch_search._translate_fn(model_config, 1, 0.6, data.EOS_ID, "exact")
+  search = batch_search._translate_fn(model_config, 1, 0.6, data.EOS_ID,
+                                      "exact")
   p4, _ = checkpoints.restore_params(str(workdir), 4)
   translate.translate_texts(model_config, p4, tokenizer, sources, **kwargs)
   compiled = search._cache_size()
-  second = translate.translate_texts(model_config, params, tokenizer,
-                                     sources, **kwargs)
+  second = translate.translate_with_ids(model_config, params, tokenizer,
+                                        sources, **kwargs)
   assert compiled >= 1 and search._cache_size() == compiled
   # pylint: enable=protected-access
+  # ... so the time of preparing searches, counted apart, is 0 (eval.py's
+  # compile_seconds); a new output length is a new search to compile.
+  assert second.compile_seconds == 0.0
+  longer = translate.translate_with_ids(
+      model_config, params, tokenizer, sources,
+      **dict(kwargs, max_decode_extra=kwargs["max_decode_extra"] + 17))
+  assert 0.0 < longer.compile_seconds <= longer.seconds
+  second = second.texts
   assert second == whole
   scores = scoring.score(second, references)
   assert scores["bleu"] == pytest.approx(

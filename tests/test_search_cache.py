@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import random_tiny_transformer
+from mha import batch_search
+from mha import compile_time
 from mha import decoding
 from mha import search_cache
-from mha import batch_search
 
 EOS = 1
 SEARCH = dict(beam_size=3, alpha=0.6, max_decode_extra=6, eos_id=EOS)
@@ -45,7 +46,8 @@ def _search(model, **changes):
 
 def test_a_later_process_loads_the_search_instead_of_tracing_it(
     model, folder, monkeypatch):
-  first = _search(model)
+  with compile_time.CompileTime() as traced_here:
+    first = _search(model)
   assert len(list(folder.glob("*.bin"))) == 1
   # A new process (new factories): the search must come from the file, so
   # tracing it is an error.
@@ -54,10 +56,15 @@ def test_a_later_process_loads_the_search_instead_of_tracing_it(
   def traced(*args, **kwargs):
     raise AssertionError("the search was traced again")
 
-  with monkeypatch.context() as patch:
+  with monkeypatch.context() as patch, compile_time.CompileTime() as loaded:
     patch.setattr(decoding, "beam_search", traced)
     again = _search(model)
   np.testing.assert_array_equal(again, first)
+  # Reading the file counts with the time of compilations (eval.py's
+  # compile_seconds); tracing the search, without a file, did not read one.
+  events = lambda block: {event for event, _, _ in block.spans}
+  assert compile_time.SEARCH_LOAD_EVENT in events(loaded)
+  assert compile_time.SEARCH_LOAD_EVENT not in events(traced_here)
   # The same outputs as the search traced and run without the file.
   monkeypatch.setattr(search_cache, "folder", lambda: None)
   batch_search._translate_fn.cache_clear()  # pylint: disable=protected-access
@@ -72,8 +79,8 @@ def test_what_the_trace_depends_on_names_another_file(model, folder,
   _search(model, beam_stop="early")
   _search(model, max_decode_extra=9)  # a static argument (its length)
   model_config, params, inputs = model
-  batch_search.translate_batch(model_config, params, inputs[:, :5], devices=(),
-                            **SEARCH)  # a shape
+  batch_search.translate_batch(model_config, params, inputs[:, :5],
+                               devices=(), **SEARCH)  # a shape
   assert len(list(folder.glob("*.bin"))) == 5
   # mha's source: a changed line is a new file.
   monkeypatch.setattr(search_cache, "source_hash", lambda: "edited")
@@ -101,7 +108,7 @@ def test_a_bad_file_is_replaced(model, folder):
 def _sharded(model, devices):
   model_config, params, inputs = model
   out = batch_search.translate_batch(model_config, params, inputs,
-                                  devices=devices, **SEARCH)
+                                     devices=devices, **SEARCH)
   assert out.sharding.device_set == set(devices)  # the rows stay split
   return np.asarray(out)
 

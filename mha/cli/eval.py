@@ -197,9 +197,12 @@ def print_summary(result: dict[str, Any], report, flush: bool = False
     others += ", stop early"
   if result.get("matmul_dtype", "float32") != "float32":
     others += f", {result['matmul_dtype']} products"
+  # The compilation apart, when it rounds to a tenth of a second or more.
+  compiled = result.get("compile_seconds", 0.0)
+  compiling = f", {compiled:.1f} s of it compiling" if compiled >= 0.05 else ""
   print(f"{result['split']}, {what}, beam {result['beam_size']}, "
         f"alpha {result['alpha']}{others}: {result['num_sentences']} "
-        f"sentences in {result['decode_seconds']:.1f} s "
+        f"sentences in {result['decode_seconds']:.1f} s{compiling} "
         f"({result['sentences_per_second']:.1f} sentences/s)", file=report)
   if "output_dir" in result:
     print(f"Wrote {result['output_dir']}", file=report)
