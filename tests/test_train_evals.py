@@ -34,16 +34,16 @@ def test_beam_bleu_searches_one_batch_with_the_translations_of_64(
   bleu._pairs = pairs  # pylint: disable=protected-access  (read once)
   searched = []  # (batches, translations) of each call
   make_batches = translate.make_batches
-  translate_texts = translate.translate_texts
+  translate_with_ids = translate.translate_with_ids
 
   def recording_texts(*args, **kwargs):
-    texts = translate_texts(*args, **kwargs)
-    searched[-1].append(texts)
-    return texts
+    translations = translate_with_ids(*args, **kwargs)
+    searched[-1].append(translations.texts)
+    return translations
 
   monkeypatch.setattr(translate, "make_batches", lambda encoded, **kw: (
       searched.append([make_batches(encoded, **kw)]) or searched[-1][0]))
-  monkeypatch.setattr(translate, "translate_texts", recording_texts)
+  monkeypatch.setattr(translate, "translate_with_ids", recording_texts)
   params = translator.params.params
   got = bleu(devices.pmap_replicate(params, jax.local_devices()))
   want = train_evals.evaluate_bleu(translator.model_config, params,

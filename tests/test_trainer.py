@@ -196,6 +196,11 @@ def test_end_to_end_loss_falls_and_workdir_layout(trained_workdir):
     assert all(np.isfinite(record[k]) for k in (
         "eval_bleu", "eval_chrf", "eval_decode_sentences_per_sec"))
     assert record["eval_seconds"] > 0
+  # The first BLEU compiles its search; the second, on the same sentences,
+  # reuses it: its time of compiling, logged apart, is 0.
+  assert [r["eval_decode_compile_seconds"] > 0 for r in evals] == [True,
+                                                                   False]
+  assert evals[1]["eval_decode_compile_seconds"] == 0.0
   # The time each save paused training, logged at its step.
   saves = [r for r in records if "save_seconds" in r]
   assert [r["step"] for r in saves] == [4, 8, 12]
