@@ -42,10 +42,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from mha import data
 from mha import decoding
 from mha import search_cache
-from mha.data.batching import round_up
+from mha import token_ids
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
 from mha.transformer import create_model
@@ -659,10 +658,10 @@ def _search_inputs(model_config: TransformerConfig, inputs_np: np.ndarray, *,
     `stage_lengths`, the devices the rows are split over, and the row
     arguments `[inputs, max_lengths, *extra_rows]` put on them.
   """
-  max_lengths = (inputs_np != data.PAD_ID).sum(axis=1).astype(
+  max_lengths = (inputs_np != token_ids.PAD_ID).sum(axis=1).astype(
       np.int32) + max_decode_extra  # [batch]
-  if max_decode_len is None:
-    max_decode_len = round_up(int(max_lengths.max()), 8)
+  if max_decode_len is None:  # the longest, rounded up to a multiple of 8
+    max_decode_len = -(-int(max_lengths.max()) // 8) * 8
   # The decoder cannot encode positions past its table (config.max_len).
   max_decode_len = min(int(max_decode_len), model_config.max_len)
   max_lengths = np.minimum(max_lengths, max_decode_len)

@@ -72,9 +72,10 @@ def test_only_the_pipelines_consumers_import_the_data_package():
       and any(name == "mha.data" or name.startswith("mha.data.")
               for name in _imports(path))}
   assert importers <= DATA_CONSUMERS, sorted(importers - DATA_CONSUMERS)
-  # The layers below the search import nothing of data either (the search
-  # reads PAD_ID from mha.token_ids).
+  # The layers below the translate layer import nothing of data either
+  # (the searches read PAD_ID from mha.token_ids).
   assert "mha.decoding" not in importers
+  assert "mha.batch_search" not in importers
 
 
 def test_no_module_of_mha_imports_matplotlib_when_imported():
