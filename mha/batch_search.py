@@ -234,7 +234,7 @@ def _step_fn(model: Transformer, params: Any) -> decoding.TokensToLogits:
   return tokens_to_logits
 
 
-# ------------------------------------------------- refilled rows
+# --------------------------------------------------------------- refilled rows
 
 _POSITIONS = ("cache_index", "position_index")
 
