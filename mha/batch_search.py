@@ -645,6 +645,33 @@ def translate_batch(model_config: TransformerConfig, params: Any,
                 num_best=int(num_best), **static)
 
 
+def _limits(model_config: TransformerConfig, inputs_np: np.ndarray,
+            max_decode_extra: int, max_decode_len: int | None
+            ) -> tuple[int, np.ndarray]:
+  """(the static length of the outputs, int32 `[batch]` each sentence's
+  limit on |Y|): non-pad source tokens + `max_decode_extra`, capped at
+  `max_decode_len` (None: the longest limit rounded up to a multiple of
+  8) and at the model's `max_len` positions."""
+  max_lengths = (inputs_np != token_ids.PAD_ID).sum(axis=1).astype(
+      np.int32) + max_decode_extra  # [batch]
+  if max_decode_len is None:  # the longest, rounded up to a multiple of 8
+    max_decode_len = -(-int(max_lengths.max()) // 8) * 8
+  # The decoder cannot encode positions past its table (config.max_len).
+  max_decode_len = min(int(max_decode_len), model_config.max_len)
+  return max_decode_len, np.minimum(max_lengths, max_decode_len)
+
+
+def _static(inputs_length: int, max_decode_len: int,
+            first_stage_extra: int | None) -> dict[str, Any]:
+  """A search's static `max_decode_len` and `stage_lengths` (the first
+  stage: the padded input length + `first_stage_extra`)."""
+  stages = ()
+  if first_stage_extra:
+    stages = (min(inputs_length + int(first_stage_extra), max_decode_len),)
+  return dict(max_decode_len=max_decode_len, stage_lengths=tuple(
+      decoding.all_stage_lengths(stages, max_decode_len)[:-1]))
+
+
 def _search_inputs(model_config: TransformerConfig, inputs_np: np.ndarray, *,
                    max_decode_extra: int, max_decode_len: int | None,
                    first_stage_extra: int | None,
@@ -658,24 +685,17 @@ def _search_inputs(model_config: TransformerConfig, inputs_np: np.ndarray, *,
     `stage_lengths`, the devices the rows are split over, and the row
     arguments `[inputs, max_lengths, *extra_rows]` put on them.
   """
-  max_lengths = (inputs_np != token_ids.PAD_ID).sum(axis=1).astype(
-      np.int32) + max_decode_extra  # [batch]
-  if max_decode_len is None:  # the longest, rounded up to a multiple of 8
-    max_decode_len = -(-int(max_lengths.max()) // 8) * 8
-  # The decoder cannot encode positions past its table (config.max_len).
-  max_decode_len = min(int(max_decode_len), model_config.max_len)
-  max_lengths = np.minimum(max_lengths, max_decode_len)
-  stages = ()
-  if first_stage_extra:
-    stages = (min(inputs_np.shape[1] + int(first_stage_extra),
-                  max_decode_len),)
+  max_decode_len, max_lengths = _limits(model_config, inputs_np,
+                                        max_decode_extra, max_decode_len)
   devices = search_devices(inputs_np.shape[0], devices)
-  rows = [jnp.asarray(inputs_np, jnp.int32), jnp.asarray(max_lengths),
-          *(jnp.asarray(x) for x in extra_rows)]
+  # jnp.asarray without a dtype compiles a copy of each new shape
+  # (jax's `stage`), with one it does not.
+  rows = [jnp.asarray(inputs_np, jnp.int32),
+          jnp.asarray(max_lengths, jnp.int32),
+          *(jnp.asarray(x, np.asarray(x).dtype) for x in extra_rows)]
   rows = _put_rows(rows, devices)
-  static = dict(max_decode_len=max_decode_len, stage_lengths=tuple(
-      decoding.all_stage_lengths(stages, max_decode_len)[:-1]))
-  return static, devices, rows
+  return (_static(inputs_np.shape[1], max_decode_len, first_stage_extra),
+          devices, rows)
 
 
 def sample_batch(model_config: TransformerConfig, params: Any,
@@ -710,9 +730,10 @@ def sample_batch(model_config: TransformerConfig, params: Any,
   if temperature < 0:
     raise ValueError(f"temperature must be >= 0, got {temperature}.")
   fn = _sample_fn(model_config, int(eos_id), temperature == 0, int(top_k))
-  return fn(replicate(params, devices), jnp.asarray(seed, jnp.int32),
-            jnp.asarray(temperature, jnp.float32), *rows, devices=devices,
-            **static)
+  # NumPy scalars: a jnp scalar made of a Python one is an operation
+  # compiled in every process.
+  return fn(replicate(params, devices), np.int32(seed),
+            np.float32(temperature), *rows, devices=devices, **static)
 
 
 def score_batch(model_config: TransformerConfig, params: Any,
@@ -747,41 +768,37 @@ def refill_batches(model_config: TransformerConfig, params: Any,
                    max_decode_lens: Sequence[int], *, beam_size: int,
                    alpha: float, max_decode_extra: int, eos_id: int,
                    first_stage_extra: int | None,
-                   beam_stop: str) -> list[jax.Array]:
+                   beam_stop: str) -> jax.Array:
   """The search of several batches (`inputs[i]`, int32 `[rows_i, s_i]`,
   with outputs of `max_decode_lens[i]`) as one search whose slots, as
   their sentences end, take the next ones (`_refill_fn`), on the default
-  device: the outputs of each batch, `[rows_i, max_decode_lens[i]]`, as
-  `translate_batch` gives them.
+  device: the outputs of the batches' rows one after the other, `[sum of
+  rows_i, the longest max_decode_len]`, batch i's `[:, :max_decode_lens[i]]`
+  as `translate_batch` gives them.
 
   The sources of the batches' several lengths are padded to the longest
   (`_refill_queue`); the first stage has room for the longest +
-  `first_stage_extra` outputs."""
+  `first_stage_extra` outputs. The arguments are put together on the host
+  and the caller cuts the outputs, so that no small operation is compiled
+  around the search (each would be compiled again in every process:
+  bench/README.md, issue 33)."""
   longest = max(range(len(inputs)),
                 key=lambda i: (inputs[i].shape[1], max_decode_lens[i]))
-  found = [_search_inputs(model_config, x, max_decode_extra=max_decode_extra,
-                          max_decode_len=n,
-                          first_stage_extra=first_stage_extra, devices=(),
-                          extra_rows=())[2]
-           for x, n in zip(inputs, max_decode_lens)]
-  static = _search_inputs(model_config, inputs[longest],
-                          max_decode_extra=max_decode_extra,
-                          max_decode_len=max(max_decode_lens),
-                          first_stage_extra=first_stage_extra, devices=(),
-                          extra_rows=())[0]
-  stacked = []  # [k, rows, s] for each run of batches of one length s
-  for rows in found:
-    if stacked and stacked[-1][0].shape == rows[0].shape:
-      stacked[-1].append(rows[0])
+  limits = [_limits(model_config, x, max_decode_extra, n)[1]
+            for x, n in zip(inputs, max_decode_lens)]
+  max_decode_len = _limits(model_config, inputs[longest], max_decode_extra,
+                           max(max_decode_lens))[0]
+  stacked: list[list[np.ndarray]] = []  # [k, rows, s] for each run of
+  for x in inputs:                      # batches of one length s
+    if stacked and stacked[-1][0].shape == x.shape:
+      stacked[-1].append(x)
     else:
-      stacked.append([rows[0]])
-  tokens = _refill_fn(model_config, int(beam_size), float(alpha),
-                      int(eos_id), decoding.check_beam_stop(beam_stop))(
-      params, tuple(jnp.stack(x) for x in stacked),
-      jnp.concatenate([rows[1] for rows in found]), **static)
-  ends = np.cumsum([x.shape[0] for x in inputs])
-  return [tokens[end - x.shape[0]:end, :n]
-          for end, x, n in zip(ends, inputs, max_decode_lens)]
+      stacked.append([x])
+  return _refill_fn(model_config, int(beam_size), float(alpha),
+                    int(eos_id), decoding.check_beam_stop(beam_stop))(
+      params, tuple(jnp.asarray(np.stack(x), jnp.int32) for x in stacked),
+      jnp.asarray(np.concatenate(limits), jnp.int32),
+      **_static(inputs[longest].shape[1], max_decode_len, first_stage_extra))
 
 
 __all__ = ["CACHE_ROWS", "FIRST_STAGE_EXTRA", "MIN_SEARCH_ROWS",

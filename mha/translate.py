@@ -253,12 +253,13 @@ def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
                   devices: Sequence[jax.Device] | None,
                   run: Callable[[DecodeBatch, Any, tuple[jax.Device, ...]],
                                 Any],
-                  refill: Callable[[list[DecodeBatch], Any], list[jax.Array]],
+                  refill: Callable[[list[DecodeBatch], Any], jax.Array],
                   beam_size: int) -> list[np.ndarray]:
   """`_run_batches`' outputs, with each group of `_refill_groups` of two
-  or more batches searched by `refill(batches, params)` as one (a list of
-  the batches' outputs); all dispatched before the first result is
-  fetched."""
+  or more batches searched by `refill(batches, params)` as one (the
+  batches' rows one after the other, `batch_search.refill_batches`, cut
+  here into each batch's outputs); all dispatched before the first result
+  is fetched."""
   devices, placed = _placed(params, devices)
   groups = _refill_groups(batches, devices, beam_size)
   outputs = []
@@ -269,8 +270,16 @@ def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
       outputs.append(run(batch, placed.on(used), used))
     else:
       outputs.append(refill([batches[i] for i in group], placed.on(())))
-  return [np.asarray(x) for group, o in zip(groups, outputs)
-          for x in (o if len(group) > 1 else [o])]
+  found = []
+  for group, output in zip(groups, outputs):
+    output = np.asarray(output)
+    if len(group) == 1:
+      found.append(output)
+      continue
+    rows = [batches[i].inputs.shape[0] for i in group]
+    found += [output[end - n:end, :batches[i].max_decode_len]
+              for i, n, end in zip(group, rows, np.cumsum(rows))]
+  return found
 
 
 def _run_batches(params: Any, batches: Sequence[DecodeBatch],

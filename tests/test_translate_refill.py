@@ -126,9 +126,24 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
   device = jax.local_devices()[:1]
   assert translate._refill_groups(batches, tuple(device)) == [[0, 1, 2]]  # pylint: disable=protected-access
   kwargs = dict(beam_size=1, alpha=0.6, max_decode_extra=8, eos_id=EOS)
-  refilled = translate.decode_batches(model_config, params, batches,
-                                      devices=device, **kwargs)
+  compiled = []  # the programs XLA compiled
+
+  def listener(event, start, end, **kw):
+    del start, end
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiled.append(kw.get("fun_name"))
+
+  jax.monitoring.register_event_time_span_listener(listener)
+  try:
+    refilled = translate.decode_batches(model_config, params, batches,
+                                        devices=device, **kwargs)
+  finally:
+    jax.monitoring.unregister_event_time_span_listener(listener)
   assert batch_search._refill_fn(model_config, 1, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
+  # The search is the one program compiled: its inputs are stacked and its
+  # outputs cut on the host, with no small operation compiled around it
+  # (which every new process would compile again).
+  assert compiled == ["jit(call)"] or compiled == ["jit(search)"], compiled
   lengths = []
   for batch, tokens in zip(batches, refilled):
     alone = batch_search.translate_batch(
