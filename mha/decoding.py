@@ -672,11 +672,8 @@ def _refill_step(state: _RefillState, logits: jax.Array, cache: PyTree,
   ends = state.live & ((token == eos_id) | (length >= limit))
   done = jnp.where(ends, state.sentence, num_sentences)  # past the end: none
   live = state.live & ~ends
-  # Free rows take the next sentences, in row order.
-  free = ~live
-  taken = state.next + jnp.cumsum(free) - 1
-  start = free & (taken < num_sentences)
-  sentence = jnp.where(start, taken, state.sentence)
+  start, sentence, next_sentence = _take_next(~live, state.next,
+                                              state.sentence, num_sentences)
   return _RefillState(
       sentence=sentence,
       pos=jnp.where(start, 0, length),
@@ -684,11 +681,24 @@ def _refill_step(state: _RefillState, logits: jax.Array, cache: PyTree,
       last=jnp.where(start, PAD_ID, token),
       logprob=jnp.where(start, 0.0, logprob),
       live=live | start,
-      next=jnp.minimum(state.next + jnp.sum(free), num_sentences),
+      next=next_sentence,
       out_seqs=state.out_seqs.at[done, :room].set(seqs, mode='drop'),
       out_logprob=state.out_logprob.at[done].set(logprob, mode='drop'),
       out_length=state.out_length.at[done].set(length, mode='drop'),
       cache=start_rows(cache, start, sentence))
+
+
+def _take_next(free: jax.Array, next_sentence: jax.Array,
+               sentence: jax.Array, num_sentences: int
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Free rows (or slots) take the next sentences, in order: `(start
+  [rows] bool: the row begins a sentence, the sentence of each row, the
+  first sentence not taken yet)`; a free row left without one keeps its
+  done sentence and does not start."""
+  taken = next_sentence + jnp.cumsum(free) - 1
+  start = free & (taken < num_sentences)
+  return (start, jnp.where(start, taken, sentence),
+          jnp.minimum(next_sentence + jnp.sum(free), num_sentences))
 
 
 def _refill_inputs(search: str, num_rows: int, rows: str,
@@ -1198,10 +1208,8 @@ def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
   num_sentences = state.out_seqs.shape[0]
   done = state.active & _beam_done(beams, state.step, alpha, num_best, stop)
   to = jnp.where(done, state.sentence, num_sentences)  # past the end: none
-  free = ~state.active | done
-  taken = state.next + jnp.cumsum(free) - 1
-  start = free & (taken < num_sentences)
-  sentence = jnp.where(start, taken, state.sentence)
+  start, sentence, next_sentence = _take_next(
+      ~state.active | done, state.next, state.sentence, num_sentences)
   fresh = _fresh_beams(jnp.take(max_lengths, sentence, mode='clip'), alpha,
                        beams.live_seqs.shape[1], room)
   beams = beams._replace(**{
@@ -1210,8 +1218,7 @@ def _beam_refill_next(state: _BeamRefillState, max_lengths: jax.Array,
   return state._replace(
       sentence=sentence, step=jnp.where(start, 0, state.step),
       active=(state.active & ~done) | start, beam=beams,
-      cache=start_rows(state.cache, start, sentence),
-      next=jnp.minimum(state.next + jnp.sum(free), num_sentences),
+      cache=start_rows(state.cache, start, sentence), next=next_sentence,
       out_seqs=state.out_seqs.at[to, :room].set(
           state.beam.finished_seqs[:, 0], mode='drop'),
       out_scores=state.out_scores.at[to].set(
