@@ -9,9 +9,12 @@ run with the compilation cache off (a training run's first evaluation on a
 machine that has not compiled this search before), for two batchings in
 turn, `--repeats` runs each:
 
-* `64`: batches of 64 sentences sorted by length (mha.evaluator's, and the
-  in-training BLEU's before `train_evals.bleu_batch_size`);
-* `bleu_batch_size`: what the in-training BLEU uses now.
+* `one`: all the sentences in one batch, up to
+  `train_evals.BLEU_ROWS_PER_DEVICE` search rows a device (the in-training
+  BLEU's batching on one device before 2026-11-27; still its batching on
+  several devices);
+* `bleu_batch_size`: what the in-training BLEU uses now (on one device:
+  batches of 64, searched as one with refilled rows).
 
 Prints each run's first call, its later calls' median and the search's
 compile time (XLA's backend compilation and JAX's trace, from
@@ -50,8 +53,12 @@ def run(args: argparse.Namespace, batching: str) -> dict:
   config = translator.config
   sources, references = data.load_text_pairs(config, config.eval_split)
   sources = sources[:args.sentences]
-  batch_size = (64 if batching == "64" else train_evals.bleu_batch_size(
-      len(sources), config.beam_size, jax.local_device_count()))
+  if batching == "one":
+    batch_size = max(1, min(len(sources), train_evals.BLEU_ROWS_PER_DEVICE
+                            * jax.local_device_count() // config.beam_size))
+  else:
+    batch_size = train_evals.bleu_batch_size(
+        len(sources), config.beam_size, jax.local_device_count())
   params = translator.params.params
   calls = []
   for _ in range(args.calls):
@@ -79,14 +86,14 @@ def main() -> None:
   parser.add_argument("--sentences", type=int, default=100)
   parser.add_argument("--calls", type=int, default=4)
   parser.add_argument("--repeats", type=int, default=2)
-  parser.add_argument("--one", choices=("64", "bleu_batch_size"),
+  parser.add_argument("--one", choices=("one", "bleu_batch_size"),
                       help=argparse.SUPPRESS)  # a run (the child process)
   args = parser.parse_args()
   if args.one:
     print(json.dumps(run(args, args.one)))
     return
   print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
-  results = {"64": [], "bleu_batch_size": []}
+  results = {"one": [], "bleu_batch_size": []}
   for _ in range(args.repeats):
     for batching in results:
       out = subprocess.run(
@@ -102,12 +109,12 @@ def main() -> None:
             f"trace {found['trace']:.2f} s), later calls {later:.2f} s "
             f"(median), all {args.calls} calls {sum(found['calls']):.2f} s, "
             f"BLEU {found['bleu']:.2f}", flush=True)
-  same = all(r["texts"] == results["64"][0]["texts"]
+  same = all(r["texts"] == results["one"][0]["texts"]
              for runs in results.values() for r in runs)
   print(f"translations identical in every run: {same}")
-  old = [sum(r["calls"]) for r in results["64"]]
+  old = [sum(r["calls"]) for r in results["one"]]
   new = [sum(r["calls"]) for r in results["bleu_batch_size"]]
-  print("all calls, 64 / bleu_batch_size: "
+  print("all calls, one / bleu_batch_size: "
         + ", ".join(f"{o / n:.2f}x" for o, n in zip(old, new)))
   print(f"load average {os.getloadavg()[0]:.2f}")
 

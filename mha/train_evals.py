@@ -8,14 +8,15 @@ every `config.eval_every_steps`-th step and the last:
 
 * `DevLoss`: the loss, NLL, perplexity and accuracy on `config.eval_split`;
 * `BeamBleu`: the BLEU and chrF of the config's beam search on the first
-  `config.eval_bleu_sentences` pairs of that split (none if 0), in as few
-  batches as `bleu_batch_size` allows, so that few searches are compiled.
+  `config.eval_bleu_sentences` pairs of that split (none if 0), in the
+  batches `bleu_batch_size` chooses, so that one search is compiled.
 """
 
 import jax
 import ml_collections
 import numpy as np
 
+from mha import batch_search
 from mha import data
 from mha import devices
 from mha import scoring
@@ -121,23 +122,40 @@ class BeamBleu(_EveryEvalSteps):
 
 
 # Search rows (sentences x beam) a device takes in one batch of the
-# in-training BLEU (`bleu_batch_size`).
+# in-training BLEU on several devices (`bleu_batch_size`).
 BLEU_ROWS_PER_DEVICE = 512
+# On one device: at most eval.py's batches of 64 sentences.
+REFILL_BATCH_SIZE = 64
 
 
 def bleu_batch_size(num_sentences: int, beam_size: int,
                     num_devices: int) -> int:
-  """Sentences per batch of the in-training BLEU: all of them, up to
-  `BLEU_ROWS_PER_DEVICE` search rows on each device.
+  """Sentences per batch of the in-training BLEU, chosen so that one
+  search is compiled.
 
   The same sentences are translated at every evaluation of a run, so the
-  search is compiled once per batch shape, and the first evaluation's time
-  is mostly that compilation: one batch of 100 sentences compiles one
-  search where batches of 64 sorted by length compile one per length
-  bucket (bench/train_bleu.py). The translations are those of batches of
-  64 (tests/test_train_evals.py; a search row's bits do not depend on the
-  batch once it has `mha.batch_search.MIN_SEARCH_ROWS` rows or more).
+  first evaluation's time is mostly compiling the search, once per batch
+  shape. On one device: batches of `REFILL_BATCH_SIZE` (or of equal sizes
+  below it), which `translate.decode_batches` searches as one search with
+  refilled rows (one program; a single batch's search shrinks as its
+  sentences end and compiles the decoder step once per size:
+  bench/train_bleu.py), where every batch has at least
+  `mha.batch_search.MIN_SEARCH_ROWS` rows. Otherwise, and on several
+  devices (whose batches are split over them, not refilled): all the
+  sentences in one batch, up to `BLEU_ROWS_PER_DEVICE` search rows on each
+  device, where batches of 64 sorted by length would compile one search
+  per length bucket. The translations are those of batches of 64
+  (tests/test_train_evals.py; a search row's bits do not depend on the
+  batch once it has `MIN_SEARCH_ROWS` rows or more).
   """
+  if num_devices == 1 and num_sentences > REFILL_BATCH_SIZE:
+    batches = -(-num_sentences // REFILL_BATCH_SIZE)
+    # Batches of 64, or of equal sizes if the last would be too small.
+    for size in (REFILL_BATCH_SIZE, -(-num_sentences // batches)):
+      last = num_sentences - (batches - 1) * size
+      if (translate.search_rows(last) * beam_size
+          >= batch_search.MIN_SEARCH_ROWS):
+        return size
   rows = BLEU_ROWS_PER_DEVICE * num_devices // beam_size
   return max(1, min(num_sentences, rows))
 

@@ -1,7 +1,9 @@
 """The in-training BLEU (`mha.train_evals.BeamBleu`): its sentences are
-searched in one batch where they fit, with the translations that batches of
-64 give (mha.evaluator's batching), and so the BLEU."""
+searched as one search (on one device batches of 64 with refilled rows, on
+several one batch), with the translations that batches of 64 give
+(mha.evaluator's batching), and so the BLEU."""
 import jax
+import numpy as np
 import pytest
 
 import mha
@@ -13,14 +15,37 @@ from mha import train_evals
 
 
 @pytest.mark.parametrize("sentences, beam, devices, want", [
-    (100, 4, 1, 100),   # Multi30k's 100: one batch (400 rows)
-    (256, 4, 1, 128),   # 512 rows a device
-    (256, 4, 8, 256),   # split over 8 devices: 128 rows each
-    (1000, 1, 1, 512),  # greedy: a row a sentence
-    (3, 4, 1, 3),
+    # One device: batches of 64 searched as one with refilled rows, each
+    # with 64 rows (sentences x beam) or more.
+    (100, 4, 1, 64),    # Multi30k's 100: 64 and 36 (40 rows x 4)
+    (256, 4, 1, 64),
+    (70, 4, 1, 35),     # 64 and 6 (8 x 4 rows: too few): 35 and 35
+    (3, 4, 1, 3),       # one batch
+    (100, 1, 1, 100),   # greedy: 64 and 36 rows, 50 and 50 too few: one
+    # Several devices (a batch's sentences split over them): one batch,
+    # up to 512 rows a device.
+    (256, 4, 8, 256),   # 128 rows each
+    (1000, 4, 2, 256),
+    (100, 4, 4, 100),
 ])
 def test_bleu_batch_size(sentences, beam, devices, want):
   assert train_evals.bleu_batch_size(sentences, beam, devices) == want
+
+
+@pytest.mark.parametrize("sentences", [65, 70, 100, 128, 193, 300])
+def test_on_one_device_the_bleu_batches_are_one_refilled_search(sentences):
+  # What translate.decode_batches searches as one (one program compiled).
+  rng = np.random.default_rng(sentences)
+  encoded = [list(rng.integers(3, 50, n)) + [1]
+             for n in rng.integers(3, 40, sentences)]
+  for beam in (2, 4):
+    batches = translate.make_batches(
+        encoded, max_len=64, max_decode_extra=50,
+        batch_size=train_evals.bleu_batch_size(sentences, beam, 1))
+    assert len(batches) >= 2
+    groups = translate._refill_groups(  # pylint: disable=protected-access
+        batches, tuple(jax.local_devices()[:1]), beam)
+    assert groups == [list(range(len(batches)))], (beam, groups)
 
 
 def test_beam_bleu_searches_one_batch_with_the_translations_of_64(
