@@ -692,7 +692,7 @@ def _search_inputs(model_config: TransformerConfig, inputs_np: np.ndarray, *,
   # (jax's `stage`), with one it does not.
   rows = [jnp.asarray(inputs_np, jnp.int32),
           jnp.asarray(max_lengths, jnp.int32),
-          *(jnp.asarray(x, np.asarray(x).dtype) for x in extra_rows)]
+          *(jnp.asarray(x, x.dtype) for x in extra_rows)]
   rows = _put_rows(rows, devices)
   return (_static(inputs_np.shape[1], max_decode_len, first_stage_extra),
           devices, rows)

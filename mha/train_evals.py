@@ -21,6 +21,7 @@ from mha import data
 from mha import devices
 from mha import scoring
 from mha import translate
+from mha.data.batching import ceil_div
 from mha.search_settings import SearchSettings
 from mha.train_step import make_eval_step
 from mha.transformer import Transformer
@@ -149,9 +150,9 @@ def bleu_batch_size(num_sentences: int, beam_size: int,
   batch once it has `MIN_SEARCH_ROWS` rows or more).
   """
   if num_devices == 1 and num_sentences > REFILL_BATCH_SIZE:
-    batches = -(-num_sentences // REFILL_BATCH_SIZE)
+    batches = ceil_div(num_sentences, REFILL_BATCH_SIZE)
     # Batches of 64, or of equal sizes if the last would be too small.
-    for size in (REFILL_BATCH_SIZE, -(-num_sentences // batches)):
+    for size in (REFILL_BATCH_SIZE, ceil_div(num_sentences, batches)):
       last = num_sentences - (batches - 1) * size
       if (translate.search_rows(last) * beam_size
           >= batch_search.MIN_SEARCH_ROWS):
