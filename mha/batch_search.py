@@ -351,14 +351,19 @@ def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
   source length each), with `slots` sentences searched at a time, a slot
   whose sentence is done taking the next one (`decoding.greedy_refill`,
   `decoding.beam_refill`): `[sentences, max_decode_len]` outputs, the best
-  of each batch's own search (`_translate_fn`, `num_best=0`)."""
+  of each batch's own search (`_translate_fn`, `num_best=0`).
+
+  `devices=()`: on the default device. Two or more devices: each batch's
+  sentences (the `slots` axis, a multiple of the number of devices) are
+  split evenly over them (`_on_devices`), and each device runs its own
+  search of its share of every batch, its slots taking its next
+  sentences; `max_lengths` and the outputs in the devices' order
+  (`_device_major`)."""
   model = create_model(model_config, decode=True, deterministic=True)
 
-  @functools.partial(jax.jit, static_argnames=("max_decode_len",
-                                               "stage_lengths"))
-  def search(params: Any, inputs: tuple[jax.Array, ...],
-             max_lengths: jax.Array, *, max_decode_len: int,
-             stage_lengths: tuple[int, ...]) -> Any:
+  def local_search(params: Any, inputs: tuple[jax.Array, ...],
+                   max_lengths: jax.Array, max_decode_len: int,
+                   stage_lengths: tuple[int, ...]) -> Any:
     num_slots = inputs[0].shape[1]
     lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
     queue, ids, shapes = _refill_queue(model, params, inputs, lengths[0],
@@ -379,6 +384,17 @@ def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
         _step_fn(model, params), cache, start_rows, num_slots, beam_size,
         alpha, max_decode_len, eos_id, max_lengths, cache_rows(cache),
         stop=beam_stop, **common)[0]
+
+  @functools.partial(jax.jit, static_argnames=(
+      "max_decode_len", "stage_lengths", "devices"))
+  def search(params: Any, inputs: tuple[jax.Array, ...],
+             max_lengths: jax.Array, *, max_decode_len: int,
+             stage_lengths: tuple[int, ...],
+             devices: tuple[jax.Device, ...] = ()) -> Any:
+    local = functools.partial(local_search, max_decode_len=max_decode_len,
+                              stage_lengths=stage_lengths)
+    return _on_devices(local, devices, [params], [inputs, max_lengths],
+                       split_axes=[1, 0])
 
   return search_cache.cached(search, ("refill", model_config, beam_size,
                                       alpha, eos_id, beam_stop))
@@ -403,12 +419,19 @@ def _mesh(devices: tuple[jax.Device, ...]) -> jax.sharding.Mesh:
   return jax.sharding.Mesh(np.asarray(devices), (_AXIS,))
 
 
+def _split_spec(axis: int) -> jax.sharding.PartitionSpec:
+  """The partition of an array whose `axis` is split over the mesh."""
+  return jax.sharding.PartitionSpec(*(None,) * axis, _AXIS)
+
+
 def _on_devices(local: Callable[..., Any], devices: tuple[jax.Device, ...],
-                shared: Sequence[Any], rows: Sequence[Any]) -> Any:
+                shared: Sequence[Any], rows: Sequence[Any],
+                split_axes: Sequence[int] | None = None) -> Any:
   """`local(*shared, *rows)`, its sentences split over `devices`.
 
   Fewer than two devices: on the default device. Otherwise the `rows`
-  arguments (a leading axis of sentences, a multiple of the number of
+  arguments (arrays or tuples of arrays whose axis of sentences,
+  `split_axes[i]`, default the leading one, is a multiple of the number of
   devices) are split evenly over them (`jax.shard_map`), the `shared` ones
   (the parameters, scalars) replicated; each device computes its own
   sentences, as one device would, and every output has a leading axis of
@@ -416,15 +439,14 @@ def _on_devices(local: Callable[..., Any], devices: tuple[jax.Device, ...],
   """
   if len(devices) < 2:
     return local(*shared, *rows)
-  mesh = _mesh(devices)
-  split = jax.sharding.PartitionSpec(_AXIS)
+  split_axes = split_axes or [0] * len(rows)
   # check_vma=False: no collective; the loop's constant-initialised state
   # becomes per-device, which the type check would want spelled out.
   return jax.shard_map(
-      local, mesh=mesh,
+      local, mesh=_mesh(devices),
       in_specs=(jax.sharding.PartitionSpec(),) * len(shared)
-      + (split,) * len(rows),
-      out_specs=split, check_vma=False)(*shared, *rows)
+      + tuple(_split_spec(axis) for axis in split_axes),
+      out_specs=_split_spec(0), check_vma=False)(*shared, *rows)
 
 
 @functools.lru_cache(maxsize=32)
@@ -545,13 +567,14 @@ def search_devices(rows: int, devices: Sequence[jax.Device] | None = None
   return devices if len(devices) > 1 and rows % len(devices) == 0 else ()
 
 
-def _put_rows(rows: list[jax.Array], devices: tuple[jax.Device, ...]
-              ) -> list[jax.Array]:
-  """Each device's rows put there now (unchanged for no devices)."""
+def _put_rows(rows: list[Any], devices: tuple[jax.Device, ...],
+              axis: int = 0) -> list[Any]:
+  """Each device's rows (along `axis`) put there now (unchanged for no
+  devices)."""
   if not devices:
     return rows
   return jax.device_put(rows, jax.sharding.NamedSharding(
-      _mesh(devices), jax.sharding.PartitionSpec(_AXIS)))
+      _mesh(devices), _split_spec(axis)))
 
 
 class PlacedParams:
@@ -767,21 +790,28 @@ def refill_batches(model_config: TransformerConfig, params: Any,
                    inputs: Sequence[np.ndarray],
                    max_decode_lens: Sequence[int], *, beam_size: int,
                    alpha: float, max_decode_extra: int, eos_id: int,
-                   first_stage_extra: int | None,
-                   beam_stop: str) -> jax.Array:
+                   first_stage_extra: int | None, beam_stop: str,
+                   devices: Sequence[jax.Device] = ()) -> jax.Array:
   """The search of several batches (`inputs[i]`, int32 `[rows_i, s_i]`,
   with outputs of `max_decode_lens[i]`) as one search whose slots, as
   their sentences end, take the next ones (`_refill_fn`), on the default
-  device: the outputs of the batches' rows one after the other, `[sum of
-  rows_i, the longest max_decode_len]`, batch i's `[:, :max_decode_lens[i]]`
-  as `translate_batch` gives them.
+  device, or with each batch's rows split evenly over two or more
+  `devices` (`params` placed on them, `PlacedParams.on`), each device
+  searching its share of every batch. Returns the outputs, `[sum of
+  rows_i, the longest max_decode_len]`, in the devices' order:
+  `refilled_outputs` gives each batch's, as `translate_batch` gives them.
 
   The sources of the batches' several lengths are padded to the longest
   (`_refill_queue`); the first stage has room for the longest +
   `first_stage_extra` outputs. The arguments are put together on the host
-  and the caller cuts the outputs, so that no small operation is compiled
-  around the search (each would be compiled again in every process:
-  bench/README.md, issue 33)."""
+  and `refilled_outputs` cuts the outputs there, so that no small
+  operation is compiled around the search (each would be compiled again
+  in every process: bench/README.md, issue 33)."""
+  devices = tuple(devices) if len(devices) > 1 else ()
+  rows = [x.shape[0] for x in inputs]
+  if any(n % max(len(devices), 1) for n in rows):
+    raise ValueError(f"Batches of {rows} rows cannot be split evenly over "
+                     f"{len(devices)} devices.")
   longest = max(range(len(inputs)),
                 key=lambda i: (inputs[i].shape[1], max_decode_lens[i]))
   limits = [_limits(model_config, x, max_decode_extra, n)[1]
@@ -794,14 +824,45 @@ def refill_batches(model_config: TransformerConfig, params: Any,
       stacked[-1].append(x)
     else:
       stacked.append([x])
+  order = _device_major(rows, max(len(devices), 1))
+  sources = _put_rows([jnp.asarray(np.stack(x), jnp.int32) for x in stacked],
+                      devices, axis=1)
+  [max_lengths] = _put_rows(
+      [jnp.asarray(np.concatenate(limits)[order], jnp.int32)], devices)
   return _refill_fn(model_config, int(beam_size), float(alpha),
                     int(eos_id), decoding.check_beam_stop(beam_stop))(
-      params, tuple(jnp.asarray(np.stack(x), jnp.int32) for x in stacked),
-      jnp.asarray(np.concatenate(limits), jnp.int32),
+      params, tuple(sources), max_lengths, devices=devices,
       **_static(inputs[longest].shape[1], max_decode_len, first_stage_extra))
 
 
+def _device_major(rows: Sequence[int], num_devices: int) -> np.ndarray:
+  """The order of a sharded refilled search's sentences (`refill_batches`
+  on `num_devices` devices): device 0's share of every batch (the first
+  `rows_i / num_devices` rows of batch i), then device 1's, ...; as
+  indices of the sentences in the batches' order."""
+  starts = np.cumsum([0] + list(rows[:-1]))
+  return np.concatenate([
+      start + d * (n // num_devices) + np.arange(n // num_devices)
+      for d in range(num_devices) for start, n in zip(starts, rows)])
+
+
+def refilled_outputs(outputs: jax.Array, rows: Sequence[int],
+                     max_decode_lens: Sequence[int], num_devices: int
+                     ) -> list[np.ndarray]:
+  """Each batch's outputs of `refill_batches` (of batches of `rows`,
+  `max_decode_lens` and searched on `num_devices` devices, 0 or 1: the
+  default device) as NumPy, `[rows_i, max_decode_lens[i]]`: put back in the
+  batches' order and cut on the host."""
+  outputs = np.asarray(outputs)
+  found = np.empty_like(outputs)
+  found[_device_major(rows, max(num_devices, 1))] = outputs
+  ends = np.cumsum(rows)
+  return [found[end - n:end, :length]
+          for n, length, end in zip(rows, max_decode_lens, ends)]
+
+
 __all__ = ["CACHE_ROWS", "FIRST_STAGE_EXTRA", "MIN_SEARCH_ROWS",
-           "PlacedParams", "cache_rows", "refill_batches", "replicate",
+           "PlacedParams", "cache_rows", "refill_batches",
+           "refilled_outputs", "replicate",
            "sample_batch", "score_batch", "search_devices",
            "shrink_sizes", "translate_batch"]

@@ -125,7 +125,8 @@ class BeamBleu(_EveryEvalSteps):
 # Search rows (sentences x beam) a device takes in one batch of the
 # in-training BLEU on several devices (`bleu_batch_size`).
 BLEU_ROWS_PER_DEVICE = 512
-# On one device: at most eval.py's batches of 64 sentences.
+# Sentences a device takes in a batch (eval.py's 64) of the in-training
+# BLEU's refilled search.
 REFILL_BATCH_SIZE = 64
 
 
@@ -136,26 +137,28 @@ def bleu_batch_size(num_sentences: int, beam_size: int,
 
   The same sentences are translated at every evaluation of a run, so the
   first evaluation's time is mostly compiling the search, once per batch
-  shape. On one device: batches of `REFILL_BATCH_SIZE` (or of equal sizes
-  below it), which `translate.decode_batches` searches as one search with
+  shape. Batches of `REFILL_BATCH_SIZE` sentences a device (split evenly
+  over the devices; of equal sizes below it if the last batch would be too
+  small), which `translate.decode_batches` searches as one search with
   refilled rows (one program; a single batch's search shrinks as its
   sentences end and compiles the decoder step once per size:
   bench/train_bleu.py), where every batch has at least
-  `mha.batch_search.MIN_SEARCH_ROWS` rows. Otherwise, and on several
-  devices (whose batches are split over them, not refilled): all the
-  sentences in one batch, up to `BLEU_ROWS_PER_DEVICE` search rows on each
-  device, where batches of 64 sorted by length would compile one search
-  per length bucket. The translations are those of batches of 64
+  `mha.batch_search.MIN_SEARCH_ROWS` rows on each device. Otherwise: all
+  the sentences in one batch, up to `BLEU_ROWS_PER_DEVICE` search rows on
+  each device, where batches of 64 sorted by length would compile one
+  search per length bucket. The translations are those of batches of 64
   (tests/test_train_evals.py; a search row's bits do not depend on the
   batch once it has `MIN_SEARCH_ROWS` rows or more).
   """
-  if num_devices == 1 and num_sentences > REFILL_BATCH_SIZE:
-    batches = ceil_div(num_sentences, REFILL_BATCH_SIZE)
-    # Batches of 64, or of equal sizes if the last would be too small.
-    for size in (REFILL_BATCH_SIZE, ceil_div(num_sentences, batches)):
-      last = num_sentences - (batches - 1) * size
-      if (translate.search_rows(last) * beam_size
-          >= batch_search.MIN_SEARCH_ROWS):
+  per_batch = REFILL_BATCH_SIZE * num_devices
+  if num_sentences > per_batch:
+    batches = ceil_div(num_sentences, per_batch)
+    # Full batches, or of equal sizes if the last would be too small.
+    for size in (per_batch, ceil_div(num_sentences, batches)):
+      rows = [translate.search_rows(n) for n in
+              (size, num_sentences - (batches - 1) * size)]
+      if all(n % num_devices == 0 and n // num_devices * beam_size
+             >= batch_search.MIN_SEARCH_ROWS for n in rows):
         return size
   rows = BLEU_ROWS_PER_DEVICE * num_devices // beam_size
   return max(1, min(num_sentences, rows))

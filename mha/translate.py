@@ -40,8 +40,9 @@ busy; the outputs are those of each batch's own search.
 
 Devices: each batch's sentences are split evenly over this process's
 devices (`jax.local_devices()`, or the `devices` given;
-`batch_search.search_devices`). The translations are the same on any
-number of devices. Translation is per process: with several processes,
+`batch_search.search_devices`); in a refilled search, each device searches
+its share of every batch of the group, its slots taking its next
+sentences. The translations are the same on any number of devices. Translation is per process: with several processes,
 each translates the sentences it is given.
 """
 import dataclasses
@@ -201,12 +202,13 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   if num_best:
     return _run_batches(params, batches, devices, run)
 
-  def refill(group, params):
+  def refill(group, params, used):
     return batch_search.refill_batches(
         model_config, params, [b.inputs for b in group],
         [b.max_decode_len for b in group], beam_size=beam_size, alpha=alpha,
         max_decode_extra=max_decode_extra, eos_id=eos_id,
-        first_stage_extra=first_stage_extra, beam_stop=beam_stop)
+        first_stage_extra=first_stage_extra, beam_stop=beam_stop,
+        devices=used)
 
   return _run_refilled(params, batches, devices, run, refill, beam_size)
 
@@ -216,24 +218,27 @@ def _refill_groups(batches: Sequence[DecodeBatch],
                    beam_size: int = 1) -> list[list[int]]:
   """The batches (their indices) searched together by
   `batch_search.refill_batches`:
-  runs of consecutive batches, at most `MAX_REFILL_BATCHES` each, whose
-  search has at least `MIN_SEARCH_ROWS` rows (sentences x beam: fewer may
-  give a row other bits in another row), on the default device; every
-  other batch alone. The group's search has the first batch's number of
-  sentences at a time, and for greedy and beam search alike takes batches
-  of any source length: the room of every sentence is the longest
-  source's + `FIRST_STAGE_EXTRA` (beam search once grouped by source
-  length, when each step reordered the whole cache; since its rows stay
-  in place, one group compiles once where one per length compiled each,
-  bench/README.md, issue 33's fifth round)."""
+  runs of consecutive batches, at most `MAX_REFILL_BATCHES` each, split
+  over the same devices (`batch_search.search_devices`: all of them, or
+  the default device) with at least `MIN_SEARCH_ROWS` rows (sentences x
+  beam) on each device (fewer may give a row other bits in another row);
+  every other batch alone. The group's search has the first batch's number
+  of sentences at a time (on each device, its share), and for greedy and
+  beam search alike takes batches of any source length: the room of every
+  sentence is the longest source's + `FIRST_STAGE_EXTRA` (beam search once
+  grouped by source length, when each step reordered the whole cache;
+  since its rows stay in place, one group compiles once where one per
+  length compiled each, bench/README.md, issue 33's fifth round)."""
+  def placed(b):  # the devices of the batch's search and its rows on each
+    used = batch_search.search_devices(b.inputs.shape[0], devices)
+    return used, b.inputs.shape[0] // max(len(used), 1) * beam_size
+
   groups: list[list[int]] = []
-  joins = lambda b: (
-      b.inputs.shape[0] * beam_size >= batch_search.MIN_SEARCH_ROWS
-      and not batch_search.search_devices(b.inputs.shape[0], devices))
   for i, batch in enumerate(batches):
     last = groups[-1] if groups else []
-    if (last and len(last) < MAX_REFILL_BATCHES and joins(batch)
-        and joins(batches[last[0]])):
+    (used, rows), first = placed(batch), last and placed(batches[last[0]])
+    if (last and len(last) < MAX_REFILL_BATCHES and first[0] == used
+        and min(rows, first[1]) >= batch_search.MIN_SEARCH_ROWS):
       last.append(i)
     else:
       groups.append([i])
@@ -253,32 +258,33 @@ def _run_refilled(params: Any, batches: Sequence[DecodeBatch],
                   devices: Sequence[jax.Device] | None,
                   run: Callable[[DecodeBatch, Any, tuple[jax.Device, ...]],
                                 Any],
-                  refill: Callable[[list[DecodeBatch], Any], jax.Array],
+                  refill: Callable[[list[DecodeBatch], Any,
+                                    tuple[jax.Device, ...]], jax.Array],
                   beam_size: int) -> list[np.ndarray]:
   """`_run_batches`' outputs, with each group of `_refill_groups` of two
-  or more batches searched by `refill(batches, params)` as one (the
-  batches' rows one after the other, `batch_search.refill_batches`, cut
-  here into each batch's outputs); all dispatched before the first result
-  is fetched."""
+  or more batches searched by `refill(batches, params, devices)` as one
+  (`batch_search.refill_batches`, each batch's outputs cut from the
+  search's by `batch_search.refilled_outputs`); all dispatched before the
+  first result is fetched."""
   devices, placed = _placed(params, devices)
   groups = _refill_groups(batches, devices, beam_size)
   outputs = []
   for group in groups:
+    used = batch_search.search_devices(batches[group[0]].inputs.shape[0],
+                                       devices)
     if len(group) == 1:
-      batch = batches[group[0]]
-      used = batch_search.search_devices(batch.inputs.shape[0], devices)
-      outputs.append(run(batch, placed.on(used), used))
+      outputs.append((run(batches[group[0]], placed.on(used), used), used))
     else:
-      outputs.append(refill([batches[i] for i in group], placed.on(())))
+      outputs.append((refill([batches[i] for i in group], placed.on(used),
+                             used), used))
   found = []
-  for group, output in zip(groups, outputs):
-    output = np.asarray(output)
+  for group, (output, used) in zip(groups, outputs):
     if len(group) == 1:
-      found.append(output)
-      continue
-    rows = [batches[i].inputs.shape[0] for i in group]
-    found += [output[end - n:end, :batches[i].max_decode_len]
-              for i, n, end in zip(group, rows, np.cumsum(rows))]
+      found.append(np.asarray(output))
+    else:
+      found += batch_search.refilled_outputs(
+          output, [batches[i].inputs.shape[0] for i in group],
+          [batches[i].max_decode_len for i in group], len(used))
   return found
 
 

@@ -1,6 +1,6 @@
 """The in-training BLEU (`mha.train_evals.BeamBleu`): its sentences are
-searched as one search (on one device batches of 64 with refilled rows, on
-several one batch), with the translations that batches of 64 give
+searched as one search (batches of 64 sentences a device, each device's
+share refilled), with the translations that batches of 64 give
 (mha.evaluator's batching), and so the BLEU."""
 import jax
 import numpy as np
@@ -22,18 +22,23 @@ from mha import train_evals
     (70, 4, 1, 35),     # 64 and 6 (8 x 4 rows: too few): 35 and 35
     (3, 4, 1, 3),       # one batch
     (100, 1, 1, 100),   # greedy: 64 and 36 rows, 50 and 50 too few: one
-    # Several devices (a batch's sentences split over them): one batch,
-    # up to 512 rows a device.
-    (256, 4, 8, 256),   # 128 rows each
-    (1000, 4, 2, 256),
+    # Several devices (a batch's sentences split over them): batches of
+    # 64 a device searched as one, each device's share refilled.
+    (1000, 4, 2, 128),  # 7 x 128 and 104 (52 x 4 rows a device)
+    (136, 4, 2, 68),    # 128 and 8 (4 x 4 rows a device: too few)
+    (130, 1, 2, 130),   # greedy: 128 and 2, 65 and 65 too few: one batch,
+    (1100, 1, 2, 1024),  # of up to 512 rows a device
+    (256, 4, 8, 256),   # one batch: 128 rows each
     (100, 4, 4, 100),
 ])
 def test_bleu_batch_size(sentences, beam, devices, want):
   assert train_evals.bleu_batch_size(sentences, beam, devices) == want
 
 
-@pytest.mark.parametrize("sentences", [65, 70, 100, 128, 193, 300])
-def test_on_one_device_the_bleu_batches_are_one_refilled_search(sentences):
+@pytest.mark.parametrize("sentences, num_devices", [
+    (65, 1), (70, 1), (100, 1), (128, 1), (193, 1), (300, 1),
+    (136, 2), (300, 2), (600, 4)])
+def test_the_bleu_batches_are_one_refilled_search(sentences, num_devices):
   # What translate.decode_batches searches as one (one program compiled).
   rng = np.random.default_rng(sentences)
   encoded = [list(rng.integers(3, 50, n)) + [1]
@@ -41,10 +46,10 @@ def test_on_one_device_the_bleu_batches_are_one_refilled_search(sentences):
   for beam in (2, 4):
     batches = translate.make_batches(
         encoded, max_len=64, max_decode_extra=50,
-        batch_size=train_evals.bleu_batch_size(sentences, beam, 1))
+        batch_size=train_evals.bleu_batch_size(sentences, beam, num_devices))
     assert len(batches) >= 2
     groups = translate._refill_groups(  # pylint: disable=protected-access
-        batches, tuple(jax.local_devices()[:1]), beam)
+        batches, tuple(jax.local_devices()[:num_devices]), beam)
     assert groups == [list(range(len(batches)))], (beam, groups)
 
 

@@ -573,7 +573,9 @@ def test_two_processes_train_like_one(tiny_workdir, tmp_path):
   _seed_vocabulary(tiny_workdir, single)
   # XLA's default code generation: the two runs' rounding differs by psums
   # across processes, which Adam's per-entry scaling magnifies; under it
-  # they agree to 1e-5 (under the suite's faster-compiling flags, to 5e-5).
+  # the parameters agree to 1e-5 on an AMD EPYC, to 1.7e-5 in one entry of
+  # 16k on an Intel Xeon (under the suite's faster-compiling flags, to
+  # 5e-5), where a run that averaged wrongly would be off by its updates.
   subprocess.run(_train_cmd(single, *flags), cwd=REPO,
                  env=_env(4, compile_for_speed=False),
                  check=True, capture_output=True)
@@ -606,7 +608,7 @@ def test_two_processes_train_like_one(tiny_workdir, tmp_path):
   np.testing.assert_allclose(losses(multi), losses(single), rtol=1e-5)
   assert len(losses(single)) == 6
   jax.tree_util.tree_map(
-      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=5e-5),
       _params(multi, 6), _params(single, 6))
 
 

@@ -9,6 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from conftest import random_tiny_transformer
 from mha import decoding
@@ -264,3 +265,51 @@ def test_translate_refills_beam_slots_with_the_next_batches_sentences():
     np.testing.assert_array_equal(tokens, np.asarray(alone))
     lengths += [int(np.count_nonzero(t)) for t in tokens]
   assert min(lengths) < 10 and max(lengths) > 19
+
+
+def test_a_sharded_refilled_search_orders_each_devices_share_of_every_batch():
+  # Batches of 4 and 2 rows on 2 devices: device 0 takes rows 0, 1 of the
+  # first and row 4 (the second's first), device 1 the rest.
+  order = batch_search._device_major([4, 2], 2)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(order, [0, 1, 4, 2, 3, 5])
+  outputs = np.arange(6)[order, None] * np.ones((1, 3), int)
+  back = batch_search.refilled_outputs(outputs, [4, 2], [3, 2], 2)
+  np.testing.assert_array_equal(back[0][:, 0], [0, 1, 2, 3])
+  np.testing.assert_array_equal(back[1], [[4, 4], [5, 5]])
+
+
+@pytest.mark.parametrize("beam_size,batch_size", [(4, 32), (1, 128)])
+def test_a_refilled_search_over_two_devices_gives_each_batchs_outputs(
+    beam_size, batch_size):
+  # Each device searches its half of every batch with refilled slots (64
+  # rows each); every batch gets the outputs one device gives it.
+  model_config, params = random_tiny_transformer(16, 64, seed=7)
+  rng = np.random.default_rng(2)
+  encoded = [list(rng.integers(3, 16, n - 1)) + [EOS]
+             for n in rng.integers(3, 17, 3 * batch_size)]
+  batches = translate.make_batches(encoded, batch_size=batch_size,
+                                   max_len=64, max_decode_extra=8)
+  assert len({b.inputs.shape[1] for b in batches}) == 2
+  two, one = tuple(jax.local_devices()[:2]), tuple(jax.local_devices()[:1])
+  assert translate._refill_groups(batches, two, beam_size) == [[0, 1, 2]]  # pylint: disable=protected-access
+  kwargs = dict(beam_size=beam_size, alpha=0.6, max_decode_extra=8,
+                eos_id=EOS)
+  search = batch_search._refill_fn(model_config, beam_size, 0.6, EOS,  # pylint: disable=protected-access
+                                   "exact")
+  compiled = search._cache_size()  # pylint: disable=protected-access
+  refilled = translate.decode_batches(model_config, params, batches,
+                                      devices=two, **kwargs)
+  assert search._cache_size() == compiled + 1  # pylint: disable=protected-access
+  # The one search ran on both devices, its outputs in their order.
+  outputs = batch_search.refill_batches(
+      model_config, batch_search.replicate(params, two),
+      [b.inputs for b in batches], [b.max_decode_len for b in batches],
+      first_stage_extra=batch_search.FIRST_STAGE_EXTRA, beam_stop="exact",
+      devices=two, **kwargs)
+  assert search._cache_size() == compiled + 1  # pylint: disable=protected-access
+  assert outputs.sharding.device_set == set(two)
+  # The same search on one device gives each batch's own search's outputs
+  # (the tests above).
+  for tokens, expected in zip(refilled, translate.decode_batches(
+      model_config, params, batches, devices=one, **kwargs)):
+    np.testing.assert_array_equal(tokens, expected)
