@@ -42,8 +42,9 @@ Devices: each batch's sentences are split evenly over this process's
 devices (`jax.local_devices()`, or the `devices` given;
 `batch_search.search_devices`); in a refilled search, each device searches
 its share of every batch of the group, its slots taking its next
-sentences. The translations are the same on any number of devices. Translation is per process: with several processes,
-each translates the sentences it is given.
+sentences. The translations are the same on any number of devices.
+Translation is per process: with several processes, each translates the
+sentences it is given.
 """
 import dataclasses
 import time
@@ -236,12 +237,14 @@ def _refill_groups(batches: Sequence[DecodeBatch],
   groups: list[list[int]] = []
   for i, batch in enumerate(batches):
     last = groups[-1] if groups else []
-    (used, rows), first = placed(batch), last and placed(batches[last[0]])
-    if (last and len(last) < MAX_REFILL_BATCHES and first[0] == used
-        and min(rows, first[1]) >= batch_search.MIN_SEARCH_ROWS):
-      last.append(i)
-    else:
-      groups.append([i])
+    if last and len(last) < MAX_REFILL_BATCHES:
+      (used, rows), (first_used, first_rows) = (placed(batch),
+                                                placed(batches[last[0]]))
+      if (used == first_used
+          and min(rows, first_rows) >= batch_search.MIN_SEARCH_ROWS):
+        last.append(i)
+        continue
+    groups.append([i])
   return groups
 
 

@@ -313,3 +313,19 @@ def test_a_refilled_search_over_two_devices_gives_each_batchs_outputs(
   for tokens, expected in zip(refilled, translate.decode_batches(
       model_config, params, batches, devices=one, **kwargs)):
     np.testing.assert_array_equal(tokens, expected)
+
+
+def test_refill_groups_count_the_rows_each_device_searches():
+  def batches(*rows):
+    return [translate.DecodeBatch(np.arange(n), np.ones((n, 8), np.int32), 16)
+            for n in rows]
+
+  one, two, three = (tuple(jax.local_devices()[:n]) for n in (1, 2, 3))
+  groups = translate._refill_groups  # pylint: disable=protected-access
+  # Beam 4: 16 sentences are 64 rows on one device, 32 on each of two.
+  assert groups(batches(16, 16, 16), one, 4) == [[0, 1, 2]]
+  assert groups(batches(16, 16, 16), two, 4) == [[0], [1], [2]]
+  assert groups(batches(32, 32, 16), two, 4) == [[0, 1], [2]]
+  # 32 rows do not split over 3 devices (searched on the default device),
+  # 48 do: a group's batches share their devices.
+  assert groups(batches(32, 32, 48, 48), three, 4) == [[0, 1], [2, 3]]
