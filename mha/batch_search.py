@@ -564,7 +564,19 @@ def search_devices(rows: int, devices: Sequence[jax.Device] | None = None
   (default: `jax.local_devices()`) if they divide the rows evenly, else none
   (the default device)."""
   devices = tuple(jax.local_devices() if devices is None else devices)
-  return devices if len(devices) > 1 and rows % len(devices) == 0 else ()
+  return devices if _splits(rows, len(devices)) else ()
+
+
+def _splits(rows: int, num_devices: int) -> bool:
+  """Whether a batch of `rows` rows is split over `num_devices` devices."""
+  return num_devices > 1 and rows % num_devices == 0
+
+
+def device_rows(rows: int, beam_size: int, num_devices: int) -> int:
+  """The search rows (sentences x beam) each device takes of a batch of
+  `rows` sentences among `num_devices` (`search_devices`: split evenly
+  over them, else all on the default device)."""
+  return rows // (num_devices if _splits(rows, num_devices) else 1) * beam_size
 
 
 def _put_rows(rows: list[Any], devices: tuple[jax.Device, ...],
@@ -862,7 +874,7 @@ def refilled_outputs(outputs: jax.Array, rows: Sequence[int],
 
 
 __all__ = ["CACHE_ROWS", "FIRST_STAGE_EXTRA", "MIN_SEARCH_ROWS",
-           "PlacedParams", "cache_rows", "refill_batches",
+           "PlacedParams", "cache_rows", "device_rows", "refill_batches",
            "refilled_outputs", "replicate",
            "sample_batch", "score_batch", "search_devices",
            "shrink_sizes", "translate_batch"]

@@ -157,8 +157,9 @@ def bleu_batch_size(num_sentences: int, beam_size: int,
     for size in (per_batch, ceil_div(num_sentences, batches)):
       rows = [translate.search_rows(n) for n in
               (size, num_sentences - (batches - 1) * size)]
-      if all(n % num_devices == 0 and n // num_devices * beam_size
-             >= batch_search.MIN_SEARCH_ROWS for n in rows):
+      if all(n % num_devices == 0 and batch_search.device_rows(
+          n, beam_size, num_devices) >= batch_search.MIN_SEARCH_ROWS
+             for n in rows):
         return size
   rows = BLEU_ROWS_PER_DEVICE * num_devices // beam_size
   return max(1, min(num_sentences, rows))

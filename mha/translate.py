@@ -231,8 +231,9 @@ def _refill_groups(batches: Sequence[DecodeBatch],
   since its rows stay in place, one group compiles once where one per
   length compiled each, bench/README.md, issue 33's fifth round)."""
   def placed(b):  # the devices of the batch's search and its rows on each
-    used = batch_search.search_devices(b.inputs.shape[0], devices)
-    return used, b.inputs.shape[0] // max(len(used), 1) * beam_size
+    return (batch_search.search_devices(b.inputs.shape[0], devices),
+            batch_search.device_rows(b.inputs.shape[0], beam_size,
+                                     len(devices)))
 
   groups: list[list[int]] = []
   for i, batch in enumerate(batches):
