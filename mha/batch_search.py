@@ -696,13 +696,15 @@ def _limits(model_config: TransformerConfig, inputs_np: np.ndarray,
   return max_decode_len, np.minimum(max_lengths, max_decode_len)
 
 
-def _static(inputs_length: int, max_decode_len: int,
+def _static(inputs_lengths: Sequence[int], max_decode_len: int,
             first_stage_extra: int | None) -> dict[str, Any]:
-  """A search's static `max_decode_len` and `stage_lengths` (the first
-  stage: the padded input length + `first_stage_extra`)."""
+  """A search's static `max_decode_len` and `stage_lengths`: the first
+  stages are the padded input lengths (one, or a refilled search's
+  several) + `first_stage_extra`, below `max_decode_len`."""
   stages = ()
   if first_stage_extra:
-    stages = (min(inputs_length + int(first_stage_extra), max_decode_len),)
+    stages = tuple(min(n + int(first_stage_extra), max_decode_len)
+                   for n in inputs_lengths)
   return dict(max_decode_len=max_decode_len, stage_lengths=tuple(
       decoding.all_stage_lengths(stages, max_decode_len)[:-1]))
 
@@ -729,7 +731,7 @@ def _search_inputs(model_config: TransformerConfig, inputs_np: np.ndarray, *,
           jnp.asarray(max_lengths, jnp.int32),
           *(jnp.asarray(x, x.dtype) for x in extra_rows)]
   rows = _put_rows(rows, devices)
-  return (_static(inputs_np.shape[1], max_decode_len, first_stage_extra),
+  return (_static([inputs_np.shape[1]], max_decode_len, first_stage_extra),
           devices, rows)
 
 
@@ -814,8 +816,11 @@ def refill_batches(model_config: TransformerConfig, params: Any,
   `refilled_outputs` gives each batch's, as `translate_batch` gives them.
 
   The sources of the batches' several lengths are padded to the longest
-  (`_refill_queue`); the first stage has room for the longest +
-  `first_stage_extra` outputs. The arguments are put together on the host
+  (`_refill_queue`). The stages are a ladder of rooms, each batch's
+  padded source length + `first_stage_extra` and the output length: each
+  step runs in the shortest that holds every busy slot's position
+  (`decoding.beam_refill`), so that the short sentences' steps, the most,
+  read, write and copy the cache of a short room. The arguments are put together on the host
   and `refilled_outputs` cuts the outputs there, so that no small
   operation is compiled around the search (each would be compiled again
   in every process: bench/README.md, issue 33)."""
@@ -844,7 +849,8 @@ def refill_batches(model_config: TransformerConfig, params: Any,
   return _refill_fn(model_config, int(beam_size), float(alpha),
                     int(eos_id), decoding.check_beam_stop(beam_stop))(
       params, tuple(sources), max_lengths, devices=devices,
-      **_static(inputs[longest].shape[1], max_decode_len, first_stage_extra))
+      **_static([x.shape[1] for x in inputs], max_decode_len,
+                first_stage_extra))
 
 
 def _device_major(rows: Sequence[int], num_devices: int) -> np.ndarray:

@@ -81,7 +81,9 @@ they have rows; a row (a beam's slot of rows) whose sentence is done takes
 the next sentence, its position back to 0 (the step function keeps a
 position per row), so that no row waits for the batch's longest output.
 Each sentence's output is the plain search's, given a step function whose
-results for a row depend on that row alone.
+results for a row depend on that row alone. Their stages are a ladder the
+rows go up and down: each step runs in the shortest stage length that holds
+every busy row's position (`_refill_stages`).
 """
 
 from __future__ import annotations
@@ -701,22 +703,19 @@ def _take_next(free: jax.Array, next_sentence: jax.Array,
           jnp.minimum(next_sentence + jnp.sum(free), num_sentences))
 
 
-def _refill_inputs(search: str, num_rows: int, rows: str,
+def _refill_inputs(num_rows: int, rows: str,
                    max_lengths: jax.Array, max_decode_len: int,
                    stage_lengths: tuple[int, ...]
                    ) -> tuple[int, jax.Array, tuple[int, ...]]:
   """(number of sentences, their limits clipped to 1..max_decode_len, the
   stage lengths) of a refilled search, checked: at least one sentence per
-  row (or slot), one first-stage length at most."""
+  row (or slot)."""
   num_sentences = max_lengths.shape[0]
   if num_sentences < num_rows:
     raise ValueError(f'{num_sentences} sentences for {num_rows} {rows}: '
                      f'expected at least one per {rows[:-1]}.')
   limits = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
   lengths = all_stage_lengths(stage_lengths, max_decode_len)
-  if len(lengths) > 2:
-    raise ValueError(f'{search} takes one stage length at most, got '
-                     f'{stage_lengths}.')
   return num_sentences, limits, lengths
 
 
@@ -751,19 +750,19 @@ def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
     max_lengths: int32 `[sentences]`, each sentence's limit on |Y| (<=
       max_decode_len); the number of sentences is its length.
     alpha: length-penalty exponent of the scores.
-    stage_lengths, grow_cache: as in `greedy_search`, but two lengths at
-      most: the first stage's and `max_decode_len`. The rows run with the
-      first stage's room until a live row reaches it, then with the whole
-      output length while a live row is past the first room, then with
-      the first room again, and so on (`_refill_stages`).
+    stage_lengths, grow_cache: as in `greedy_search`, but a ladder the
+      rows go up and down: each step runs in the shortest of the stage
+      lengths and `max_decode_len` that has room for every live row's
+      position (`_refill_stages`): the rows, at their own positions, climb
+      to the next room when a live row reaches its room and come back
+      down once no live row is past the room below.
 
   Returns:
     `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
     [sentences])`, as `greedy_search` gives them sentence by sentence.
   """
   num_sentences, limits, lengths = _refill_inputs(
-      'greedy_refill', num_rows, 'rows', max_lengths, max_decode_len,
-      stage_lengths)
+      num_rows, 'rows', max_lengths, max_decode_len, stage_lengths)
   init = _RefillState(
       sentence=jnp.arange(num_rows, dtype=jnp.int32),
       pos=jnp.zeros((num_rows,), jnp.int32),
@@ -805,28 +804,44 @@ def _resize_axis(x: jax.Array, axis: int, length: int) -> jax.Array:
 
 
 def _refill_stages(cond, body, busy, position, resize, grow_cache,
-                   lengths: list[int], state):
-  """A refilled search's steps (`greedy_refill`, `beam_refill`) in the
-  first stage's room until a busy slot (`busy(state)`, `[slots]`) needs
-  more (its `position` reaches the room); then, while some busy slot is
-  past the first room, with the room of the last stage (the output
-  length), after which the state (`resize(state, n)`: its outputs' room)
-  and the cache are cut back to the first stage's room (what is cut off no
-  busy slot has written)."""
-  state = lax.while_loop(cond, body, state)
-  if len(lengths) == 1:
-    return state
-  short, full = lengths[0], lengths[-1]
+                   lengths: list[int], state, level: int = 0):
+  """A refilled search's steps (`greedy_refill`, `beam_refill`) on a
+  ladder of rooms, `lengths` (increasing; the last, the output length).
 
-  def longer(state):
-    grown = resize(state, full)._replace(cache=grow_cache(state.cache, full))
-    grown = lax.while_loop(
-        lambda s: jnp.any(busy(s) & (position(s) >= short)), body, grown)
-    cut = lambda x, before: x[tuple(slice(0, n) for n in before.shape)]
-    return resize(grown, short)._replace(
-        cache=jax.tree.map(cut, grown.cache, state.cache))
+  Level 0 steps in the first room until a busy slot (`busy(state)`,
+  `[slots]`) needs more (its `position` reaches the room). Then level 1
+  steps in the next room while some busy slot is past the room below, and
+  climbs again in turn if a slot reaches its own room; once no busy slot is
+  past the room below, the state (`resize(state, n)`: its outputs' room)
+  and the cache are cut back to it (what is cut off no busy slot has
+  written) and the level below goes on. So every step runs in the smallest
+  room of the ladder that holds every busy slot's position, its cache
+  reads, writes and row copies costing in proportion to that room."""
+  def needed(s):  # at this level: some busy slot is past the room below
+    if not level:
+      return jnp.ones((), jnp.bool_)
+    return jnp.any(busy(s) & (position(s) >= lengths[level - 1]))
 
-  return lax.cond(jnp.any(busy(state)), longer, lambda state: state, state)
+  def at_level(s):
+    s = lax.while_loop(lambda s: cond(s) & needed(s), body, s)
+    if level + 1 == len(lengths):
+      return s
+
+    def climb(s):
+      grown = resize(s, lengths[level + 1])._replace(
+          cache=grow_cache(s.cache, lengths[level + 1]))
+      grown = _refill_stages(cond, body, busy, position, resize, grow_cache,
+                             lengths, grown, level + 1)
+      cut = lambda x, before: x[tuple(slice(0, n) for n in before.shape)]
+      return resize(grown, lengths[level])._replace(
+          cache=jax.tree.map(cut, grown.cache, s.cache))
+
+    return lax.cond(jnp.any(busy(s) & (position(s) >= lengths[level])),
+                    climb, lambda s: s, s)
+
+  if not level:  # the caller's loop runs level 0 until no slot is busy
+    return at_level(state)
+  return lax.while_loop(needed, at_level, state)
 
 
 # ------------------------------------------------------------------------ beam
@@ -1269,8 +1284,7 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
     [sentences])` of each sentence's best hypothesis.
   """
   num_sentences, limits, lengths = _refill_inputs(
-      'beam_refill', num_slots, 'slots', max_lengths, max_decode_len,
-      stage_lengths)
+      num_slots, 'slots', max_lengths, max_decode_len, stage_lengths)
   _check_grow_cache(lengths, grow_cache)
   check_beam_stop(stop)
   kinds = _row_kinds(cache, cache_rows)

@@ -225,10 +225,11 @@ def _refill_groups(batches: Sequence[DecodeBatch],
   beam) on each device (fewer may give a row other bits in another row);
   every other batch alone. The group's search has the first batch's number
   of sentences at a time (on each device, its share), and for greedy and
-  beam search alike takes batches of any source length: the room of every
-  sentence is the longest source's + `FIRST_STAGE_EXTRA` (beam search once
-  grouped by source length, when each step reordered the whole cache;
-  since its rows stay in place, one group compiles once where one per
+  beam search alike takes batches of any source length: its steps run in
+  the room of the batches' source lengths + `FIRST_STAGE_EXTRA` that holds
+  every busy slot, a ladder they go up and down (`batch_search.
+  refill_batches`; beam search once grouped by source length, when each
+  step reordered the whole cache: one group compiles once where one per
   length compiled each, bench/README.md, issue 33's fifth round)."""
   def placed(b):  # the devices of the batch's search and its rows on each
     return (batch_search.search_devices(b.inputs.shape[0], devices),

@@ -83,10 +83,11 @@ def test_refilled_greedy_equals_each_sentences_greedy_search():
   steps = []
 
   def step(tokens, cache):
-    jax.debug.callback(lambda: steps.append(1))
+    room = cache['history'].shape[1]
+    jax.debug.callback(lambda: steps.append(room))
     return model.step(tokens, cache)
 
-  for stages in [(), (4,)]:
+  for stages in [(), (4,), (2, 3, 4)]:
     steps.clear()
     tokens, scores, log_probs = jax.jit(
         lambda cache, limits, stages=stages: decoding.greedy_refill(
@@ -112,6 +113,30 @@ def test_refilled_greedy_equals_each_sentences_greedy_search():
     batched = sum(max(found[i:i + rows])
                   for i in range(0, num_sentences, rows))
     assert len(steps) < batched, (len(steps), batched)
+    if len(stages) > 1:
+      assert_climbs_and_comes_down(steps, list(stages) + [max_len])
+
+
+def assert_climbs_and_comes_down(rooms, ladder):
+  """The rooms of a refilled search's steps: every room of the ladder
+  used, and back down after a climb (a step in a smaller room after one in
+  a larger), as the rows' positions fall when they take new sentences."""
+  assert set(rooms) == set(ladder), (rooms, ladder)
+  assert any(b < a for a, b in zip(rooms, rooms[1:])), rooms
+  assert rooms[0] == ladder[0]
+
+
+def test_a_refilled_searchs_rooms_are_its_batches_first_stages():
+  # Batches of sources padded to 24, 24 and 16: rooms of 16 + 3 and 24 + 3,
+  # then the output length; one batch: its own first stage alone.
+  static = batch_search._static  # pylint: disable=protected-access
+  assert static([24, 24, 16], 32, 3) == dict(max_decode_len=32,
+                                             stage_lengths=(19, 27))
+  assert static([30, 16], 32, 3) == dict(max_decode_len=32,
+                                         stage_lengths=(19,))
+  assert static([16], 32, 3) == dict(max_decode_len=32, stage_lengths=(19,))
+  assert static([24, 16], 32, None) == dict(max_decode_len=32,
+                                            stage_lengths=())
 
 
 def test_translate_refills_rows_with_the_next_batches_sentences():
@@ -196,15 +221,26 @@ def test_refilled_beam_search_equals_the_whole_batchs_search():
           model.init_cache(num_sentences * beam, max_len))
   lengths = [int(np.count_nonzero(t)) for t in np.asarray(whole[0][:, 0])]
   assert len(set(lengths)) > 3
-  for stages in [(), (4,)]:
+  rooms = []
+
+  def step(tokens, cache):
+    room = cache['history'].shape[1]
+    jax.debug.callback(lambda: rooms.append(room))
+    return model.step(tokens, cache)
+
+  for stages in [(), (4,), (2, 4, 6)]:
+    rooms.clear()
     found = jax.jit(lambda cache, stages=stages: decoding.beam_refill(
-        model.step, cache, model.start_rows, slots, beam, 0.6, max_len, EOS,
+        step, cache, model.start_rows, slots, beam, 0.6, max_len, EOS,
         limits, model.cache_rows(), stage_lengths=stages,
         grow_cache=model.grow_cache))(
             model.init_cache(slots * beam, (stages or (max_len,))[0]))
     for ours, theirs in zip(found, whole):
       np.testing.assert_array_equal(np.asarray(ours),
                                     np.asarray(theirs[:, 0]))
+    jax.effects_barrier()
+    if len(stages) > 1:
+      assert_climbs_and_comes_down(rooms, list(stages) + [max_len])
 
 
 def nan_logits_search_ends_as_the_whole_batchs():
