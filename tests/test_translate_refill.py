@@ -80,12 +80,8 @@ def test_refilled_greedy_equals_each_sentences_greedy_search():
   num_sentences, rows, max_len = 13, 4, 9
   model = ToyModel(num_sentences, max_len, seed=3)
   limits = np.random.default_rng(1).integers(1, max_len + 1, num_sentences)
-  steps = []
-
-  def step(tokens, cache):
-    room = cache['history'].shape[1]
-    jax.debug.callback(lambda: steps.append(room))
-    return model.step(tokens, cache)
+  steps = []  # the room of each step run
+  step = recording_rooms(model.step, steps)
 
   for stages in [(), (4,), (2, 3, 4)]:
     steps.clear()
@@ -115,6 +111,16 @@ def test_refilled_greedy_equals_each_sentences_greedy_search():
     assert len(steps) < batched, (len(steps), batched)
     if len(stages) > 1:
       assert_climbs_and_comes_down(steps, list(stages) + [max_len])
+
+
+def recording_rooms(step_fn, rooms):
+  """`step_fn` appending the room of its cache (`history`'s length) to
+  `rooms` at every step it runs."""
+  def step(tokens, cache):
+    room = cache['history'].shape[1]
+    jax.debug.callback(lambda: rooms.append(room))
+    return step_fn(tokens, cache)
+  return step
 
 
 def assert_climbs_and_comes_down(rooms, ladder):
@@ -222,11 +228,7 @@ def test_refilled_beam_search_equals_the_whole_batchs_search():
   lengths = [int(np.count_nonzero(t)) for t in np.asarray(whole[0][:, 0])]
   assert len(set(lengths)) > 3
   rooms = []
-
-  def step(tokens, cache):
-    room = cache['history'].shape[1]
-    jax.debug.callback(lambda: rooms.append(room))
-    return model.step(tokens, cache)
+  step = recording_rooms(model.step, rooms)
 
   for stages in [(), (4,), (2, 4, 6)]:
     rooms.clear()
