@@ -169,7 +169,7 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
 def check_flags(*, checkpoint_step: int | None = None,
                 average_last: int | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
-                max_decode_extra: int | None = None, batch_size: int = 64,
+                max_decode_extra: int | None = None, batch_size: int | None = None,
                 plot_attention: int = 0, beam_stop: str | None = None,
                 matmul_dtype: str | None = None) -> None:
   """Checks the numeric flags that need no workdir; None = the default.
@@ -441,7 +441,7 @@ def evaluate(workdir: str, *, split: str | None = None,
              checkpoint_step: int | None = None,
              average_last: int | None = None, beam_size: int | None = None,
              alpha: float | None = None, max_decode_extra: int | None = None,
-             batch_size: int = 64, source_file: str | None = None,
+             batch_size: int | None = None, source_file: str | None = None,
              reference_file: str | None = None, output_dir: str | None = None,
              write: bool = True, plot_attention: int = 0,
              plot_layer: int = -1, paper_bleu: bool = False,
@@ -461,7 +461,8 @@ def evaluate(workdir: str, *, split: str | None = None,
       checkpoints up to it.
     beam_size, alpha, max_decode_extra: the search (1 = greedy; α finite,
       >= 0; outputs up to input length + max_decode_extra); default the
-      config's (the paper: 4, 0.6, 50). batch_size: sentences per batch.
+      config's (the paper: 4, 0.6, 50). batch_size: sentences per batch;
+      default 64 for each of this host's devices (`translate.batch_size_for`).
     beam_stop: the beam search's stopping rule, "exact" or "early"
       (`mha.decoding.beam_search`); default the config's ("exact" for a
       config without the field).
@@ -492,6 +493,7 @@ def evaluate(workdir: str, *, split: str | None = None,
                matmul_dtype=matmul_dtype, plot_attention=plot_attention)
   _check_arguments(split, source_file, reference_file, paper_bleu,
                    reference_tokenized, batch_size=batch_size, **flags)
+  batch_size = translate.batch_size_for(batch_size)  # the results record it
   plan = _plan(workdir, split, source_file, reference_file,
                plot_layer=plot_layer, write=write, **flags)
   folder = functools.partial(_output_folder, workdir, plan, output_dir, write)

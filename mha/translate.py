@@ -75,6 +75,24 @@ ROW_MULTIPLE = 8
 # At most this many consecutive batches share one search with refilled
 # rows (`_refill_groups`; one compilation per number of batches).
 MAX_REFILL_BATCHES = 16
+# Sentences per decoding batch on each device when no batch size is given
+# (`batch_size_for`): a batch's sentences are split evenly over the
+# devices, and batches are searched as one with refilled rows only with
+# `batch_search.MIN_SEARCH_ROWS` rows or more on each device
+# (`_refill_groups`), which 64 sentences a device give greedy and beam
+# search alike.
+BATCH_SIZE_PER_DEVICE = 64
+
+
+def batch_size_for(batch_size: int | None,
+                   devices: Sequence[jax.Device] | None = None) -> int:
+  """`batch_size`, or for None `BATCH_SIZE_PER_DEVICE` sentences for each
+  of `devices` (default `jax.local_devices()`): 64 on one device, 512 on
+  8."""
+  if batch_size is not None:
+    return batch_size
+  return BATCH_SIZE_PER_DEVICE * len(
+      jax.local_devices() if devices is None else devices)
 
 
 # ------------------------------------------------------------ text batches
@@ -322,7 +340,7 @@ def with_matmul_dtype(model_config: TransformerConfig,
 def translate_ids(model_config: TransformerConfig, params: Any,
                   tokenizer: data.Tokenizer, sources: Sequence[str], *,
                   beam_size: int, alpha: float, max_decode_extra: int,
-                  batch_size: int = 64,
+                  batch_size: int | None = None,
                   devices: Sequence[jax.Device] | None = None,
                   beam_stop: str = "exact", matmul_dtype: str = "float32"
                   ) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -337,7 +355,8 @@ def translate_ids(model_config: TransformerConfig, params: Any,
     alpha: length-penalty exponent.
     max_decode_extra: output limit = source tokens (EOS included) + this,
       capped at the model's `max_len`.
-    batch_size: sentences per decoding batch.
+    batch_size: sentences per decoding batch; None: 64 for each of the
+      devices (`batch_size_for`).
     devices: the devices each batch is split over (`decode_batches`;
       default: `jax.local_devices()`).
     beam_stop: the beam search's stopping rule, "exact" or "early"
@@ -355,7 +374,7 @@ def translate_ids(model_config: TransformerConfig, params: Any,
     return []
   model_config = with_matmul_dtype(model_config, matmul_dtype)
   encoded, batches = _batches(model_config, tokenizer, sources, batch_size,
-                              max_decode_extra)
+                              max_decode_extra, devices)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
                            alpha=alpha, max_decode_extra=max_decode_extra,
                            devices=devices, beam_stop=beam_stop)
@@ -376,11 +395,15 @@ def crop_output(ids: Sequence[int]) -> np.ndarray:
 
 
 def _batches(model_config: TransformerConfig, tokenizer: data.Tokenizer,
-             sources: Sequence[str], batch_size: int, max_decode_extra: int
+             sources: Sequence[str], batch_size: int | None,
+             max_decode_extra: int,
+             devices: Sequence[jax.Device] | None
              ) -> tuple[list[list[int]], list[DecodeBatch]]:
-  """(source ids, batches) of `sources` (`encode_sources`, `make_batches`)."""
+  """(source ids, batches) of `sources` (`encode_sources`, `make_batches`;
+  `batch_size_for(batch_size, devices)` sentences a batch)."""
   encoded = encode_sources(tokenizer, sources, model_config.max_len)
-  return encoded, make_batches(encoded, batch_size=batch_size,
+  return encoded, make_batches(encoded,
+                               batch_size=batch_size_for(batch_size, devices),
                                max_len=model_config.max_len,
                                max_decode_extra=max_decode_extra)
 
@@ -388,7 +411,7 @@ def _batches(model_config: TransformerConfig, tokenizer: data.Tokenizer,
 def nbest_ids(model_config: TransformerConfig, params: Any,
               tokenizer: data.Tokenizer, sources: Sequence[str], *,
               num_best: int, beam_size: int, alpha: float,
-              max_decode_extra: int, batch_size: int = 64,
+              max_decode_extra: int, batch_size: int | None = None,
               devices: Sequence[jax.Device] | None = None,
               beam_stop: str = "exact", matmul_dtype: str = "float32"
               ) -> list[list[tuple[np.ndarray, float, float]]]:
@@ -411,7 +434,7 @@ def nbest_ids(model_config: TransformerConfig, params: Any,
     return []
   model_config = with_matmul_dtype(model_config, matmul_dtype)
   _, batches = _batches(model_config, tokenizer, sources, batch_size,
-                        max_decode_extra)
+                        max_decode_extra, devices)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
                            alpha=alpha, max_decode_extra=max_decode_extra,
                            devices=devices, num_best=num_best,
@@ -430,7 +453,7 @@ def sample_ids(model_config: TransformerConfig, params: Any,
                temperature: float, top_k: int, seed: int,
                max_decode_extra: int,
                sentence_ids: Sequence[int] | None = None,
-               batch_size: int = 64,
+               batch_size: int | None = None,
                devices: Sequence[jax.Device] | None = None
                ) -> list[tuple[np.ndarray, float]]:
   """A sampled output of each source (`mha.decoding.sample`).
@@ -455,7 +478,7 @@ def sample_ids(model_config: TransformerConfig, params: Any,
   if not sources:
     return []
   _, batches = _batches(model_config, tokenizer, sources, batch_size,
-                        max_decode_extra)
+                        max_decode_extra, devices)
 
   if sentence_ids is None:
     sentence_ids = range(len(sources))
@@ -483,7 +506,7 @@ def sample_ids(model_config: TransformerConfig, params: Any,
 
 def score_ids(model_config: TransformerConfig, params: Any,
               tokenizer: data.Tokenizer, sources: Sequence[str],
-              targets: Sequence[str], *, batch_size: int = 64,
+              targets: Sequence[str], *, batch_size: int | None = None,
               devices: Sequence[jax.Device] | None = None
               ) -> list[tuple[np.ndarray, np.ndarray]]:
   """Forced decoding: the model's log-probability of each given target.
@@ -514,7 +537,8 @@ def score_ids(model_config: TransformerConfig, params: Any,
         f"Target {too_long[0] + 1} has {len(target_ids[too_long[0]]) - 1} "
         f"tokens, more than the model's max_len - 1 = "
         f"{model_config.max_len - 1}: it cannot be scored.")
-  _, batches = _batches(model_config, tokenizer, sources, batch_size, 0)
+  _, batches = _batches(model_config, tokenizer, sources, batch_size, 0,
+                        devices)
 
   def run(batch, params, used):
     longest = max(len(target_ids[i]) for i in batch.indices)
@@ -569,7 +593,7 @@ class Translations:
 def translate_with_ids(model_config: TransformerConfig, params: Any,
                        tokenizer: data.Tokenizer, sources: Sequence[str], *,
                        beam_size: int, alpha: float, max_decode_extra: int,
-                       batch_size: int = 64,
+                       batch_size: int | None = None,
                        devices: Sequence[jax.Device] | None = None,
                        beam_stop: str = "exact",
                        matmul_dtype: str = "float32") -> Translations:
@@ -601,7 +625,7 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
 def translate_texts(model_config: TransformerConfig, params: Any,
                     tokenizer: data.Tokenizer, sources: Sequence[str], *,
                     beam_size: int, alpha: float, max_decode_extra: int,
-                    batch_size: int = 64,
+                    batch_size: int | None = None,
                     devices: Sequence[jax.Device] | None = None,
                     beam_stop: str = "exact",
                     matmul_dtype: str = "float32") -> list[str]:

@@ -85,6 +85,13 @@ def _check_int(name: str, value: Any, low: int, high: int | None = None
   return int(value)
 
 
+def _check_batch_size(batch_size: Any) -> None:
+  """None (64 sentences a device: `translate.batch_size_for`) or an
+  integer >= 1."""
+  if batch_size is not None:
+    _check_int("batch_size", batch_size, 1)
+
+
 def _check_float(name: str, value: Any, low: float = 0.0) -> float:
   if (not isinstance(value, numbers.Real) or isinstance(value, bool)
       or not math.isfinite(value) or value < low):
@@ -141,17 +148,17 @@ class Translator:
   def _text(self, ids: np.ndarray) -> str:
     return translate.detokenize(self.tokenizer, ids)
 
-  def _nonempty(self, sentences: Sequence[str], batch_size: int
+  def _nonempty(self, sentences: Sequence[str], batch_size: int | None
                 ) -> tuple[list[int], list[str]]:
     """(positions, sentences) of the sentences that are not blank."""
-    _check_int("batch_size", batch_size, 1)
+    _check_batch_size(batch_size)
     keep = [i for i, s in enumerate(sentences) if s.strip()]
     return keep, [sentences[i] for i in keep]
 
   def translate(self, sentences: Sequence[str], beam_size: int | None = None,
                 alpha: float | None = None,
                 max_decode_extra: int | None = None,
-                batch_size: int = 64,
+                batch_size: int | None = None,
                 beam_stop: str | None = None,
                 matmul_dtype: str | None = None) -> list[str]:
     """The best translation of each sentence by beam search.
@@ -167,7 +174,8 @@ class Translator:
         with its weight matrices (faster on CPUs with bfloat16
         instructions, other outputs). None: `defaults` (the workdir's
         config).
-      batch_size: sentences per decoding batch.
+      batch_size: sentences per decoding batch (None: 64 for each of this
+        host's devices, `translate.batch_size_for`).
 
     Returns:
       One translation per sentence, without newlines ("" for a blank one).
@@ -179,7 +187,7 @@ class Translator:
     search = self._search(beam_size=beam_size, alpha=alpha,
                           max_decode_extra=max_decode_extra,
                           beam_stop=beam_stop, matmul_dtype=matmul_dtype)
-    _check_int("batch_size", batch_size, 1)
+    _check_batch_size(batch_size)
     return translate.translate_texts(
         self.model_config, self.params, self.tokenizer, sentences,
         batch_size=batch_size, **search.as_dict())
@@ -187,7 +195,7 @@ class Translator:
   def nbest(self, sentences: Sequence[str], n: int,
             beam_size: int | None = None, alpha: float | None = None,
             max_decode_extra: int | None = None,
-            batch_size: int = 64,
+            batch_size: int | None = None,
             beam_stop: str | None = None,
             matmul_dtype: str | None = None) -> list[list[Hypothesis]]:
     """The n best hypotheses of each sentence's beam search, best first.
@@ -224,7 +232,7 @@ class Translator:
 
   def sample(self, sentences: Sequence[str], temperature: float = 1.0,
              top_k: int = 0, seed: int = 0,
-             max_decode_extra: int | None = None, batch_size: int = 64,
+             max_decode_extra: int | None = None, batch_size: int | None = None,
              first_id: int = 0, with_log_probs: bool = False
              ) -> list[str] | list[Sample]:
     """A translation of each sentence drawn from the model (ancestral
@@ -269,7 +277,7 @@ class Translator:
     return out if with_log_probs else [s.text for s in out]
 
   def score(self, sources: Sequence[str], targets: Sequence[str],
-            batch_size: int = 64) -> list[Score]:
+            batch_size: int | None = None) -> list[Score]:
     """The model's log-probability of each (source, target) pair.
 
     Teacher forcing: the target is tokenized with the workdir's vocabulary,
@@ -279,7 +287,7 @@ class Translator:
 
     Args:
       sources, targets: plain sentences, as many targets as sources.
-      batch_size: pairs per batch.
+      batch_size: pairs per batch (None: 64 for each device).
 
     Returns:
       One `Score(log_prob, token_log_probs, pieces)` per pair.
@@ -293,7 +301,7 @@ class Translator:
     if len(sources) != len(targets):
       raise ConfigError(f"{len(sources)} sources but {len(targets)} "
                         "targets: give one target per source.")
-    _check_int("batch_size", batch_size, 1)
+    _check_batch_size(batch_size)
     out = []
     for ids, log_probs in translate.score_ids(
         self.model_config, self.params, self.tokenizer, sources, targets,
@@ -366,7 +374,7 @@ def line_translator(translator: Translator, *, nbest: int = 0,
                     top_k: int = 0, seed: int = 0,
                     beam_size: int | None = None, alpha: float | None = None,
                     max_decode_extra: int | None = None,
-                    batch_size: int = 64,
+                    batch_size: int | None = None,
                     beam_stop: str | None = None,
                     matmul_dtype: str | None = None) -> LineFunction:
   """The function that turns input lines into output lines.

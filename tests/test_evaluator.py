@@ -95,6 +95,9 @@ def test_eval_py_writes_metrics_and_bleu_recomputes(workdir, tmp_path):
   assert metrics["checkpoint_step"] == 6 and metrics["averaged_steps"] == [6]
   assert (metrics["beam_size"], metrics["alpha"]) == (4, 0.6)
   assert metrics["num_sentences"] == 12 and metrics["split"] == SPLIT
+  # No --batch_size: 64 sentences for each device (4 here, as in this
+  # process), so that on several devices batches are searched as one.
+  assert metrics["batch_size"] == 64 * jax.local_device_count() == 256
   assert metrics["sentences_per_second"] > 0
   # A new process prepares its searches (traced, or read from the files
   # kept, and compiled or fetched from XLA's cache): counted apart.

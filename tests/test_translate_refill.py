@@ -353,6 +353,20 @@ def test_a_refilled_search_over_two_devices_gives_each_batchs_outputs(
     np.testing.assert_array_equal(tokens, expected)
 
 
+def test_the_default_batch_is_refilled_on_any_number_of_devices():
+  # 64 sentences a device by default: enough rows on each device for a
+  # refilled search, greedy and beam alike; a batch size given is kept.
+  for n in (1, 2, 4):
+    devices = tuple(jax.local_devices()[:n])
+    size = translate.batch_size_for(None, devices)
+    assert size == 64 * n
+    for beam in (1, 4):
+      assert batch_search.device_rows(size, beam, n) >= (
+          batch_search.MIN_SEARCH_ROWS)
+    assert translate.batch_size_for(16, devices) == 16
+  assert translate.batch_size_for(None) == 64 * jax.local_device_count()
+
+
 def test_refill_groups_count_the_rows_each_device_searches():
   def batches(*rows):
     return [translate.DecodeBatch(np.arange(n), np.ones((n, 8), np.int32), 16)

@@ -95,8 +95,9 @@ def define_search_flags() -> None:
        "The model's products with its weight matrices: float32, or bfloat16 "
        "(float32 results; faster on CPUs with bfloat16 instructions, other "
        "outputs). Default: config (float32)."),
-      (flags.DEFINE_integer, "batch_size", 64,
-       "Sentences per decoding batch.")):
+      (flags.DEFINE_integer, "batch_size", None,
+       "Sentences per decoding batch. Default: 64 for each of this host's "
+       "devices (jax.local_devices()).")):
     define_once(define, name, default, help_text)
 
 

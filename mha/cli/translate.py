@@ -25,7 +25,7 @@ top_k: 0 = every token, seed): the same seed gives the same samples however
 the input arrives.
 
 --input reads a file (plain or .gz) instead of standard input, in batches
-of --batch_size; --output writes a file instead of standard output, through
+of --batch_size (default: 64 for each of this host's devices); --output writes a file instead of standard output, through
 a temporary file renamed at the end, so an interrupted run leaves no partial
 file and an existing one as it was. Bad input (a workdir, step, flag, file)
 prints one line, `mha-translate: <message>`, and exits with status 1.
@@ -81,6 +81,7 @@ def _translate(write) -> int:
   import mha  # pylint: disable=import-outside-toplevel
   from mha import evaluator  # pylint: disable=import-outside-toplevel
   from mha import translator as translator_lib  # pylint: disable=import-outside-toplevel
+  from mha import translate  # pylint: disable=import-outside-toplevel
   translator = mha.load(FLAGS.workdir, step=FLAGS.step,
                         average_last=FLAGS.average_last)
   function = translator_lib.line_translator(
@@ -92,16 +93,16 @@ def _translate(write) -> int:
   logging.info("Loaded %s, step %s.", FLAGS.workdir,
                translator.steps if len(translator.steps) > 1
                else translator.step)
+  batch_size = translate.batch_size_for(FLAGS.batch_size)
   if FLAGS.input in (None, "-"):
-    batches = translator_lib.read_batches(sys.stdin.fileno(),
-                                          FLAGS.batch_size)
+    batches = translator_lib.read_batches(sys.stdin.fileno(), batch_size)
     if os.isatty(sys.stdin.fileno()):  # typed: prepare while it is typed
       function = translator_lib.WarmedUp(
           function, translator.tokenizer, translator.model_config.max_len)
   else:
     lines = evaluator.read_lines(FLAGS.input, "--input")
-    batches = (lines[i:i + FLAGS.batch_size * 16]
-               for i in range(0, len(lines), FLAGS.batch_size * 16))
+    batches = (lines[i:i + batch_size * 16]
+               for i in range(0, len(lines), batch_size * 16))
   return translator_lib.translate_stream(function, batches, write)
 
 
