@@ -820,10 +820,10 @@ def refill_batches(model_config: TransformerConfig, params: Any,
   padded source length + `first_stage_extra` and the output length: each
   step runs in the shortest that holds every busy slot's position
   (`decoding.beam_refill`), so that the short sentences' steps, the most,
-  read, write and copy the cache of a short room. The arguments are put together on the host
-  and `refilled_outputs` cuts the outputs there, so that no small
-  operation is compiled around the search (each would be compiled again
-  in every process: bench/README.md, issue 33)."""
+  read, write and copy the cache of a short room. The arguments are put
+  together on the host and `refilled_outputs` cuts the outputs there, so
+  that no small operation is compiled around the search (each would be
+  compiled again in every process: bench/README.md, issue 33)."""
   devices = tuple(devices) if len(devices) > 1 else ()
   rows = [x.shape[0] for x in inputs]
   if any(n % max(len(devices), 1) for n in rows):

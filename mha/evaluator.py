@@ -169,7 +169,8 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
 def check_flags(*, checkpoint_step: int | None = None,
                 average_last: int | None = None,
                 beam_size: int | None = None, alpha: float | None = None,
-                max_decode_extra: int | None = None, batch_size: int | None = None,
+                max_decode_extra: int | None = None,
+                batch_size: int | None = None,
                 plot_attention: int = 0, beam_stop: str | None = None,
                 matmul_dtype: str | None = None) -> None:
   """Checks the numeric flags that need no workdir; None = the default.

@@ -25,9 +25,10 @@ top_k: 0 = every token, seed): the same seed gives the same samples however
 the input arrives.
 
 --input reads a file (plain or .gz) instead of standard input, in batches
-of --batch_size (default: 64 for each of this host's devices); --output writes a file instead of standard output, through
-a temporary file renamed at the end, so an interrupted run leaves no partial
-file and an existing one as it was. Bad input (a workdir, step, flag, file)
+of --batch_size (default: 64 for each of this host's devices); --output
+writes a file instead of standard output, through a temporary file renamed
+at the end, so an interrupted run leaves no partial file and an existing
+one as it was. Bad input (a workdir, step, flag, file)
 prints one line, `mha-translate: <message>`, and exits with status 1.
 """
 import os
