@@ -2,17 +2,14 @@
 independent computations: brute-force enumeration and NumPy re-computation
 of every prefix (test_decoding.TableModel), and the exact distribution of a
 small bigram model for the sampled frequencies."""
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from mha import decoding
-from mha.decoding import CacheRows
 
-from test_decoding import EOS, VOCAB, TableModel, brute_force, hypothesis, lp
+from test_decoding import EOS, TableModel, brute_force, hypothesis, lp
 
 
 def run_beam(model, beam, alpha, max_len, limits, **kwargs):

@@ -11,7 +11,6 @@ import gzip
 import json
 import logging
 import math
-import os
 import pathlib
 import re
 import shutil
@@ -29,7 +28,6 @@ from mha import translate
 from mha.data import parallel_text
 from mha.data import tokenized
 from mha.errors import CheckpointError
-from mha.errors import UserError
 
 SPLIT = "test[:4]"
 
