@@ -125,9 +125,6 @@ class BeamBleu(_EveryEvalSteps):
 # Search rows (sentences x beam) a device takes in one batch of the
 # in-training BLEU on several devices (`bleu_batch_size`).
 BLEU_ROWS_PER_DEVICE = 512
-# Sentences a device takes in a batch (eval.py's 64) of the in-training
-# BLEU's refilled search.
-REFILL_BATCH_SIZE = 64
 
 
 def bleu_batch_size(num_sentences: int, beam_size: int,
@@ -137,9 +134,9 @@ def bleu_batch_size(num_sentences: int, beam_size: int,
 
   The same sentences are translated at every evaluation of a run, so the
   first evaluation's time is mostly compiling the search, once per batch
-  shape. Batches of `REFILL_BATCH_SIZE` sentences a device (split evenly
-  over the devices; of equal sizes below it if the last batch would be too
-  small), which `translate.decode_batches` searches as one search with
+  shape. Batches of `translate.BATCH_SIZE_PER_DEVICE` sentences a device,
+  eval.py's default (split evenly over the devices; of equal sizes below
+  it if the last batch would be too small), which `translate.decode_batches` searches as one search with
   refilled rows (one program; a single batch's search shrinks as its
   sentences end and compiles the decoder step once per size:
   bench/train_bleu.py), where every batch has at least
@@ -150,7 +147,7 @@ def bleu_batch_size(num_sentences: int, beam_size: int,
   (tests/test_train_evals.py; a search row's bits do not depend on the
   batch once it has `MIN_SEARCH_ROWS` rows or more).
   """
-  per_batch = REFILL_BATCH_SIZE * num_devices
+  per_batch = translate.BATCH_SIZE_PER_DEVICE * num_devices
   if num_sentences > per_batch:
     batches = ceil_div(num_sentences, per_batch)
     # Full batches, or of equal sizes if the last would be too small.
