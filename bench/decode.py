@@ -42,7 +42,10 @@ length-sorted batches of `--batch_size`), the same beam size and α (as
 CTranslate2's own length penalty, |Y|^α, not GNMT's), with
 `--ct2_threads` threads (default: all cores, as XLA uses), one batch per
 call, timed chunk by chunk in turn with mha's searches (as the baseline
-is: the load of a shared machine hits every engine alike). Its length
+is: the load of a shared machine hits every engine alike);
+`--ct2_inter_threads=N` adds CTranslate2 float32 as N translators of one
+thread each, every batch of a chunk submitted at once (its way of using
+the cores for many batches). Its length
 limit is per call: the batch's longest source + the config's
 `max_decode_extra` (mha's is per sentence), and min_decoding_length=0 as
 in mha. Prints its sentences/s, the mha/CTranslate2 speed ratios, BLEU,
@@ -59,6 +62,10 @@ their own: loop-carry copies, layout transposes); with the compile time and
 the search's time.
 Op time is summed over XLA's threads and inflated by the machine's load:
 compare shares and the two codes within one run.
+
+mha runs on one JAX CPU device a core, as eval.py does
+(`mha.use_cpu_cores`; `--cpu_devices=1`: one device for all cores), and
+the header says how many.
 
 Every path runs one untimed pass first (compiling its searches), then
 `--repeats` full passes are timed (the fastest is reported); the first
@@ -358,11 +365,14 @@ class CTranslate2Path:
   outputs are mha-style id arrays (EOS included) in input order.
   """
 
-  def __init__(self, name, model_dir, tokenizer, encoded, batches, threads):
+  def __init__(self, name, model_dir, tokenizer, encoded, batches, threads,
+               inter_threads=1):
     import ctranslate2  # pylint: disable=import-outside-toplevel
     self.name, self.encoded, self.batches = name, encoded, batches
     self.translator = ctranslate2.Translator(
-        str(model_dir), device="cpu", inter_threads=1, intra_threads=threads)
+        str(model_dir), device="cpu", inter_threads=inter_threads,
+        intra_threads=threads)
+    self.inter_threads = inter_threads
     self.piece_ids = {tokenizer.id_to_piece(i): i
                       for i in range(tokenizer.vocab_size)}
     self.sources = [[tokenizer.id_to_piece(t) for t in ids[:-1]]
@@ -372,17 +382,17 @@ class CTranslate2Path:
           max_decode_extra, eos_id) -> list[tuple[np.ndarray, list]]:
     """Per batch: (its sentence indices, their output ids)."""
     del model_config, params, eos_id  # its own model; EOS ends an output
-    found = []
+    calls = []  # with several inter threads, every batch submitted at once
     for batch in batches:
       rows = [self.sources[i] for i in batch.indices]
-      results = self.translator.translate_batch(
+      calls.append((batch.indices, self.translator.translate_batch(
           rows, beam_size=beam_size, length_penalty=alpha,
           max_decoding_length=max(len(r) for r in rows) + 1 + max_decode_extra,
-          min_decoding_length=0, max_input_length=0, return_end_token=True)
-      found.append((batch.indices, [
-          np.asarray([self.piece_ids[p] for p in r.hypotheses[0]], np.int64)
-          for r in results]))
-    return found
+          min_decoding_length=0, max_input_length=0, return_end_token=True,
+          asynchronous=self.inter_threads > 1)))
+    return [(indices, [np.asarray([self.piece_ids[p] for p in (
+        r.result() if self.inter_threads > 1 else r).hypotheses[0]], np.int64)
+                       for r in results]) for indices, results in calls]
 
   def outputs(self, raw) -> list[np.ndarray]:
     """Per sentence, in input order: its output ids (EOS included)."""
@@ -401,6 +411,10 @@ def _ct2_paths(args, folder, tokenizer, encoded, batches):
     export.export(args.workdir, model_dir, quantization=quantization)
     paths.append(CTranslate2Path(f"ct2 {quantization}", model_dir, tokenizer,
                                  encoded, batches, args.ct2_threads))
+    if quantization == "float32" and args.ct2_inter_threads > 1:
+      paths.append(CTranslate2Path(
+          f"ct2 f32 x{args.ct2_inter_threads}", model_dir, tokenizer,
+          encoded, batches, 1, inter_threads=args.ct2_inter_threads))
   return paths
 
 
@@ -605,6 +619,13 @@ def main():
                       "on the same checkpoint, sentences and batches")
   parser.add_argument("--ct2_threads", type=int, default=os.cpu_count(),
                       help="CTranslate2's intra_threads (default: all cores)")
+  parser.add_argument("--ct2_inter_threads", type=int, default=1,
+                      help="N > 1: also CTranslate2 float32 with N "
+                      "translators of one thread each, the batches "
+                      "submitted at once (CTranslate2's inter_threads)")
+  parser.add_argument("--cpu_devices", type=int, default=None,
+                      help="JAX CPU devices (mha.use_cpu_cores; default: "
+                      "one a core, as eval.py; 1: one for all cores)")
   parser.add_argument("--profile", action="store_true",
                       help="trace the current search on one batch of the "
                       "most frequent shape (greedy and beam) and print XLA's "
@@ -623,6 +644,7 @@ def main():
   args = parser.parse_args()
   if args.ctranslate2 and not args.workdir:
     parser.error("--ctranslate2 needs --workdir (a trained model to export)")
+  mha.use_cpu_cores(args.cpu_devices)
 
   total_start = time.perf_counter()
   print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
@@ -673,7 +695,11 @@ def main():
     ct2_paths = _ct2_paths(args, ct2_folder.name, tokenizer, encoded,
                            paths[-1].batches)
     print(f"CTranslate2: the same checkpoint exported (float32, int8), "
-          f"{args.ct2_threads} intra threads, the same batches.")
+          f"{args.ct2_threads} intra threads, the same batches, one at a "
+          "time" + (f"; 'x{args.ct2_inter_threads}': float32, "
+                    f"{args.ct2_inter_threads} inter threads of 1, the "
+                    "batches side by side" if args.ct2_inter_threads > 1
+                    else "") + ".")
   speeds = {}
   searches = [("greedy", 1)] * (not args.no_greedy) + [
       (f"beam {args.beam_size}", args.beam_size)]

@@ -34,6 +34,7 @@ _EXPORTS = {
     "Transformer": "mha.transformer",
     "TransformerConfig": "mha.transformer",
     "SearchSettings": "mha.search_settings",
+    "use_cpu_cores": "mha.cpu_devices",
     "load": "mha.translator",
     "Translator": "mha.translator",
 }

@@ -463,7 +463,7 @@ def evaluate(workdir: str, *, split: str | None = None,
     beam_size, alpha, max_decode_extra: the search (1 = greedy; α finite,
       >= 0; outputs up to input length + max_decode_extra); default the
       config's (the paper: 4, 0.6, 50). batch_size: sentences per batch;
-      default 64 for each of this host's devices (`translate.batch_size_for`).
+      default `translate.batch_size_for` (64 for each accelerator).
     beam_stop: the beam search's stopping rule, "exact" or "early"
       (`mha.decoding.beam_search`); default the config's ("exact" for a
       config without the field).
@@ -494,9 +494,10 @@ def evaluate(workdir: str, *, split: str | None = None,
                matmul_dtype=matmul_dtype, plot_attention=plot_attention)
   _check_arguments(split, source_file, reference_file, paper_bleu,
                    reference_tokenized, batch_size=batch_size, **flags)
-  batch_size = translate.batch_size_for(batch_size)  # the results record it
   plan = _plan(workdir, split, source_file, reference_file,
                plot_layer=plot_layer, write=write, **flags)
+  batch_size = translate.batch_size_for(  # the results record it
+      batch_size, beam_size=plan.search.beam_size)
   folder = functools.partial(_output_folder, workdir, plan, output_dir, write)
   with _Claims(write, None if output_dir else workdir) as claim:
     claim(folder(plan.steps))

@@ -75,24 +75,39 @@ ROW_MULTIPLE = 8
 # At most this many consecutive batches share one search with refilled
 # rows (`_refill_groups`; one compilation per number of batches).
 MAX_REFILL_BATCHES = 16
-# Sentences per decoding batch on each device when no batch size is given
-# (`batch_size_for`): a batch's sentences are split evenly over the
+# Sentences per decoding batch on each accelerator when no batch size is
+# given (`batch_size_for`): a batch's sentences are split evenly over the
 # devices, and batches are searched as one with refilled rows only with
 # `batch_search.MIN_SEARCH_ROWS` rows or more on each device
 # (`_refill_groups`), which 64 sentences a device give greedy and beam
-# search alike.
+# search alike. CPU devices are the cores of one host (`mha.cpu_devices`):
+# they share this many sentences, or more where a device would have fewer
+# than `MIN_SEARCH_ROWS` rows.
 BATCH_SIZE_PER_DEVICE = 64
 
 
 def batch_size_for(batch_size: int | None,
-                   devices: Sequence[jax.Device] | None = None) -> int:
-  """`batch_size`, or for None `BATCH_SIZE_PER_DEVICE` sentences for each
-  of `devices` (default `jax.local_devices()`): 64 on one device, 512 on
-  8."""
+                   devices: Sequence[jax.Device] | None = None,
+                   beam_size: int = 1) -> int:
+  """`batch_size`, or for None the default for searches of `beam_size`
+  rows a sentence on `devices` (default `jax.local_devices()`):
+
+  * accelerators: `BATCH_SIZE_PER_DEVICE` sentences for each, 512 on 8;
+  * CPU devices (the cores of one host, `mha.cpu_devices`):
+    `BATCH_SIZE_PER_DEVICE` sentences in all, or more where a device would
+    have fewer than `batch_search.MIN_SEARCH_ROWS` rows (greedy search on
+    2 devices: 128), as many for each device. On a 2-core CPU, beam 4 was
+    fastest with 32 sentences (128 rows) on each of 2 devices, greedy with
+    64 (bench/README.md, issue 33).
+  """
   if batch_size is not None:
     return batch_size
-  return BATCH_SIZE_PER_DEVICE * len(
-      jax.local_devices() if devices is None else devices)
+  devices = tuple(jax.local_devices() if devices is None else devices)
+  if not all(d.platform == "cpu" for d in devices):
+    return BATCH_SIZE_PER_DEVICE * len(devices)
+  each = max(-(-BATCH_SIZE_PER_DEVICE // len(devices)),
+             -(-batch_search.MIN_SEARCH_ROWS // beam_size))
+  return each * len(devices)
 
 
 # ------------------------------------------------------------ text batches
@@ -355,8 +370,8 @@ def translate_ids(model_config: TransformerConfig, params: Any,
     alpha: length-penalty exponent.
     max_decode_extra: output limit = source tokens (EOS included) + this,
       capped at the model's `max_len`.
-    batch_size: sentences per decoding batch; None: 64 for each of the
-      devices (`batch_size_for`).
+    batch_size: sentences per decoding batch; None: `batch_size_for`'s
+      (64 for each accelerator).
     devices: the devices each batch is split over (`decode_batches`;
       default: `jax.local_devices()`).
     beam_stop: the beam search's stopping rule, "exact" or "early"
@@ -374,7 +389,7 @@ def translate_ids(model_config: TransformerConfig, params: Any,
     return []
   model_config = with_matmul_dtype(model_config, matmul_dtype)
   encoded, batches = _batches(model_config, tokenizer, sources, batch_size,
-                              max_decode_extra, devices)
+                              max_decode_extra, devices, beam_size)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
                            alpha=alpha, max_decode_extra=max_decode_extra,
                            devices=devices, beam_stop=beam_stop)
@@ -397,13 +412,14 @@ def crop_output(ids: Sequence[int]) -> np.ndarray:
 def _batches(model_config: TransformerConfig, tokenizer: data.Tokenizer,
              sources: Sequence[str], batch_size: int | None,
              max_decode_extra: int,
-             devices: Sequence[jax.Device] | None
+             devices: Sequence[jax.Device] | None, beam_size: int = 1
              ) -> tuple[list[list[int]], list[DecodeBatch]]:
   """(source ids, batches) of `sources` (`encode_sources`, `make_batches`;
-  `batch_size_for(batch_size, devices)` sentences a batch)."""
+  `batch_size_for(batch_size, devices, beam_size)` sentences a batch)."""
   encoded = encode_sources(tokenizer, sources, model_config.max_len)
   return encoded, make_batches(encoded,
-                               batch_size=batch_size_for(batch_size, devices),
+                               batch_size=batch_size_for(batch_size, devices,
+                                                         beam_size),
                                max_len=model_config.max_len,
                                max_decode_extra=max_decode_extra)
 
@@ -434,7 +450,7 @@ def nbest_ids(model_config: TransformerConfig, params: Any,
     return []
   model_config = with_matmul_dtype(model_config, matmul_dtype)
   _, batches = _batches(model_config, tokenizer, sources, batch_size,
-                        max_decode_extra, devices)
+                        max_decode_extra, devices, beam_size)
   outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
                            alpha=alpha, max_decode_extra=max_decode_extra,
                            devices=devices, num_best=num_best,

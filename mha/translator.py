@@ -86,7 +86,7 @@ def _check_int(name: str, value: Any, low: int, high: int | None = None
 
 
 def _check_batch_size(batch_size: Any) -> None:
-  """None (64 sentences a device: `translate.batch_size_for`) or an
+  """None (`translate.batch_size_for`: 64 sentences an accelerator) or an
   integer >= 1."""
   if batch_size is not None:
     _check_int("batch_size", batch_size, 1)
@@ -174,8 +174,8 @@ class Translator:
         with its weight matrices (faster on CPUs with bfloat16
         instructions, other outputs). None: `defaults` (the workdir's
         config).
-      batch_size: sentences per decoding batch (None: 64 for each of this
-        host's devices, `translate.batch_size_for`).
+      batch_size: sentences per decoding batch (None:
+        `translate.batch_size_for`, 64 for each accelerator).
 
     Returns:
       One translation per sentence, without newlines ("" for a blank one).
@@ -287,7 +287,7 @@ class Translator:
 
     Args:
       sources, targets: plain sentences, as many targets as sources.
-      batch_size: pairs per batch (None: 64 for each device).
+      batch_size: pairs per batch (None: `translate.batch_size_for`).
 
     Returns:
       One `Score(log_prob, token_log_probs, pieces)` per pair.

@@ -105,11 +105,15 @@ def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):
   source = tmp_path / "src.txt"
   source.write_text("\n".join(lines) + "\n", encoding="utf-8")
   output = tmp_path / "out.txt"
+  # On 2 CPU devices (the tests' XLA_FLAGS make 4: the flag wins), the
+  # translations of this process's 4.
   result = subprocess.run(
-      command(random_workdir, f"--input={source}", f"--output={output}"),
+      command(random_workdir, f"--input={source}", f"--output={output}",
+              "--cpu_devices=2"),
       cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout == ""
+  assert "Searching on 2 CPU device(s)" in result.stderr
   assert output.read_text(encoding="utf-8").split("\n") == want + [""]
   # Bad input: one line, status 1, the output file left as it was.
   before = output.read_bytes()
@@ -120,7 +124,9 @@ def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):
       ([f"--input={source}", f"--output={output}", "--beam_stop=fast"],
        "beam_stop must be one of exact, early, got 'fast'"),
       ([f"--input={source}", f"--output={output}", "--matmul_dtype=fp8"],
-       "matmul_dtype must be one of float32, bfloat16, got 'fp8'")]:
+       "matmul_dtype must be one of float32, bfloat16, got 'fp8'"),
+      ([f"--input={source}", f"--output={output}", "--cpu_devices=0"],
+       "--cpu_devices=0: the number of CPU devices is at least 1")]:
     result = subprocess.run(command(random_workdir, *args), cwd=REPO,
                             capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 1

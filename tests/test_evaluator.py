@@ -82,9 +82,10 @@ def test_eval_py_writes_metrics_and_bleu_recomputes(workdir, tmp_path):
   imports = tmp_path / "imports.json"
   result = subprocess.run(
       with_imports_recorded(imports, "eval.py", f"--workdir={workdir}",
-                            f"--split={SPLIT}"), cwd=REPO,
+                            f"--split={SPLIT}", "--cpu_devices=4"), cwd=REPO,
       capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert "Searching on 4 CPU device(s)" in result.stderr  # as XLA_FLAGS's
   # Everything it imported (the search kept on disk with jax.export's
   # serializer among it) is installed by the README's main command.
   assert not outside_the_core(json.loads(imports.read_text()))
@@ -95,9 +96,11 @@ def test_eval_py_writes_metrics_and_bleu_recomputes(workdir, tmp_path):
   assert metrics["checkpoint_step"] == 6 and metrics["averaged_steps"] == [6]
   assert (metrics["beam_size"], metrics["alpha"]) == (4, 0.6)
   assert metrics["num_sentences"] == 12 and metrics["split"] == SPLIT
-  # No --batch_size: 64 sentences for each device (4 here, as in this
-  # process), so that on several devices batches are searched as one.
-  assert metrics["batch_size"] == 64 * jax.local_device_count() == 256
+  # No --batch_size: on CPU devices (4 here, as in this process) 64
+  # sentences in all, 16 a device: at beam 4 the 64 rows each device needs
+  # for batches to be searched as one.
+  assert jax.local_device_count() == 4
+  assert metrics["batch_size"] == 64
   assert metrics["sentences_per_second"] > 0
   # A new process prepares its searches (traced, or read from the files
   # kept, and compiled or fetched from XLA's cache): counted apart.

@@ -5,6 +5,7 @@ must give every row of every batch what the batch's own search gives."""
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -354,17 +355,23 @@ def test_a_refilled_search_over_two_devices_gives_each_batchs_outputs(
 
 
 def test_the_default_batch_is_refilled_on_any_number_of_devices():
-  # 64 sentences a device by default: enough rows on each device for a
-  # refilled search, greedy and beam alike; a batch size given is kept.
-  for n in (1, 2, 4):
+  # CPU devices (the cores of one host) share 64 sentences, split evenly,
+  # or take more where a device would have fewer than 64 search rows;
+  # accelerators take 64 sentences each. Either way every device has
+  # enough rows for a refilled search; a batch size given is kept.
+  expected = {(1, 1): 64, (1, 4): 64, (2, 1): 128, (2, 4): 64,
+              (3, 1): 192, (3, 4): 66, (4, 1): 256, (4, 4): 64}
+  for (n, beam), size in expected.items():
     devices = tuple(jax.local_devices()[:n])
-    size = translate.batch_size_for(None, devices)
-    assert size == 64 * n
-    for beam in (1, 4):
-      assert batch_search.device_rows(size, beam, n) >= (
-          batch_search.MIN_SEARCH_ROWS)
-    assert translate.batch_size_for(16, devices) == 16
-  assert translate.batch_size_for(None) == 64 * jax.local_device_count()
+    assert translate.batch_size_for(None, devices, beam) == size, (n, beam)
+    assert size % n == 0
+    assert batch_search.device_rows(size, beam, n) >= (
+        batch_search.MIN_SEARCH_ROWS)
+    assert translate.batch_size_for(16, devices, beam) == 16
+  assert translate.batch_size_for(None, beam_size=4) == 64  # 4 CPU devices
+  tpus = tuple(types.SimpleNamespace(platform="tpu") for _ in range(8))
+  for beam in (1, 4):
+    assert translate.batch_size_for(None, tpus, beam) == 512
 
 
 def test_refill_groups_count_the_rows_each_device_searches():

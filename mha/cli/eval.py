@@ -129,6 +129,7 @@ def main(argv: list[str]) -> int:
   """Evaluates --workdir and prints the summary; returns the exit status."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  startup.use_search_devices()
   # pylint: disable=g-import-not-at-top  (JAX: after the restart)
   from mha import distributed
   from mha import evaluator

@@ -75,9 +75,8 @@ def define_once(define: Callable[..., Any], name: str, default: Any,
 def define_search_flags() -> None:
   """Defines the flags of the commands that read a trained workdir and
   search (mha-eval, mha-translate): --workdir, --average_last, --beam_size,
-  --alpha, --max_decode_extra, --beam_stop, --matmul_dtype, --batch_size;
-  once, as
-  `define_flags`."""
+  --alpha, --max_decode_extra, --beam_stop, --matmul_dtype, --batch_size,
+  --cpu_devices (`use_search_devices`); once, as `define_flags`."""
   for define, name, default, help_text in (
       (flags.DEFINE_string, "workdir", None, "A training workdir."),
       (flags.DEFINE_integer, "average_last", None,
@@ -96,9 +95,28 @@ def define_search_flags() -> None:
        "(float32 results; faster on CPUs with bfloat16 instructions, other "
        "outputs). Default: config (float32)."),
       (flags.DEFINE_integer, "batch_size", None,
-       "Sentences per decoding batch. Default: 64 for each of this host's "
-       "devices (jax.local_devices()).")):
+       "Sentences per decoding batch. Default: 64 for each accelerator; "
+       "64 in all on CPU devices, more where a device would have fewer than "
+       "64 search rows."),
+      (flags.DEFINE_integer, "cpu_devices", None,
+       "JAX CPU devices the searches run on (a host without accelerators): "
+       "default one per core, at most 8, unless XLA_FLAGS sets "
+       "--xla_force_host_platform_device_count; 1: one device for all "
+       "cores.")):
     define_once(define, name, default, help_text)
+
+
+def use_search_devices() -> None:
+  """First thing in a searching command's `main`, before JAX starts: the
+  host's cores as CPU devices (`mha.cpu_devices.use_cpu_cores`,
+  --cpu_devices), with one log line saying so."""
+  from mha import cpu_devices  # pylint: disable=g-import-not-at-top
+  if FLAGS.cpu_devices is not None and FLAGS.cpu_devices < 1:
+    raise ConfigError(f"--cpu_devices={FLAGS.cpu_devices}: the number of CPU "
+                      "devices is at least 1.")
+  count = cpu_devices.use_cpu_cores(FLAGS.cpu_devices)
+  if count is not None:
+    logging.info("Searching on %d CPU device(s) (--cpu_devices).", count)
 
 
 def command_name(argv0: str | None = None) -> str:

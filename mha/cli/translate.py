@@ -25,7 +25,7 @@ top_k: 0 = every token, seed): the same seed gives the same samples however
 the input arrives.
 
 --input reads a file (plain or .gz) instead of standard input, in batches
-of --batch_size (default: 64 for each of this host's devices); --output
+of --batch_size (default: `translate.batch_size_for`'s); --output
 writes a file instead of standard output, through a temporary file renamed
 at the end, so an interrupted run leaves no partial file and an existing
 one as it was. Bad input (a workdir, step, flag, file)
@@ -114,6 +114,7 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   _check_files(FLAGS.input, FLAGS.output)
+  startup.use_search_devices()
   if FLAGS.output is None:
     out = sys.stdout.buffer
 

@@ -1,0 +1,74 @@
+"""mha.cpu_devices: the host's cores as JAX CPU devices for the searches,
+left as they are where the user chose a number or the host has
+accelerators; set before JAX starts (a fresh process), refused after."""
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+import mha
+from mha import cpu_devices
+from mha.errors import UserError
+
+CPU_HOST = {"JAX_PLATFORMS": "cpu"}
+
+
+@pytest.mark.parametrize("cores, want", [(2, 2), (6, 6), (16, 8), (1, None)])
+def test_one_device_a_core_up_to_eight(monkeypatch, cores, want):
+  monkeypatch.setattr(cpu_devices, "host_cores", lambda: cores)
+  assert cpu_devices.default_count(CPU_HOST) == want
+
+
+@pytest.mark.parametrize("environ", [
+    {"JAX_PLATFORMS": "tpu"},
+    {"JAX_PLATFORMS": "cuda,cpu"},
+    dict(CPU_HOST, XLA_FLAGS="--xla_cpu_use_thunk_runtime=true "
+         "--xla_force_host_platform_device_count=3"),
+    dict(CPU_HOST, JAX_NUM_CPU_DEVICES="3")])
+def test_an_accelerator_host_or_the_users_count_is_left(monkeypatch,
+                                                        environ):
+  monkeypatch.setattr(cpu_devices, "host_cores", lambda: 4)
+  assert cpu_devices.default_count(environ) is None
+  assert cpu_devices.use_cpu_cores(environ=environ) is None
+
+
+def test_after_jax_started_only_its_own_count_is_accepted():
+  started = jax.local_device_count()  # 4: tests/conftest.py
+  assert cpu_devices.use_cpu_cores(environ=CPU_HOST) is None  # left
+  assert cpu_devices.use_cpu_cores(started) == started
+  with pytest.raises(UserError, match=(
+      f"cpu_devices=2: JAX has started already, with {started} CPU devices")):
+    cpu_devices.use_cpu_cores(2)
+  for bad in (0, -1, True, 2.0, "2"):
+    with pytest.raises(UserError, match="whole number, at least 1"):
+      cpu_devices.use_cpu_cores(bad)
+  assert jax.local_device_count() == started
+
+
+def _devices_in_a_fresh_process(call: str, **environ) -> str:
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  env.update(JAX_PLATFORMS="cpu", **environ)
+  result = subprocess.run(
+      [sys.executable, "-c", f"import mha, jax; print({call}, "
+       "jax.local_device_count())"],
+      capture_output=True, text=True, env=env, timeout=300, check=True)
+  return result.stdout.split()
+
+
+def test_set_before_jax_starts():
+  # A count given, and the default: one device a core (this host's).
+  assert _devices_in_a_fresh_process("mha.use_cpu_cores(3)") == ["3", "3"]
+  cores = min(cpu_devices.host_cores(), cpu_devices.MAX_DEVICES)
+  want = [str(cores), str(cores)] if cores > 1 else ["None", "1"]
+  assert _devices_in_a_fresh_process("mha.use_cpu_cores()") == want
+  # The user's XLA flag is kept.
+  assert _devices_in_a_fresh_process(
+      "mha.use_cpu_cores()",
+      XLA_FLAGS="--xla_force_host_platform_device_count=3") == ["None", "3"]
+
+
+def test_the_public_name():
+  assert mha.use_cpu_cores is cpu_devices.use_cpu_cores
