@@ -4,19 +4,19 @@
 XLA:CPU runs a device's program one operation after the other. A decoding
 step is mostly small operations (the cache write, the row copies, the
 top-k, the products of a few hundred rows), each of which runs on one core
-or is split over the cores at a cost: on a 2-core host the beam search
-kept ~1.6 cores busy. With the host's cores as as many JAX CPU devices,
-the searches split each batch's rows over them (`mha.batch_search`), and
-the devices' programs run side by side, one a core. The outputs are the
-same: every device gets at least `batch_search.MIN_SEARCH_ROWS` rows of
-the default batch (`translate.batch_size_for`). What it gains is in
+or is split over the cores at a cost, so that one device leaves cores
+idle. With the host's cores as as many JAX CPU devices, the searches split
+each batch's rows over them (`mha.batch_search`), and the devices'
+programs run side by side, one a core. The outputs are the same: every
+device gets at least `batch_search.MIN_SEARCH_ROWS` rows of the default
+batch (`translate.batch_size_for`). What it gains and costs is in
 bench/README.md (issue 33).
 
 The commands that translate (eval.py / mha-eval, mha-translate) call
 `use_cpu_cores(FLAGS.cpu_devices)` before JAX starts; a script using the
-Python API calls `mha.use_cpu_cores()` first. Training keeps one CPU device: its
-batches and gradients would be split over the devices, and its results
-would change with the host's cores.
+Python API calls `mha.use_cpu_cores()` first. Training keeps one CPU
+device: its train step was no faster on two (bench/README.md), and its
+results would change with the host's cores.
 
 Left as they are: an accelerator host (`host_memory.accelerator_host`: the
 searches run on the accelerators), and a CPU device count the user chose

@@ -96,9 +96,8 @@ def batch_size_for(batch_size: int | None,
   * CPU devices (the cores of one host, `mha.cpu_devices`):
     `BATCH_SIZE_PER_DEVICE` sentences in all, or more where a device would
     have fewer than `batch_search.MIN_SEARCH_ROWS` rows (greedy search on
-    2 devices: 128), as many for each device. On a 2-core CPU, beam 4 was
-    fastest with 32 sentences (128 rows) on each of 2 devices, greedy with
-    64 (bench/README.md, issue 33).
+    2 devices: 128), as many for each device: the fastest batches of both
+    searches measured on 2 cores (bench/README.md, issue 33).
   """
   if batch_size is not None:
     return batch_size
