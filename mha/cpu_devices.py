@@ -53,7 +53,7 @@ def default_count(environ: Mapping[str, str] = os.environ) -> int | None:
 
 
 def use_cpu_cores(count: int | None = None,
-              environ: Mapping[str, str] = os.environ) -> int | None:
+                  environ: Mapping[str, str] = os.environ) -> int | None:
   """Makes JAX's CPU backend `count` devices (None: `default_count`).
 
   Must run before JAX runs anything. Returns the count set, or None when

@@ -14,8 +14,9 @@
    `<command>: <message>`, on standard error, and the process exits with
    the error's `exit_code` (1 unless it says otherwise); a Ctrl-C that the
    command does not handle itself is the line `Interrupted (Ctrl-C).` and
-   exit status 130; `--traceback` raises either with its stack instead. Any other exception is a bug and keeps
-   its stack.
+   exit status 130; `--traceback` raises either with its stack instead.
+   Any other exception is a bug and keeps its stack. The commands that
+   search make the host's cores CPU devices first (`use_search_devices`).
 
 A command module defines its flags at import, with `define_flags()` for the
 shared ones, and ends with
