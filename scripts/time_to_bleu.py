@@ -32,6 +32,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import checkpoints
+from mha import cpu_devices
 from mha import eval_output
 from mha import evaluator
 from mha import metrics
@@ -117,6 +118,7 @@ def main(argv=None) -> dict[str, list[dict]]:
   parser.add_argument("--mark_minutes", default="20,40",
                       help="vertical lines at these minutes ('' for none)")
   args = parser.parse_args(argv)
+  cpu_devices.use_cpu_cores()  # the searches on the cores, as eval.py's
   curves = {}
   try:
     for label, workdir in args.run:
