@@ -135,8 +135,9 @@ def bleu_batch_size(num_sentences: int, beam_size: int,
   The same sentences are translated at every evaluation of a run, so the
   first evaluation's time is mostly compiling the search, once per batch
   shape. Batches of `translate.BATCH_SIZE_PER_DEVICE` sentences a device,
-  eval.py's default (split evenly over the devices; of equal sizes below
-  it if the last batch would be too small), which `translate.decode_batches` searches as one search with
+  eval.py's default on one device or on accelerators (split evenly over
+  the devices; of equal sizes below it if the last batch would be too
+  small), which `translate.decode_batches` searches as one search with
   refilled rows (one program; a single batch's search shrinks as its
   sentences end and compiles the decoder step once per size:
   bench/train_bleu.py), where every batch has at least
