@@ -27,6 +27,7 @@ import os
 from typing import Mapping
 
 from mha import host_memory
+from mha import validation
 from mha.errors import UserError
 
 MAX_DEVICES = 8  # the default's cap (more cores: several a device)
@@ -61,14 +62,13 @@ def use_cpu_cores(count: int | None = None,
   started already and no count was given.
 
   Raises:
-    UserError: `count` below 1, or given after JAX started with another
-      number of CPU devices.
+    UserError: `count` not an integer >= 1 (`validation.FLAGS`' rule, as
+      --cpu_devices), or given after JAX started with another number of
+      CPU devices.
   """
   import jax  # pylint: disable=import-outside-toplevel
-  if count is not None and (isinstance(count, bool) or
-                            not isinstance(count, int) or count < 1):
-    raise UserError(f"cpu_devices={count!r}: the number of CPU devices is a "
-                    "whole number, at least 1.")
+  if count is not None:
+    validation.check_flag("cpu_devices", count)
   asked = count if count is not None else default_count(environ)
   if asked is None:
     return None

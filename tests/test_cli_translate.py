@@ -126,7 +126,7 @@ def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):
       ([f"--input={source}", f"--output={output}", "--matmul_dtype=fp8"],
        "matmul_dtype must be one of float32, bfloat16, got 'fp8'"),
       ([f"--input={source}", f"--output={output}", "--cpu_devices=0"],
-       "--cpu_devices=0: the number of CPU devices is at least 1")]:
+       "--cpu_devices must be >= 1, got 0")]:
     result = subprocess.run(command(random_workdir, *args), cwd=REPO,
                             capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 1

@@ -112,9 +112,6 @@ def use_search_devices() -> None:
   host's cores as CPU devices (`mha.cpu_devices.use_cpu_cores`,
   --cpu_devices), with one log line saying so."""
   from mha import cpu_devices  # pylint: disable=g-import-not-at-top
-  if FLAGS.cpu_devices is not None and FLAGS.cpu_devices < 1:
-    raise ConfigError(f"--cpu_devices={FLAGS.cpu_devices}: the number of CPU "
-                      "devices is at least 1.")
   count = cpu_devices.use_cpu_cores(FLAGS.cpu_devices)
   if count is not None:
     logging.info("Searching on %d CPU device(s) (--cpu_devices).", count)
