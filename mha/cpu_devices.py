@@ -23,6 +23,7 @@ searches run on the accelerators), and a CPU device count the user chose
 (`XLA_FLAGS=--xla_force_host_platform_device_count=N` or JAX's
 `jax_num_cpu_devices`), unless `use_cpu_cores` is given a count itself.
 """
+import math
 import os
 from typing import Mapping
 
@@ -34,17 +35,96 @@ MAX_DEVICES = 8  # the default's cap (more cores: several a device)
 XLA_FLAG = "--xla_force_host_platform_device_count"
 
 
-def host_cores() -> int:
-  """The cores this process may run on."""
+def host_cores(cgroup_root: str = "/sys/fs/cgroup",
+               proc_cgroup: str = "/proc/self/cgroup") -> int:
+  """The cores this process may run on: those it may be scheduled on
+  (`os.sched_getaffinity`: taskset, SLURM's cpusets), fewer where a CPU
+  quota allows less (`cgroup_cpu_limit`: Docker's `--cpus`, Kubernetes'
+  CPU limits), at least 1."""
   if hasattr(os, "sched_getaffinity"):
-    return len(os.sched_getaffinity(0))
-  return os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))
+  else:
+    cores = os.cpu_count() or 1
+  limit = cgroup_cpu_limit(cgroup_root, proc_cgroup)
+  if limit is not None:
+    cores = min(cores, max(1, math.ceil(limit)))
+  return cores
+
+
+def cgroup_cpu_limit(cgroup_root: str = "/sys/fs/cgroup",
+                     proc_cgroup: str = "/proc/self/cgroup"
+                     ) -> float | None:
+  """The CPUs' worth of time this process's control groups allow (quota
+  over period, the smallest along its group and the groups above it), or
+  None for no limit or none readable (not Linux).
+
+  cgroup v2: `cpu.max` ("QUOTA PERIOD" or "max PERIOD") in the unified
+  hierarchy; v1: `cpu.cfs_quota_us` (-1: none) over `cpu.cfs_period_us` in
+  the hierarchy of the `cpu` controller. The group's path comes from
+  `proc_cgroup` and is read below `cgroup_root` (in a container, "/").
+  """
+  try:
+    with open(proc_cgroup, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return None
+  limits = []
+  for line in lines:
+    if line.count(":") < 2:
+      continue
+    _, controllers, path = line.split(":", 2)
+    if controllers == "":  # v2
+      limits += _limits(cgroup_root, path, _v2_limit)
+    elif "cpu" in controllers.split(","):  # v1
+      limits += _limits(os.path.join(cgroup_root, controllers), path,
+                        _v1_limit)
+  return min(limits, default=None)
+
+
+def _limits(mount: str, path: str, read) -> list[float]:
+  """The limits `read(folder)` finds in the group `path` and those above."""
+  parts = [p for p in path.split("/") if p]
+  found = []
+  for depth in range(len(parts), -1, -1):
+    limit = read(os.path.join(mount, *parts[:depth]))
+    if limit is not None:
+      found.append(limit)
+  return found
+
+
+def _read_words(path: str) -> list[str] | None:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read().split()
+  except OSError:
+    return None
+
+
+def _ratio(quota: list[str] | None, period: list[str] | None
+           ) -> float | None:
+  """quota / period in CPUs, None for no quota (missing, "max", -1) or
+  anything unreadable."""
+  try:
+    ratio = int(quota[0]) / int(period[0])
+  except (TypeError, IndexError, ValueError, ZeroDivisionError):
+    return None
+  return ratio if ratio > 0 else None
+
+
+def _v2_limit(folder: str) -> float | None:
+  words = _read_words(os.path.join(folder, "cpu.max")) or []
+  return _ratio(words[:1], words[1:])
+
+
+def _v1_limit(folder: str) -> float | None:
+  return _ratio(_read_words(os.path.join(folder, "cpu.cfs_quota_us")),
+                _read_words(os.path.join(folder, "cpu.cfs_period_us")))
 
 
 def default_count(environ: Mapping[str, str] = os.environ) -> int | None:
   """The CPU devices `use_cpu_cores()` asks for, or None to leave JAX's
-  default: one a core (at most `MAX_DEVICES`) on a CPU host with more than
-  one core whose CPU device count the user has not set."""
+  default: one a core (`host_cores`, at most `MAX_DEVICES`) on a CPU host
+  with more than one core whose CPU device count the user has not set."""
   if (host_memory.accelerator_host(environ)
       or XLA_FLAG in environ.get("XLA_FLAGS", "")
       or environ.get("JAX_NUM_CPU_DEVICES")):
@@ -86,4 +166,5 @@ def use_cpu_cores(count: int | None = None,
   return asked
 
 
-__all__ = ["MAX_DEVICES", "default_count", "host_cores", "use_cpu_cores"]
+__all__ = ["MAX_DEVICES", "cgroup_cpu_limit", "default_count", "host_cores",
+           "use_cpu_cores"]

@@ -22,6 +22,50 @@ def test_one_device_a_core_up_to_eight(monkeypatch, cores, want):
   assert cpu_devices.default_count(CPU_HOST) == want
 
 
+def _cgroups(tmp_path, proc: str, files: dict[str, str]):
+  """A fake /sys/fs/cgroup (files under it) and /proc/self/cgroup."""
+  for name, text in files.items():
+    (tmp_path / "cg" / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cg" / name).write_text(text)
+  (tmp_path / "proc").write_text(proc)
+  return str(tmp_path / "cg"), str(tmp_path / "proc")
+
+
+@pytest.mark.parametrize("proc, files, limit, cores", [
+    # cgroup v2: the smallest quota along the group and those above it.
+    ("0::/user.slice/job\n", {"user.slice/cpu.max": "150000 100000\n",
+                              "user.slice/job/cpu.max": "300000 100000\n",
+                              "cpu.max": "max 100000\n"}, 1.5, 2),
+    ("0::/\n", {"cpu.max": "400000 100000\n"}, 4.0, 4),
+    # v1, the group's path not under the mount (a container's view): the
+    # mount's own group.
+    ("5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n",
+     {"cpu,cpuacct/cpu.cfs_quota_us": "300000\n",
+      "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 3.0, 3),
+    # Half a CPU is still one core.
+    ("1:cpu:/\n", {"cpu/cpu.cfs_quota_us": "50000",
+                   "cpu/cpu.cfs_period_us": "100000"}, 0.5, 1),
+    # No quota, or nothing readable: the affinity's 16 cores.
+    ("1:cpu:/\n0::/\n", {"cpu/cpu.cfs_quota_us": "-1",
+                          "cpu/cpu.cfs_period_us": "100000",
+                          "cpu.max": "max 100000"}, None, 16),
+    ("garbage\n0::/\n", {"cpu.max": "many 0"}, None, 16),
+    ("0::/\n", {"cpu.max": "100000 0"}, None, 16),
+])
+def test_a_cpu_quota_limits_the_cores(monkeypatch, tmp_path, proc, files,
+                                      limit, cores):
+  root, proc_file = _cgroups(tmp_path, proc, files)
+  assert cpu_devices.cgroup_cpu_limit(root, proc_file) == limit
+  monkeypatch.setattr(cpu_devices.os, "sched_getaffinity",
+                      lambda pid: set(range(16)), raising=False)
+  assert cpu_devices.host_cores(root, proc_file) == cores
+
+
+def test_no_cgroup_file_is_no_limit(tmp_path):
+  assert cpu_devices.cgroup_cpu_limit(str(tmp_path),
+                                      str(tmp_path / "absent")) is None
+
+
 @pytest.mark.parametrize("environ", [
     {"JAX_PLATFORMS": "tpu"},
     {"JAX_PLATFORMS": "cuda,cpu"},
