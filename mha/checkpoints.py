@@ -38,7 +38,7 @@ checkpoint; `quiet_save_errors` keeps Orbax's stacks of it out of the log.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 import contextlib
 import errno
 import json
@@ -93,14 +93,44 @@ def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
   return path / CHECKPOINTS_SUBDIR
 
 
-def make_manager(workdir: str | os.PathLike[str],
-                 keep: int) -> ocp.CheckpointManager:
+class LatestScheduled:
+  """Orbax's preservation policy of a training run: the last `n`
+  checkpoints at scheduled steps (`scheduled(step)`: the run's
+  `checkpoint_every_steps` and its last step), and the latest checkpoint
+  whatever its step.
+
+  A save at another step (a preemption's, a Ctrl-C's) is kept while it is
+  the latest, for the run to resume from, and deleted at the next save; it
+  never displaces a scheduled checkpoint, so that the last N averaged
+  (`resolve_steps`) are those of the schedule, as the paper's (written at
+  fixed intervals), preempted or not.
+  """
+
+  def __init__(self, n: int, scheduled: Callable[[int], bool]):
+    self.n = n
+    self.scheduled = scheduled
+
+  def should_preserve(self, checkpoints: Sequence[Any], *,
+                      context: Any = None) -> list[bool]:
+    del context  # Orbax's PreservationContext: nothing this policy needs
+    steps = [c.step for c in checkpoints]
+    kept = set(sorted(s for s in steps if self.scheduled(s))[-self.n:])
+    kept.add(max(steps, default=None))
+    return [s in kept for s in steps]
+
+
+def make_manager(workdir: str | os.PathLike[str], keep: int,
+                 scheduled: Callable[[int], bool] | None = None
+                 ) -> ocp.CheckpointManager:
   """A manager of `<workdir>/checkpoints` that keeps the last `keep` steps.
 
   Args:
     workdir: the run's folder (created if needed).
     keep: number of most recent checkpoints kept (>= 1); older ones are
       deleted after each save.
+    scheduled: the steps saved on the run's schedule; given, `keep` counts
+      only those, and a checkpoint at another step is kept while it is the
+      latest (`LatestScheduled`).
 
   Returns:
     An `ocp.CheckpointManager` for the `state` and `meta` items; use it with
@@ -112,7 +142,9 @@ def make_manager(workdir: str | os.PathLike[str],
   options = ocp.CheckpointManagerOptions(
       create=True,
       # `max_to_keep` is deprecated in favour of preservation policies.
-      preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
+      preservation_policy=(
+          ocp.checkpoint_managers.LatestN(n=keep) if scheduled is None
+          else LatestScheduled(keep, scheduled)),
   )
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
                                item_names=(STATE, META))

@@ -97,6 +97,26 @@ def test_keeps_the_last_n(tmp_path):
   assert checkpoints.all_steps(tmp_path / 'elsewhere') == []
 
 
+def test_a_save_off_the_schedule_is_kept_only_while_it_is_the_latest(
+    tmp_path):
+  """A preemption's save (step 37 of a run saving every 10) is kept for the
+  run to resume from, displaces none of the last `keep` scheduled steps
+  (the ones averaged), and goes at the next save of the resumed run."""
+  scheduled = lambda step: step % 10 == 0
+  manager = checkpoints.make_manager(tmp_path, keep=2, scheduled=scheduled)
+  state = make_state(0)
+  for step in (10, 20, 30, 37):
+    checkpoints.save(manager, step, state, {'step': step})
+  manager.close()
+  assert checkpoints.all_steps(tmp_path) == [20, 30, 37]
+  manager = checkpoints.make_manager(tmp_path, keep=2, scheduled=scheduled)
+  checkpoints.save(manager, 40, state, {'step': 40})
+  assert checkpoints.all_steps(tmp_path) == [30, 40]
+  checkpoints.save(manager, 50, state, {'step': 50})
+  manager.close()
+  assert checkpoints.all_steps(tmp_path) == [40, 50]
+
+
 @pytest.fixture(scope='module')
 def three_checkpoints(tmp_path_factory):
   workdir = tmp_path_factory.mktemp('run')

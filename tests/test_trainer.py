@@ -540,13 +540,15 @@ def test_sigkill_and_resume_is_bit_identical(tiny_workdir, tmp_path):
 def test_sigterm_saves_a_checkpoint_where_it_stopped(tiny_workdir, tmp_path):
   workdir = tmp_path / "run"
   _seed_vocabulary(tiny_workdir, workdir)
-  flags = _flags(num_train_steps=100000, checkpoint_every_steps=10,
-                 eval_every_steps=100000, log_every_steps=1)
+  schedule = dict(checkpoint_every_steps=10, keep_checkpoints=2,
+                  eval_every_steps=100000, log_every_steps=1)
+  flags = _flags(num_train_steps=100000, **schedule)
   process = subprocess.Popen(_train_cmd(workdir, *flags), cwd=REPO,
                              env=_env(2), stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
   try:
-    assert _wait_for(lambda: checkpoints.all_steps(str(workdir)), process)
+    assert _wait_for(lambda: len(checkpoints.all_steps(str(workdir))) >= 2,
+                     process)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
   finally:
@@ -555,8 +557,18 @@ def test_sigterm_saves_a_checkpoint_where_it_stopped(tiny_workdir, tmp_path):
   last_logged = max(r["step"] for r in metrics_lib.read_metrics(str(workdir)))
   saved = checkpoints.latest_step(str(workdir))
   assert saved == last_logged
-  assert 10 <= saved < 100000  # stopped early, past the first checkpoint
+  assert 20 <= saved < 100000  # stopped early, past two checkpoints
   assert "Preempted" in stderr
+  # The save where it stopped displaced neither of the last 2 scheduled
+  # checkpoints (every 10 steps: the ones averaged); resumed to the next
+  # scheduled step, the run keeps the schedule's alone.
+  scheduled = [saved // 10 * 10 - 10, saved // 10 * 10]
+  assert checkpoints.all_steps(str(workdir)) == sorted({*scheduled, saved})
+  resume_to = scheduled[-1] + 10
+  subprocess.run(_train_cmd(workdir, *_flags(num_train_steps=resume_to,
+                                             **schedule)),
+                 cwd=REPO, env=_env(2), check=True, capture_output=True)
+  assert checkpoints.all_steps(str(workdir)) == [resume_to - 10, resume_to]
 
 
 def _free_port() -> int:
