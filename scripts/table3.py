@@ -734,8 +734,9 @@ RUN_COLUMNS = ("run", "dev PPL", "dev BLEU", "dev BLEU avg 5",
                "load avg (mean / max)", "other busy cores", "finished",
                "code")
 NUMERIC = {"params", "seeds", "dev PPL", "dev BLEU", "dev BLEU avg 5",
-           "test BLEU avg 5", "Δ dev BLEU", "train min", "steps",
-           "steps/s", "other busy cores"}
+           "test BLEU avg 5", "Δ dev PPL", "Δ dev BLEU", "Δ dev BLEU avg 5",
+           "Δ test BLEU avg 5", "train min", "steps", "steps/s",
+           "other busy cores"}
 MEASURED = ("dev PPL", "dev BLEU", "dev BLEU avg 5", "test BLEU avg 5")
 FIELDS = {"dev PPL": "dev_perplexity", "dev BLEU": "dev_bleu_last",
           "dev BLEU avg 5": "dev_bleu_avg5",
@@ -763,6 +764,64 @@ def _delta_text(row: str, results, spread: float | None) -> str:
   if spread is not None:
     text += (" (> 2s)" if abs(delta) > RULE_FACTOR * spread else " (≤ 2s)")
   return text
+
+
+COMPARE_COLUMNS = ("row", "seeds", *(f"Δ {c}" for c in MEASURED),
+                   "beyond 2s", "against the base")
+LOWER_IS_BETTER = {"dev PPL"}
+
+
+def figure_spreads(results: dict[tuple[str, int], dict[str, Any]]
+                   ) -> dict[str, float] | None:
+  """Each figure's seed spread (`seed_spread` of its field), None until
+  the base's seeds are measured."""
+  spreads = {c: seed_spread(results, f) for c, f in FIELDS.items()}
+  return None if None in spreads.values() else spreads
+
+
+def _comparison_cells(row: str, results, spreads: dict[str, float]
+                      ) -> dict[str, str] | None:
+  """The row's mean minus the base's on each figure, and in units of that
+  figure's seed spread (bold beyond 2s); None for a row without a measured
+  run."""
+  values = {c: seed_values(results, row, f) for c, f in FIELDS.items()}
+  if not values["dev BLEU"]:
+    return None
+  cells = {"row": row, "seeds": str(len(values["dev BLEU"]))}
+  beyond = worse = better = 0
+  for column, field in FIELDS.items():
+    delta = (statistics.mean(values[column])
+             - statistics.mean(seed_values(results, "base", field)))
+    text = f"{delta:+.2f} ({delta / spreads[column]:+.1f}s)"
+    if abs(delta) > RULE_FACTOR * spreads[column]:
+      text, beyond = f"**{text}**", beyond + 1
+    gain = -delta if column in LOWER_IS_BETTER else delta
+    worse, better = worse + (gain < 0), better + (gain > 0)
+    cells[f"Δ {column}"] = text
+  cells["beyond 2s"] = f"{beyond} of {len(FIELDS)}"
+  cells["against the base"] = (
+      "worse on all" if worse == len(FIELDS) else
+      "better on all" if better == len(FIELDS) else
+      f"worse on {worse}, better on {better}")
+  return cells
+
+
+def comparison_table(results: dict[tuple[str, int], dict[str, Any]]
+                     ) -> list[str]:
+  """The lines of the table of each measured row against the base, figure
+  by figure; none until the base's seeds are measured."""
+  spreads = figure_spreads(results)
+  if spreads is None:
+    return []
+  rows = [cells for row in table3_config.ROW_NAMES[1:]
+          for cells in [_comparison_cells(row, results, spreads)] if cells]
+  spread_text = ", ".join(f"{c} {spreads[c]:.2f}" for c in MEASURED)
+  return ["Against the base, figure by figure: a row's mean minus the "
+          "base's, and in units of that figure's seed spread s (the sample "
+          "standard deviation of the base's seeds "
+          f"{', '.join(str(s) for s in BASE_SEEDS)}: {spread_text}); "
+          "beyond 2s in bold. Worse is a higher perplexity or a lower BLEU.",
+          ""] + _markdown(COMPARE_COLUMNS, rows)
 
 
 def _row_cells(row: str, results, setup: Setup, base_cols: dict[str, str],
@@ -838,6 +897,9 @@ def build_table(results: dict[tuple[str, int], dict[str, Any]],
       key=lambda kv: (table3_config.ROW_NAMES.index(kv[0][0]), kv[0][1]))]
   lines = _markdown(COLUMNS, rows) + [""] + _notes(results, base_config,
                                                    spread)
+  comparison = comparison_table(results)
+  if comparison:
+    lines += [""] + comparison
   lines += ["", "Each run:", ""] + _markdown(RUN_COLUMNS, runs)
   return "\n".join(lines)
 

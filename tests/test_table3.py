@@ -263,19 +263,21 @@ def test_table_rebuilt_from_hand_written_files(tmp_path):
   results_dir = tmp_path / "table3"
   write_results(
       results_dir, result("base", 0, 30.0), result("base", 1, 30.6),
-      result("base", 2, 30.3), result("A1", 0, 29.0),
+      result("base", 2, 30.3), result("A1", 0, 29.0, dev_perplexity=7.5),
       result("B1", 0, 29.8), result("B1", 1, 30.2),
+      result("D1", 0, 31.0, dev_perplexity=5.5),
       result("dot", 0, status="failed", error="loss nan at step 9"))
   (results_dir / "notes.json").write_text("{}")  # not a run's file: ignored
   page = tmp_path / "table3.md"
-  page.write_text("# Title\n\nintro\n\n<!-- table3:start -->\nold\n"
+  page.write_text("# Title\n\nintro\n\n<!-- table3:start -->\n"
+                  "the old table\n"
                   "<!-- table3:end -->\n\n## Conclusions\ntext\n")
   table = script.main([f"--results_dir={results_dir}", f"--page={page}",
                        "--table_only"])
   text = page.read_text()
   assert text.startswith("# Title\n\nintro\n\n<!-- table3:start -->\n")
   assert text.endswith("<!-- table3:end -->\n\n## Conclusions\ntext\n")
-  assert "old" not in text and table.strip() in text
+  assert "the old table" not in text and table.strip() in text
   rows = table_rows(table)
   assert list(rows) == list(table3.ROW_NAMES)
   base, a1, b1 = rows["base"], rows["A1"], rows["B1"]
@@ -295,10 +297,30 @@ def test_table_rebuilt_from_hand_written_files(tmp_path):
   assert rows["E"]["params"] == "7,699,456" and rows["E"]["seeds"] == ""
   assert "Seed spread s: the sample standard deviation" in table
   assert "Rows that need a second seed: B1 (measured)." in table
-  assert f"4 of {len(table3.ROW_NAMES)} rows measured (7 runs)" in table
+  assert f"5 of {len(table3.ROW_NAMES)} rows measured (8 runs)" in table
+  # Against the base, figure by figure: the base's perplexities 5, 6, 7
+  # (s = 1), its BLEU figures each spread as dev BLEU (s = 0.3; means
+  # 30.3, 30.8, 31.3); bold beyond 2s.
+  assert ("seeds 0, 1, 2: dev PPL 1.00, dev BLEU 0.30, dev BLEU avg 5 "
+          "0.30, test BLEU avg 5 0.30)") in table
+  compare = table_rows(table[table.index("Against the base"):])
+  assert list(compare) == ["A1", "B1", "D1"]  # measured; dot diverged
+  assert [compare["A1"][f"Δ {c}"] for c in script.MEASURED] == [
+      "+1.50 (+1.5s)", "**-1.30 (-4.3s)**", "**-1.30 (-4.3s)**",
+      "**-1.30 (-4.3s)**"]
+  assert (compare["A1"]["beyond 2s"], compare["A1"]["against the base"]) == (
+      "3 of 4", "worse on all")
+  assert [compare["B1"][f"Δ {c}"] for c in script.MEASURED] == [
+      "-0.50 (-0.5s)", "-0.30 (-1.0s)", "-0.30 (-1.0s)", "-0.30 (-1.0s)"]
+  assert (compare["B1"]["seeds"], compare["B1"]["beyond 2s"],
+          compare["B1"]["against the base"]) == (
+              "2", "0 of 4", "worse on 3, better on 1")
+  assert compare["D1"]["Δ dev BLEU"] == "**+0.70 (+2.3s)**"
+  assert compare["D1"]["against the base"] == "better on all"
   runs = table_rows(table, "run")
   assert list(runs) == ["base_seed0", "base_seed1", "base_seed2",
-                        "A1_seed0", "B1_seed0", "B1_seed1", "dot_seed0"]
+                        "A1_seed0", "B1_seed0", "B1_seed1", "D1_seed0",
+                        "dot_seed0"]
   assert runs["B1_seed1"]["dev BLEU"] == "30.20"
   assert runs["base_seed1"]["load avg (mean / max)"] == "2.5 / 3.0"
 
