@@ -38,7 +38,7 @@ checkpoint; `quiet_save_errors` keeps Orbax's stacks of it out of the log.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 import contextlib
 import errno
 import json
@@ -93,44 +93,71 @@ def checkpoint_dir(workdir: str | os.PathLike[str]) -> epath.Path:
   return path / CHECKPOINTS_SUBDIR
 
 
-class LatestScheduled:
-  """Orbax's preservation policy of a training run: the last `n`
-  checkpoints at scheduled steps (`scheduled(step)`: the run's
-  `checkpoint_every_steps` and its last step), and the latest checkpoint
-  whatever its step.
+SCHEDULED = 'scheduled'  # the meta key: saved on the run's schedule
 
-  A save at another step (a preemption's, a Ctrl-C's) is kept while it is
-  the latest, for the run to resume from, and deleted at the next save; it
-  never displaces a scheduled checkpoint, so that the last N averaged
-  (`resolve_steps`) are those of the schedule, as the paper's (written at
-  fixed intervals), preempted or not.
+
+class LatestScheduled:
+  """Orbax's preservation policy of the trainer's manager: the last `n`
+  checkpoints saved on the run's schedule, and the latest checkpoint
+  whatever it is.
+
+  A checkpoint's meta says whether it was scheduled (`SCHEDULED`: every
+  `checkpoint_every_steps` and the run's last step) or saved because the
+  run was stopped (a preemption's SIGTERM, a Ctrl-C); one without the key
+  (saved by other code, or before the key existed) counts as scheduled. A
+  stop's checkpoint is kept while it is the latest, for the run to resume
+  from, and deleted at the next save; it never displaces a scheduled one,
+  so the last N averaged (`resolve_steps`) are the schedule's, as the
+  paper's (written at fixed intervals), preempted or not.
+
+  This run's saves tell the policy through Orbax's in-memory checkpoint
+  metrics (`save`: the newest step's files are still being written when
+  Orbax asks); earlier runs' checkpoints, through their meta files, read
+  once each.
   """
 
-  def __init__(self, n: int, scheduled: Callable[[int], bool]):
+  def __init__(self, n: int, directory: epath.Path):
     self.n = n
-    self.scheduled = scheduled
+    self.directory = directory
+    self._read: dict[int, bool] = {}
+
+  def scheduled(self, info: Any) -> bool:
+    """Whether checkpoint `info` (an Orbax `PolicyCheckpointInfo`) was
+    saved on the schedule."""
+    if info.metrics and SCHEDULED in info.metrics:
+      return bool(info.metrics[SCHEDULED])
+    if info.step not in self._read:
+      self._read[info.step] = _meta_says_scheduled(self.directory, info.step)
+    return self._read[info.step]
 
   def should_preserve(self, checkpoints: Sequence[Any], *,
                       context: Any = None) -> list[bool]:
     del context  # Orbax's PreservationContext: nothing this policy needs
-    steps = [c.step for c in checkpoints]
-    kept = set(sorted(s for s in steps if self.scheduled(s))[-self.n:])
-    kept.add(max(steps, default=None))
-    return [s in kept for s in steps]
+    latest = max((c.step for c in checkpoints), default=None)
+    kept = {latest, *sorted(c.step for c in checkpoints
+                            if self.scheduled(c))[-self.n:]}
+    return [c.step in kept for c in checkpoints]
 
 
-def make_manager(workdir: str | os.PathLike[str], keep: int,
-                 scheduled: Callable[[int], bool] | None = None
-                 ) -> ocp.CheckpointManager:
-  """A manager of `<workdir>/checkpoints` that keeps the last `keep` steps.
+def _meta_says_scheduled(directory: epath.Path, step: int) -> bool:
+  """A finished checkpoint's meta `SCHEDULED` (True where absent or
+  unreadable: a checkpoint is deleted early only when it says so)."""
+  try:
+    meta = json.loads((directory / str(step) / META / 'metadata').read_text())
+  except (OSError, ValueError):
+    return True
+  return bool(meta.get(SCHEDULED, True)) if isinstance(meta, dict) else True
+
+
+def make_manager(workdir: str | os.PathLike[str],
+                 keep: int) -> ocp.CheckpointManager:
+  """A manager of `<workdir>/checkpoints` that keeps the last `keep` steps
+  (of those saved on the run's schedule, and the latest: `LatestScheduled`).
 
   Args:
     workdir: the run's folder (created if needed).
     keep: number of most recent checkpoints kept (>= 1); older ones are
       deleted after each save.
-    scheduled: the steps saved on the run's schedule; given, `keep` counts
-      only those, and a checkpoint at another step is kept while it is the
-      latest (`LatestScheduled`).
 
   Returns:
     An `ocp.CheckpointManager` for the `state` and `meta` items; use it with
@@ -139,14 +166,13 @@ def make_manager(workdir: str | os.PathLike[str], keep: int,
   """
   if keep < 1:
     raise ValueError(f'keep must be >= 1, got {keep}.')
+  directory = checkpoint_dir(workdir)
   options = ocp.CheckpointManagerOptions(
       create=True,
       # `max_to_keep` is deprecated in favour of preservation policies.
-      preservation_policy=(
-          ocp.checkpoint_managers.LatestN(n=keep) if scheduled is None
-          else LatestScheduled(keep, scheduled)),
+      preservation_policy=LatestScheduled(keep, directory),
   )
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
+  return ocp.CheckpointManager(directory, options=options,
                                item_names=(STATE, META))
 
 
@@ -162,7 +188,8 @@ def save(manager: ocp.CheckpointManager, step: int, state: PyTree,
     state: pytree of arrays (host NumPy, or jax arrays: Orbax copies them to
       the host before `save` returns, so they may be changed or deleted
       afterwards).
-    meta: JSON-serialisable dict.
+    meta: JSON-serialisable dict; `SCHEDULED: False` marks a save off the
+      run's schedule, kept only while it is the latest (`LatestScheduled`).
     force: save even if the manager's save policy would skip this step.
     wait: return only once the step folder is final (renamed from its
       temporary name); False returns once the arrays are copied and leaves
@@ -181,6 +208,8 @@ def save(manager: ocp.CheckpointManager, step: int, state: PyTree,
           STATE: ocp.args.StandardSave(state),
           META: ocp.args.JsonSave(meta),
       }),
+      # Not written (no best_fn): what `LatestScheduled` reads of this save.
+      metrics={SCHEDULED: float(meta.get(SCHEDULED, True))},
       force=force)
   if wait:
     # Blocks until the step folder is finalised (renamed from its temporary
@@ -710,7 +739,8 @@ def restore_params(workdir: str | os.PathLike[str], step: int | None = None,
 def read_meta(workdir: str | os.PathLike[str], step: int | None = None,
               purpose: Purpose = 'eval') -> dict[str, Any]:
   """The JSON saved beside checkpoint `step` (None: the latest): `step`,
-  `data_position` (micro-batches read), `grad_accum_steps`.
+  `data_position` (micro-batches read), `grad_accum_steps`, `scheduled`
+  (`LatestScheduled`; absent before it existed).
 
   Raises:
     CheckpointNotFound, DamagedCheckpointError: as `restore_params`.

@@ -92,8 +92,10 @@ class Saver:
   grad_accum_steps: int
   pending: int | None = None
 
-  def __call__(self, step: int, state) -> float:
-    """Starts saving the replicated `state` of `step`.
+  def __call__(self, step: int, state, scheduled: bool = True) -> float:
+    """Starts saving the replicated `state` of `step`; `scheduled=False`
+    for a save because the run stops (kept only while it is the latest:
+    `checkpoints.LatestScheduled`).
 
     Returns:
       The seconds training paused: waiting for the previous save's write,
@@ -108,7 +110,9 @@ class Saver:
     with self._failures():
       checkpoints.save(self.manager, step, devices.checkpoint_arrays(state),
                        {"step": step, "data_position": position,
-                        "grad_accum_steps": accum}, force=True, wait=False)
+                        "grad_accum_steps": accum,
+                        checkpoints.SCHEDULED: scheduled},
+                       force=True, wait=False)
     paused = time.perf_counter() - begin
     logging.info("Saving checkpoint %d in the background: training paused "
                  "%.2f s (%.2f s of it for the previous save's write).",

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import errno
 import time
-from typing import Callable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 from absl import logging
 import jax
@@ -113,8 +113,7 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
               if jax.process_index() == 0 else contextlib.nullcontext())
   with restored:
     run = train_setup.set_up(config, folder, inputs)
-    manager = checkpoints.make_manager(folder.path, config.keep_checkpoints,
-                                       scheduled_save(config))
+    manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
     writer = metrics_lib.MetricsWriter(folder.path, jax.process_index() == 0)
     start = train_setup.resume_or_start(config, folder, run, manager, writer)
     batches = train_setup.train_batches(config, run.tokenizer, start)
@@ -151,16 +150,6 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   return dict(window.last, step=step)
 
 
-def scheduled_save(config: ml_collections.ConfigDict
-                   ) -> Callable[[int], bool]:
-  """The steps a run saves at on its schedule: every
-  `checkpoint_every_steps`, and its last. (A preemption saves where it
-  stops; the manager keeps that step only while it is the latest:
-  `checkpoints.LatestScheduled`.)"""
-  every, last = config.checkpoint_every_steps, config.num_train_steps
-  return lambda step: step % every == 0 or step == last
-
-
 def _loop(config: ml_collections.ConfigDict, state: State, step: int,
           batches: Iterator, update: CompiledUpdate, window: MetricsWindow,
           save: Saver, evaluations: list[Evaluation], profiler: Profiler,
@@ -175,7 +164,6 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
   so that they do not add to every later step's peak resident memory.
   """
   num_devices = jax.local_device_count()
-  scheduled = scheduled_save(config)
   pending = None  # (step, device metrics) of the update in flight
   compiled = False
   with stop_signal as sigterm, contextlib.closing(profiler):
@@ -192,13 +180,14 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
       step += 1
       profiler.after_update(step, state)
       pending = (step, device_metrics)
-      need_save = scheduled(step)
+      need_save = (step % config.checkpoint_every_steps == 0 or
+                   step == config.num_train_steps)
       due = [evaluation for evaluation in evaluations if evaluation.due(step)]
       if need_save or due or window.stop:
         window.add(*pending)
         pending = None
       if need_save or window.stop:
-        window.write(step, {"save_seconds": save(step, state)})
+        window.write(step, {"save_seconds": save(step, state, need_save)})
       if due:
         window.write(step, _evaluate(due, state["params"]))
       if window.stop:

@@ -99,22 +99,26 @@ def test_keeps_the_last_n(tmp_path):
 
 def test_a_save_off_the_schedule_is_kept_only_while_it_is_the_latest(
     tmp_path):
-  """A preemption's save (step 37 of a run saving every 10) is kept for the
+  """A stop's save (step 37, its meta `scheduled: False`) is kept for the
   run to resume from, displaces none of the last `keep` scheduled steps
-  (the ones averaged), and goes at the next save of the resumed run."""
-  scheduled = lambda step: step % 10 == 0
-  manager = checkpoints.make_manager(tmp_path, keep=2, scheduled=scheduled)
+  (the ones averaged), and goes at the next save of the resumed run (a new
+  manager, which reads it from the meta file). A step without the key
+  (25: saved by older code, or a shorter run's last step) is scheduled."""
   state = make_state(0)
-  for step in (10, 20, 30, 37):
+  manager = checkpoints.make_manager(tmp_path, keep=2)
+  for step in (10, 20, 25, 30):
     checkpoints.save(manager, step, state, {'step': step})
+  checkpoints.save(manager, 37, state, {'step': 37, 'scheduled': False})
   manager.close()
-  assert checkpoints.all_steps(tmp_path) == [20, 30, 37]
-  manager = checkpoints.make_manager(tmp_path, keep=2, scheduled=scheduled)
-  checkpoints.save(manager, 40, state, {'step': 40})
+  assert checkpoints.all_steps(tmp_path) == [25, 30, 37]
+  manager = checkpoints.make_manager(tmp_path, keep=2)
+  checkpoints.save(manager, 40, state, {'step': 40, 'scheduled': True})
   assert checkpoints.all_steps(tmp_path) == [30, 40]
-  checkpoints.save(manager, 50, state, {'step': 50})
+  checkpoints.save(manager, 43, state, {'step': 43, 'scheduled': False})
+  checkpoints.save(manager, 50, state, {'step': 50, 'scheduled': True})
   manager.close()
   assert checkpoints.all_steps(tmp_path) == [40, 50]
+  assert checkpoints.read_meta(tmp_path, 50)['scheduled'] is True
 
 
 @pytest.fixture(scope='module')
