@@ -4,8 +4,9 @@
 Transformer's step function and decode cache (`_model_fns`: the encoder
 run once, the encoder-decoder keys and values stored once per sentence in
 the products' layout, the cache's `cache_rows`), jits each search once per
-(config, search settings) and keeps the traced search on disk
-(`mha.search_cache`), and runs it over the batch's sentences split evenly
+(config, search settings), keeps the traced searches of `translate_batch`
+and `refill_batches` on disk (`mha.search_cache`; sampling and scoring are
+only jitted), and runs them over the batch's sentences split evenly
 over the devices (`jax.shard_map`):
 
 * `translate_batch`: greedy or beam search, the best output of each

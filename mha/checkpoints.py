@@ -156,8 +156,8 @@ def make_manager(workdir: str | os.PathLike[str],
 
   Args:
     workdir: the run's folder (created if needed).
-    keep: number of most recent checkpoints kept (>= 1); older ones are
-      deleted after each save.
+    keep: the scheduled checkpoints kept (>= 1), besides the latest; older
+      ones are deleted after each save (`LatestScheduled`).
 
   Returns:
     An `ocp.CheckpointManager` for the `state` and `meta` items; use it with
@@ -826,7 +826,7 @@ def average_checkpoints(
 
   Returns:
     `(params, steps_used)`: NumPy arrays in the saved dtypes (accumulated in
-    float32), and the steps averaged, ascending.
+    float32, float64 for float64 leaves), and the steps averaged, ascending.
 
   Raises:
     CheckpointNotFound: no checkpoint, a requested step is missing, or a step

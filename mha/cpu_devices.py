@@ -20,8 +20,9 @@ results would change with the host's cores.
 
 Left as they are: an accelerator host (`host_memory.accelerator_host`: the
 searches run on the accelerators), and a CPU device count the user chose
-(`XLA_FLAGS=--xla_force_host_platform_device_count=N` or JAX's
-`jax_num_cpu_devices`), unless `use_cpu_cores` is given a count itself.
+(`XLA_FLAGS=--xla_force_host_platform_device_count=N`,
+`JAX_NUM_CPU_DEVICES=N` or `jax.config.update("jax_num_cpu_devices", N)`),
+unless `use_cpu_cores` is given a count itself.
 """
 import math
 import os
@@ -139,7 +140,8 @@ def use_cpu_cores(count: int | None = None,
 
   Must run before JAX runs anything. Returns the count set, or None when
   JAX's setting was left as it was (`default_count`), as it is when JAX has
-  started already and no count was given.
+  started already or `jax.config.update("jax_num_cpu_devices", N)` set a
+  count, and no count was given.
 
   Raises:
     UserError: `count` not an integer >= 1 (`validation.FLAGS`' rule, as
@@ -149,6 +151,8 @@ def use_cpu_cores(count: int | None = None,
   import jax  # pylint: disable=import-outside-toplevel
   if count is not None:
     validation.check_flag("cpu_devices", count)
+  elif jax.config.jax_num_cpu_devices != -1:  # set in Python: the user's
+    return None
   asked = count if count is not None else default_count(environ)
   if asked is None:
     return None

@@ -173,7 +173,7 @@ def check_flags(*, checkpoint_step: int | None = None,
                 batch_size: int | None = None,
                 plot_attention: int = 0, beam_stop: str | None = None,
                 matmul_dtype: str | None = None) -> None:
-  """Checks the numeric flags that need no workdir; None = the default.
+  """Checks the flags that need no workdir; None = the default.
 
   Each by its rule in the one table of rules (`mha.validation`).
 
@@ -452,7 +452,8 @@ def evaluate(workdir: str, *, split: str | None = None,
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
   Checks the flags; loads the workdir, chooses the steps, reads the
-  sentences, checks the output folder (`_plan`) and claims it; reads the
+  sentences (`_plan`), checks the output folder (`_output_folder`) and
+  claims it; reads the
   checkpoint(s), translates, scores (`_decode`); writes (`_write_results`).
 
   Args:

@@ -168,7 +168,8 @@ class MetricsWindow:
 
   Attributes:
     last: the last written summary and evaluation metrics.
-    stop: some process asked to stop (SIGTERM) in an update fetched so far.
+    stop: some process asked to stop (SIGTERM or Ctrl-C) in an update
+      fetched so far.
   """
 
   def __init__(self, config: ml_collections.ConfigDict,
@@ -242,9 +243,10 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 class Profiler:
   """`config.profile_steps = (first, count)`: a `jax.profiler` trace of the
   `count` updates from the one that makes step `first`, on process 0, into
-  `Workdir.profile_path` (`<workdir>/plugins/profile/<time>/`: TensorBoard's
-  Profile tab reads it beside the scalars). Off when empty, when the count
-  is 0, or when the run starts past `first`.
+  `<workdir>/plugins/profile/<time>/` (JAX makes the `<time>` folder under
+  `Workdir.profile_path`; TensorBoard's Profile tab reads it beside the
+  scalars). Off when empty, when the count is 0, or when the run starts
+  past `first`.
   """
 
   def __init__(self, config: ml_collections.ConfigDict,

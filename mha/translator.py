@@ -357,7 +357,8 @@ LineFunction = Callable[[list[str], int], str]
 
 
 def format_nbest(line_number: int, hypotheses: Sequence[Hypothesis]) -> str:
-  """The n-best lines of one source line, without a final newline.
+  """The n-best lines of one source line, each ending with a newline (the
+  last one too).
 
   One line per hypothesis, best first, tab-separated: the source's line
   number (1 = the first), the rank (1 = the best), the length-penalised

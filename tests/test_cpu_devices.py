@@ -111,10 +111,13 @@ def test_set_before_jax_starts():
   cores = min(cpu_devices.host_cores(), cpu_devices.MAX_DEVICES)
   want = [str(cores), str(cores)] if cores > 1 else ["None", "1"]
   assert _devices_in_a_fresh_process("mha.use_cpu_cores()") == want
-  # The user's XLA flag is kept.
+  # The user's XLA flag is kept, and a count set in Python.
   assert _devices_in_a_fresh_process(
       "mha.use_cpu_cores()",
       XLA_FLAGS="--xla_force_host_platform_device_count=3") == ["None", "3"]
+  assert _devices_in_a_fresh_process(
+      "(jax.config.update('jax_num_cpu_devices', 3), mha.use_cpu_cores())[1]"
+  ) == ["None", "3"]
 
 
 def test_the_public_name():
