@@ -114,9 +114,9 @@ def trained_workdir(tmp_path_factory):
   saver_call = train_actions.Saver.__call__
   savers = []
 
-  def recording_save(self, step, state):
+  def recording_save(self, step, state, *scheduled):
     savers.append(self)
-    return saver_call(self, step, state)
+    return saver_call(self, step, state, *scheduled)
 
   def recording_release():
     RELEASED.append(release())
