@@ -143,7 +143,8 @@ def _meta_says_scheduled(directory: epath.Path, step: int) -> bool:
   """A finished checkpoint's meta `SCHEDULED` (True where absent or
   unreadable: a checkpoint is deleted early only when it says so)."""
   try:
-    meta = json.loads((directory / str(step) / META / 'metadata').read_text())
+    meta = json.loads(
+        (directory / str(step) / REQUIRED_FILES[META][0]).read_text())
   except (OSError, ValueError):
     return True
   return bool(meta.get(SCHEDULED, True)) if isinstance(meta, dict) else True

@@ -751,15 +751,25 @@ def _markdown(columns: Sequence[str], rows: list[dict[str, str]]) -> list[str]:
                   for r in rows]
 
 
+def mean_delta(results: dict[tuple[str, int], dict[str, Any]], row: str,
+               field: str = RULE_METRIC) -> float | None:
+  """`row`'s mean `field` over its measured seeds minus the base's; None
+  while either has none."""
+  values, base = (seed_values(results, row, field),
+                  seed_values(results, "base", field))
+  if not values or not base:
+    return None
+  return statistics.mean(values) - statistics.mean(base)
+
+
 def _delta_text(row: str, results, spread: float | None) -> str:
   """The row's mean dev BLEU minus the base's, and whether it exceeds twice
   the seed spread."""
-  values, base = seed_values(results, row), seed_values(results, "base")
   if row == "base":
     return f"s = {spread:.2f}" if spread is not None else ""
-  if not values or not base:
+  delta = mean_delta(results, row)
+  if delta is None:
     return ""
-  delta = statistics.mean(values) - statistics.mean(base)
   text = f"{delta:+.2f}"
   if spread is not None:
     text += (" (> 2s)" if abs(delta) > RULE_FACTOR * spread else " (≤ 2s)")
@@ -784,14 +794,13 @@ def _comparison_cells(row: str, results, spreads: dict[str, float]
   """The row's mean minus the base's on each figure, and in units of that
   figure's seed spread (bold beyond 2s); None for a row without a measured
   run."""
-  values = {c: seed_values(results, row, f) for c, f in FIELDS.items()}
-  if not values["dev BLEU"]:
+  seeds = seed_values(results, row)
+  if not seeds:
     return None
-  cells = {"row": row, "seeds": str(len(values["dev BLEU"]))}
+  cells = {"row": row, "seeds": str(len(seeds))}
   beyond = worse = better = 0
   for column, field in FIELDS.items():
-    delta = (statistics.mean(values[column])
-             - statistics.mean(seed_values(results, "base", field)))
+    delta = mean_delta(results, row, field)
     text = f"{delta:+.2f} ({delta / spreads[column]:+.1f}s)"
     if abs(delta) > RULE_FACTOR * spreads[column]:
       text, beyond = f"**{text}**", beyond + 1
