@@ -413,7 +413,29 @@ def test_train_py_bad_input_is_one_line_and_exit_1(existing, tmp_path):
   tiny = ["--config=configs/quickstart.py:tiny"] + [
       f"--config.{k}={v}" for k, v in TINY_OVERRIDES.items()]
   fresh = str(tmp_path / "fresh")
+  # Config files of the user's that fail to load: where they fail, named.
+  configs = tmp_path / "configs"
+  configs.mkdir()
+  (configs / "syntax.py").write_text("def get_config(:\n")
+  (configs / "no_get.py").write_text("x = 1\n")
+  (configs / "helper.py").write_text("def sizes():\n  return {}['d']\n")
+  (configs / "raises.py").write_text(
+      "import sys\nsys.path.insert(0, %r)\nimport helper\n"
+      "def get_config():\n  return helper.sizes()\n" % str(configs))
   cases = [
+      # First: ml_collections loads every config file as one module name,
+      # so in one process a file without get_config would keep the
+      # previous file's.
+      ([f"--config={configs / 'no_get.py'}", f"--workdir={fresh}"],
+       f"train.py: --config: the config file {configs / 'no_get.py'} "
+       "defines no get_config() function."),
+      ([f"--config={configs / 'syntax.py'}", f"--workdir={fresh}"],
+       f"train.py: --config: {configs / 'syntax.py'}, line 1: invalid "
+       "syntax (the config file "),
+      ([f"--config={configs / 'raises.py'}", "--config.x=1",
+        f"--workdir={fresh}"],
+       f"train.py: --config: {configs / 'helper.py'}, line 2: KeyError: "
+       f"'d' (the config file {configs / 'raises.py'} does not load)."),
       (["--config=configs/nonexistent.py", f"--workdir={fresh}"],
        "train.py: --config: the config file configs/nonexistent.py does not "
        "exist (relative paths start in "),
@@ -428,6 +450,8 @@ def test_train_py_bad_input_is_one_line_and_exit_1(existing, tmp_path):
        "no split"),
       ([*tiny, f"--workdir={locked}"],
        f"train.py: {locked} is in use by process {os.getpid()} on "),
+      ([*tiny, "--workdir="],
+       "train.py: flag --workdir=: empty: give the workdir's path"),
       (["--config=configs/base.py:Z9", f"--workdir={fresh}"],
        "train.py: --config=configs/base.py:Z9: Unknown config argument 'Z9'; "
        "known: tiny, A1,"),

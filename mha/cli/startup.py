@@ -71,6 +71,11 @@ def define_once(define: Callable[..., Any], name: str, default: Any,
   a second definition would be absl's DuplicateFlagError)."""
   if name not in FLAGS:
     define(name, default, help_text)
+    if name == "workdir":  # `--workdir=$WD` with WD unset: not the cwd
+      flags.register_validator(
+          name, lambda value: value is None or bool(value.strip()),
+          message="empty: give the workdir's path (an unset "
+          "shell variable?).")
 
 
 def define_search_flags() -> None:
@@ -201,14 +206,20 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
       last = message.strip().splitlines()[-1].strip()  # "ValueError: ..."
       message = f"{_config_arg(argv)}: " + re.sub(r"^[\w.]+: ", "", last)
     fail(message)
-  except (AttributeError, KeyError) as e:
-    if "--traceback" in argv or not (overrides and _config_arg(argv)):
-      raise
-    fail(_unknown_field_message(e, argv))
   except OSError:
     if "--traceback" in argv or not (overrides and _config_arg(argv)):
       raise
     fail(config_file_error(_config_arg(argv).split("=", 1)[1]))
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    if "--traceback" in argv or not _config_arg(argv):
+      raise
+    spec = _config_arg(argv).split("=", 1)[1]
+    message = config_load_error(e, spec)
+    if message is None:
+      if not (overrides and isinstance(e, (AttributeError, KeyError))):
+        raise
+      message = _unknown_field_message(e, argv)
+    fail(message)
 
 
 def import_config_package(spec: str) -> None:
@@ -257,6 +268,36 @@ def _unknown_field_message(error: Exception, argv: Sequence[str]) -> str:
           " (the config file lists its fields).")
   spec = _config_arg(argv).split("=", 1)[1]
   return f"{flag}: {spec} has no field {key!r}{hint}"
+
+
+def config_load_error(error: BaseException, spec: str) -> str | None:
+  """The line for a config file `spec` (path[:argument]) whose code fails
+  while ml_collections loads it (a syntax error, no `get_config`, an
+  exception in `get_config` or in a file it imports), naming the file and
+  line where it failed; None for an error raised elsewhere (an override
+  of a field the config does not have)."""
+  path = spec.split(":", 1)[0]
+  if isinstance(error, SyntaxError) and error.filename:
+    return (f"--config: {error.filename}, line {error.lineno}: "
+            f"{error.msg} (the config file {path} does not load).")
+  if isinstance(error, AttributeError) and "get_config" in str(error):
+    return (f"--config: the config file {path} defines no get_config() "
+            "function.")
+  # The deepest frame of the user's own code (not of Python or a library).
+  library = (sys.prefix, sys.base_prefix, os.path.dirname(os.__file__))
+  where = None
+  traceback = error.__traceback__
+  while traceback is not None:
+    name = traceback.tb_frame.f_code.co_filename
+    if not name.startswith("<") and not name.startswith(library):
+      where = (name, traceback.tb_lineno)
+    traceback = traceback.tb_next
+  if where is None or os.path.abspath(where[0]).startswith(
+      os.path.dirname(os.path.abspath(__file__ + "/.."))):
+    return None
+  reason = f"{type(error).__name__}: {error}"
+  return (f"--config: {where[0]}, line {where[1]}: {reason} (the config "
+          f"file {path} does not load).")
 
 
 def config_file_error(spec: str) -> str:
