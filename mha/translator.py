@@ -101,11 +101,19 @@ def _check_float(name: str, value: Any, low: float = 0.0) -> float:
 
 
 def _check_sentences(name: str, sentences: Any) -> list[str]:
-  if isinstance(sentences, str) or not all(
-      isinstance(s, str) for s in sentences):
-    raise ConfigError(f"{name} must be a list of strings (one sentence "
-                      "each), not a single string or other objects.")
-  return list(sentences)
+  """`sentences` as a list (any iterable of strings: a generator, a file's
+  lines), or a ConfigError."""
+  problem = ConfigError(f"{name} must be a list of strings (one sentence "
+                        "each), not a single string or other objects.")
+  if isinstance(sentences, (str, bytes)):
+    raise problem
+  try:
+    sentences = list(sentences)  # once: a generator is read only once
+  except TypeError:
+    raise problem from None
+  if not all(isinstance(s, str) for s in sentences):
+    raise problem
+  return sentences
 
 
 class Translator:
@@ -321,7 +329,7 @@ def load(workdir: str, step: int | None = None,
   modifying anything (the evaluator's loading).
 
   Args:
-    workdir: a training workdir (local or gs://).
+    workdir: a training workdir's path (local or gs://; a str or path).
     step: the checkpoint step; None = the latest.
     average_last: use the element-wise mean of the last N checkpoints up to
       `step` (the paper averages the last 5 or 20).
@@ -335,6 +343,9 @@ def load(workdir: str, step: int | None = None,
       checkpoints, or a bad argument; one line naming it.
   """
   from mha import evaluator  # pylint: disable=import-outside-toplevel
+  if not isinstance(workdir, (str, os.PathLike)):
+    raise ConfigError(f"workdir must be a path (a string), got {workdir!r}.")
+  workdir = os.fspath(workdir)
   if step is not None:
     _check_int("step", step, 0)
   if average_last is not None:

@@ -64,6 +64,8 @@ def test_translate_equals_eval_py_path(random_workdir, translator, sources,
   out = translator.translate(sources)
   assert out == result["translations"]
   assert len(set(out)) == 6 and min(len(t) for t in out) > 10
+  # Any iterable of strings: a generator is read once, not lost.
+  assert translator.translate(s for s in sources) == out
 
 
 def test_blank_lines_give_empty_outputs(translator, sources):
@@ -161,6 +163,8 @@ def test_average_last_loads_the_mean(tiny_workdir):
                                               beam_stop="early"),
      "beam_size, alpha, beam_stop and matmul_dtype are beam search settings"),
     (lambda t: t.translate("a sentence"), "list of strings"),
+    (lambda t: t.translate(7), "list of strings"),
+    (lambda t: t.nbest(iter([b"bytes"]), 2), "list of strings"),
     (lambda t: t.sample(["a"], temperature=-1), "temperature must be"),
     (lambda t: t.sample(["a"], top_k=-2), "top_k must be"),
     (lambda t: t.score(["a", "b"], ["c"]), "2 sources but 1 targets"),
@@ -173,7 +177,9 @@ def test_bad_arguments_are_user_errors(translator, call, message):
 
 def test_bad_workdirs_and_steps_are_user_errors(tiny_workdir, tmp_path):
   with pytest.raises(UserError, match="does not exist"):
-    mha.load(str(tmp_path / "nowhere"))
+    mha.load(tmp_path / "nowhere")  # a pathlib.Path as well as a string
+  with pytest.raises(UserError, match="workdir must be a path"):
+    mha.load(None)
   with pytest.raises(UserError, match="3"):
     mha.load(str(tiny_workdir), step=3)
   with pytest.raises(UserError, match="average_last"):

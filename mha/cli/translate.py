@@ -27,11 +27,14 @@ the input arrives.
 --input reads a file (plain or .gz) instead of standard input, in batches
 of --batch_size (default: `translate.batch_size_for`'s); --output
 writes a file instead of standard output, through a temporary file renamed
-at the end, so an interrupted run leaves no partial file and an existing
-one as it was. Bad input (a workdir, step, flag, file)
+at the end, so an interrupted run (an error, Ctrl-C, SIGTERM: status 143)
+leaves no partial file and an existing one as it was. --temperature,
+--top_k and --seed without --sample are refused (they would change
+nothing). Bad input (a workdir, step, flag, file)
 prints one line, `mha-translate: <message>`, and exits with status 1.
 """
 import os
+import signal
 import sys
 import tempfile
 
@@ -67,6 +70,9 @@ def _check_files(input_path: str | None, output_path: str | None) -> None:
     raise ConfigError(f"--input={input_path}: no such file.")
   if output_path is None:
     return
+  if os.path.isdir(output_path):
+    raise ConfigError(f"--output={output_path} is a folder: give the file "
+                      "to write.")
   if input_path and os.path.abspath(input_path) == os.path.abspath(
       output_path):
     raise ConfigError(f"--output={output_path} is the input file.")
@@ -74,6 +80,14 @@ def _check_files(input_path: str | None, output_path: str | None) -> None:
   if not os.path.isdir(folder):
     raise ConfigError(f"--output={output_path}: the folder {folder} does "
                       "not exist.")
+
+
+_SAMPLING = ("temperature", "top_k", "seed")
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+  del frame
+  raise SystemExit(128 + signum)
 
 
 def _translate(write) -> int:
@@ -114,6 +128,10 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   _check_files(FLAGS.input, FLAGS.output)
+  given = [f"--{name}" for name in _SAMPLING if FLAGS[name].present]
+  if given and not FLAGS.sample:
+    raise ConfigError(f"{', '.join(given)}: sampling settings, used only "
+                      "with --sample (give it, or leave them out).")
   startup.use_search_devices()
   if FLAGS.output is None:
     out = sys.stdout.buffer
@@ -125,6 +143,8 @@ def main(argv: list[str]) -> int:
     count = _translate(write)
   else:
     folder = os.path.dirname(os.path.abspath(FLAGS.output))
+    # A SIGTERM as an exception: the temporary file is removed below.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with tempfile.NamedTemporaryFile(
         "wb", dir=folder, prefix=".mha-translate-", delete=False) as f:
       try:
