@@ -64,6 +64,7 @@ from mha import workdir as workdir_lib
 from mha.errors import CheckpointError
 from mha.errors import CheckpointNotFound
 from mha.errors import CheckpointSaveError
+from mha.errors import ConfigError
 from mha.errors import DamagedCheckpointError
 from mha.errors import os_errno
 from mha.errors import os_reason
@@ -441,7 +442,31 @@ def restore(manager: ocp.CheckpointManager, step: int | None,
             STATE: ocp.args.StandardRestore(target_state),
             META: ocp.args.JsonRestore(),
         }))
+  _check_shapes(directory, step, restored[STATE], target_state)
   return restored[STATE], restored[META]
+
+
+def _check_shapes(directory, step: int, restored: PyTree,
+                  target: PyTree) -> None:
+  """Raises a ConfigError naming the first array of checkpoint `step`
+  whose path or shape is not the target's (a config that is not the one
+  the checkpoint was trained with)."""
+  def shapes(tree):
+    return {jax.tree_util.keystr(path): tuple(np.shape(leaf)) for path, leaf
+            in jax.tree_util.tree_leaves_with_path(tree)}
+  saved, wanted = shapes(restored), shapes(target)
+  for name in sorted(saved.keys() | wanted.keys(),
+                     key=lambda n: (not n.startswith("['params']"), n)):
+    if saved.get(name) != wanted.get(name):
+      raise ConfigError(
+          f"Checkpoint {step} in {directory} does not fit the config's "
+          f"model: {name} is {_shape_words(saved.get(name))} in the "
+          f"checkpoint, {_shape_words(wanted.get(name))} for the config. "
+          "Give the config the checkpoint was trained with.")
+
+
+def _shape_words(shape: tuple[int, ...] | None) -> str:
+  return "absent" if shape is None else f"of shape {shape}"
 
 
 def all_steps(workdir: str | os.PathLike[str]) -> list[int]:

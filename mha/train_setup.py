@@ -213,7 +213,10 @@ def set_up(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   warm, inputs.warm = (inputs.warm if latest is None else None), None
   tokenizer = _vocabulary(config, folder, inputs.tokenizer, warm)
   check_same_vocabulary(tokenizer)
-  if jax.process_index() == 0:
+  # A finished run given another config trains nothing: its config.json
+  # stays the one its checkpoints were trained with.
+  if jax.process_index() == 0 and (latest is None or
+                                   latest < config.num_train_steps):
     folder.write_config(config)
   model = create_model(inputs.model_config)
   eval_model = create_model(inputs.model_config, deterministic=True)

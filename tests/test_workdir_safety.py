@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -473,3 +474,27 @@ def test_train_py_bad_input_is_one_line_and_exit_1(existing, tmp_path):
     assert "Traceback" not in stderr, (argv, stderr)
   assert {p: snapshot(p) for p in before} == before
   assert not os.path.exists(fresh)
+
+
+def test_a_finished_run_and_a_checkpoint_of_other_shapes_keep_the_config(
+    tiny_workdir, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  config_path = workdir / "config.json"
+  trained = config_path.read_bytes()
+  saved = json.loads(trained)
+  # Finished (step 6 of 6): other settings train nothing, so config.json
+  # stays the one the checkpoints were trained with.
+  result = trainer.train_and_evaluate(ml_collections.ConfigDict(
+      dict(saved, dropout_rate=0.5, beam_size=1)), str(workdir))
+  assert result["step"] == 6 and config_path.read_bytes() == trained
+  # A config.json without d_model (edited, or older than the field) and
+  # another d_model: the checkpoint's arrays name the misfit, and the
+  # refused resume leaves the workdir as it was.
+  del saved["d_model"]
+  config_path.write_text(json.dumps(saved))
+  message = (r"Checkpoint 6 in .* does not fit the config's model: "
+             r"\['params'\]\[.*\] is of shape \(.*32.*\) in the checkpoint, "
+             r"of shape \(.*64.*\) for the config")
+  _refused(errors.ConfigError, message, ml_collections.ConfigDict(
+      dict(saved, d_model=64, num_train_steps=8)), workdir)
