@@ -442,31 +442,38 @@ def restore(manager: ocp.CheckpointManager, step: int | None,
             STATE: ocp.args.StandardRestore(target_state),
             META: ocp.args.JsonRestore(),
         }))
-  _check_shapes(directory, step, restored[STATE], target_state)
+  mismatch = first_mismatch(restored[STATE], target_state)
+  if mismatch:
+    raise ConfigError(
+        f"Checkpoint {step} in {directory} does not fit the config's model: "
+        f"{mismatch}. Give the config the checkpoint was trained with.")
   return restored[STATE], restored[META]
 
 
-def _check_shapes(directory, step: int, restored: PyTree,
-                  target: PyTree) -> None:
-  """Raises a ConfigError naming the first array of checkpoint `step`
-  whose path or shape is not the target's (a config that is not the one
-  the checkpoint was trained with)."""
-  def shapes(tree):
-    return {jax.tree_util.keystr(path): tuple(np.shape(leaf)) for path, leaf
-            in jax.tree_util.tree_leaves_with_path(tree)}
-  saved, wanted = shapes(restored), shapes(target)
-  for name in sorted(saved.keys() | wanted.keys(),
-                     key=lambda n: (not n.startswith("['params']"), n)):
-    if saved.get(name) != wanted.get(name):
-      raise ConfigError(
-          f"Checkpoint {step} in {directory} does not fit the config's "
-          f"model: {name} is {_shape_words(saved.get(name))} in the "
-          f"checkpoint, {_shape_words(wanted.get(name))} for the config. "
-          "Give the config the checkpoint was trained with.")
+def param_path_name(path) -> str:
+  """'params/encoder/.../kernel': a pytree path's keys joined by '/'."""
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def _shape_words(shape: tuple[int, ...] | None) -> str:
-  return "absent" if shape is None else f"of shape {shape}"
+def first_mismatch(loaded: PyTree, target: PyTree) -> str | None:
+  """A sentence naming the first array of `loaded` (a checkpoint's) whose
+  path or shape is not `target`'s (the model's), parameters first; None
+  if they fit."""
+  have = {param_path_name(p): np.shape(x) for p, x in
+          jax.tree_util.tree_flatten_with_path(loaded)[0]}
+  want = {param_path_name(p): np.shape(x) for p, x in
+          jax.tree_util.tree_flatten_with_path(target)[0]}
+  for name in sorted(want, key=lambda n: not n.startswith("params/")):
+    if name not in have:
+      return (f"the model's parameter {name} {want[name]} is not in the "
+              "checkpoint")
+    if have[name] != want[name]:
+      return (f"parameter {name} has shape {have[name]} in the checkpoint "
+              f"but {want[name]} in the model")
+  extra = sorted(set(have) - set(want))
+  if extra:
+    return f"the checkpoint's parameter {extra[0]} is not in the model"
+  return None
 
 
 def all_steps(workdir: str | os.PathLike[str]) -> list[int]:

@@ -131,6 +131,31 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
       "keep_checkpoints, or after training.")
 
 
+def check_fit(config: Any, params: Any, workdir: str, step: int) -> None:
+  """Refuses parameters that are not of the model `config` describes (a
+  config.json edited, or without a shape field, would otherwise give other
+  translations or a stack of Flax's): the model's parameter shapes,
+  traced without computing, against the checkpoint's.
+
+  Raises:
+    EvalError: naming config.json, the step and the first misfit array.
+  """
+  # pylint: disable=import-outside-toplevel  (JAX: after the command starts)
+  import jax
+  import numpy as np
+  from mha.transformer import Transformer
+  # pylint: enable=import-outside-toplevel
+  dummy = np.ones((1, 1), np.int32)
+  target = jax.eval_shape(
+      Transformer(TransformerConfig.from_config(config, deterministic=True)
+                  ).init, jax.random.PRNGKey(0), dummy, dummy)["params"]
+  mismatch = checkpoints.first_mismatch(params, target)
+  if mismatch:
+    raise EvalError(
+        f"{workdir_lib.Workdir(workdir).config_path} does not describe "
+        f"checkpoint {step}: {mismatch}. Was config.json edited?")
+
+
 def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
   """(config, tokenizer) stored in a workdir, read without modifying it.
 
@@ -154,6 +179,7 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
     raise EvalError(f"--workdir={workdir} is a file, not a workdir folder.")
   workdir_lib.check_path_characters(workdir)
   layout = workdir_lib.Workdir(workdir)
+  layout.check_not_export()
   try:
     config = layout.load_config()
   except UserError:
@@ -383,6 +409,7 @@ def _decode(workdir: str, plan: _Plan, folder, claim: _Claims, *,
   try:
     params, step, averaged = load_params(workdir, checkpoint_step,
                                          average_last)
+    check_fit(plan.config, params, workdir, step)
     output = folder(averaged)  # the steps may have changed meanwhile
     claim(output)
     model_config = TransformerConfig.from_config(plan.config,

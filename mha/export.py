@@ -59,6 +59,7 @@ import numpy as np
 from mha import evaluator
 from mha import files
 from mha import validation
+from mha import workdir as workdir_lib
 from mha.data import tokenizer as tokenizer_lib
 from mha.errors import ExportError
 from mha.positional import sinusoidal_encoding
@@ -70,7 +71,7 @@ from mha.transformer import TransformerConfig
 # flags that choose them.
 FORMATS = validation.EXPORT_FORMATS
 QUANTIZATIONS = validation.QUANTIZATIONS
-MANIFEST_FILE = "mha_export.json"  # marks a folder written by this module
+MANIFEST_FILE = workdir_lib.EXPORT_MANIFEST  # marks a folder written here
 VOCABULARY_FILE = "spm.model"
 # flax.linen.LayerNorm's default epsilon, which every norm of the model uses.
 LAYER_NORM_EPSILON = 1e-6
@@ -377,6 +378,7 @@ def export(workdir: str, output_dir: str, *,
   check_exportable(model_config)
   params, checkpoint_step, steps = evaluator.load_params(
       workdir, step, average_last)
+  evaluator.check_fit(config, params, workdir, checkpoint_step)
   pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
   spec = build_spec(model_config, params, pieces)
   spec.validate()

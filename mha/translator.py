@@ -352,6 +352,7 @@ def load(workdir: str, step: int | None = None,
     _check_int("average_last", average_last, 1)
   config, tokenizer = evaluator.load_workdir(workdir)
   params, last, steps = evaluator.load_params(workdir, step, average_last)
+  evaluator.check_fit(config, params, workdir, last)
   return Translator(config, tokenizer, params, last, steps)
 
 

@@ -33,28 +33,6 @@ def parse(spec: str) -> tuple[str, int | None]:
   return spec, None
 
 
-def _path_name(path) -> str:
-  return "/".join(str(getattr(k, "key", k)) for k in path)
-
-
-def _first_mismatch(loaded: PyTree, target: PyTree) -> str | None:
-  """A sentence naming the first parameter that differs, or None."""
-  have = {_path_name(p): np.shape(x) for p, x in
-          jax.tree_util.tree_flatten_with_path(loaded)[0]}
-  want = {_path_name(p): np.shape(x) for p, x in
-          jax.tree_util.tree_flatten_with_path(target)[0]}
-  for name, shape in want.items():
-    if name not in have:
-      return f"the model's parameter {name} {shape} is not in the checkpoint"
-    if have[name] != shape:
-      return (f"parameter {name} has shape {have[name]} in the checkpoint "
-              f"but {shape} in the model")
-  extra = sorted(set(have) - set(want))
-  if extra:
-    return f"the checkpoint's parameter {extra[0]} is not in the model"
-  return None
-
-
 def vocabulary(spec: str, workdir: str) -> bytes:
   """The SentencePiece model of `spec`'s workdir, which the new run shares.
 
@@ -104,14 +82,15 @@ def load(spec: str, target_params: PyTree) -> tuple[PyTree, int]:
     params, step = checkpoints.restore_params(workdir, step)
   except (FileNotFoundError, CheckpointError) as e:
     raise ConfigError(f"config.init_from={spec!r}: {e}") from None
-  mismatch = _first_mismatch(params, target_params)
+  mismatch = checkpoints.first_mismatch(params, target_params)
   if mismatch:
     raise ConfigError(
         f"config.init_from={spec!r}: {mismatch}; warm start needs the same "
         "model shape (d_model, d_ff, heads, d_k, d_v, layers, vocabulary).")
-  flat = {_path_name(p): x for p, x in
+  flat = {checkpoints.param_path_name(p): x for p, x in
           jax.tree_util.tree_flatten_with_path(params)[0]}
   result = jax.tree_util.tree_map_with_path(
-      lambda p, t: np.asarray(flat[_path_name(p)], dtype=t.dtype),
+      lambda p, t: np.asarray(flat[checkpoints.param_path_name(p)],
+                              dtype=t.dtype),
       target_params)
   return result, step

@@ -65,6 +65,8 @@ TOKENIZED_DIR = tokenized.TOKENIZED_DIR
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
+# Marks a folder mha-export wrote (a CTranslate2 model): not a workdir.
+EXPORT_MANIFEST = "mha_export.json"
 
 
 # Characters a workdir's path may not hold: Orbax 0.12.8 finds a
@@ -373,6 +375,18 @@ class Workdir:
                          "workdir has no vocabulary.")
     return tokenizer.load_tokenizer(config, self.vocabulary_path)
 
+  def check_not_export(self) -> None:
+    """Refuses a folder mha-export wrote (it has a config.json and an
+    spm.model too, of CTranslate2's and the model's).
+
+    Raises:
+      WorkdirError: naming the folder.
+    """
+    if files.exists(os.path.join(self.path, EXPORT_MANIFEST)):
+      raise WorkdirError(
+          f"{self.path} is a CTranslate2 export (it holds {EXPORT_MANIFEST}),"
+          " not a training workdir: give the workdir it was exported from.")
+
   def check_usable(self) -> dict | None:
     """Refuses, without writing, a workdir that training cannot use: a path
     with a glob character (`check_path_characters`), a path that is not a
@@ -389,6 +403,7 @@ class Workdir:
       WorkdirError: naming the path at fault.
     """
     check_path_characters(self.path)
+    self.check_not_export()
     if files.is_gcs(self.path):
       try:
         files.check_bucket(self.path)

@@ -498,3 +498,44 @@ def test_damaged_tokenized_cache_is_made_again(copy, caplog):
     np.testing.assert_array_equal(getattr(again, field),
                                   getattr(expected, field))
   assert cache.read_bytes() == good
+
+
+def test_a_config_json_that_does_not_describe_the_checkpoint_is_refused(
+    copy, eval_py, capsys, tmp_path):
+  import mha  # pylint: disable=import-outside-toplevel
+  from mha import trainer  # pylint: disable=import-outside-toplevel
+  from mha.errors import EvalError, WorkdirError  # pylint: disable=import-outside-toplevel
+  from conftest import tiny_config  # pylint: disable=import-outside-toplevel
+  config_path = copy / "config.json"
+  trained = json.loads(config_path.read_text())
+  # One layer a side where the checkpoint has two: the model would ignore
+  # the second layer's parameters and translate otherwise.
+  config_path.write_text(json.dumps(dict(trained, num_layers=1)))
+  with pytest.raises(EvalError, match=(
+      r"config.json does not describe checkpoint 6: the checkpoint's "
+      r"parameter decoder_layers_1/\S+ is not in the model")):
+    mha.load(str(copy))
+  # Without d_model (the base's 512 then): the shapes differ.
+  config_path.write_text(json.dumps(
+      {k: v for k, v in trained.items() if k != "d_model"}))
+  before = file_hashes(copy)
+  assert eval_py(f"--workdir={copy}", f"--split={SPLIT}") == 1
+  assert re.fullmatch(
+      r"eval.py: \S+config.json does not describe checkpoint 6: parameter "
+      r"\S+ has shape \(.*32.*\) in the checkpoint but \(.*512.*\) "
+      r"in the model. Was config.json edited\?\n",
+      capsys.readouterr().err)
+  assert file_hashes(copy) == before
+  # A CTranslate2 export (config.json and spm.model too) is no workdir,
+  # to evaluate or to train into.
+  export = tmp_path / "ct2"
+  export.mkdir()
+  for name in ("config.json", "spm.model"):
+    shutil.copy(copy / name, export / name)
+  (export / "mha_export.json").write_text("{}")
+  before = file_hashes(export)
+  with pytest.raises(WorkdirError, match="is a CTranslate2 export"):
+    mha.load(str(export))
+  with pytest.raises(WorkdirError, match="is a CTranslate2 export"):
+    trainer.train_and_evaluate(tiny_config(), str(export))
+  assert file_hashes(export) == before

@@ -494,7 +494,20 @@ def test_a_finished_run_and_a_checkpoint_of_other_shapes_keep_the_config(
   del saved["d_model"]
   config_path.write_text(json.dumps(saved))
   message = (r"Checkpoint 6 in .* does not fit the config's model: "
-             r"\['params'\]\[.*\] is of shape \(.*32.*\) in the checkpoint, "
-             r"of shape \(.*64.*\) for the config")
+             r"parameter params/\S+ has shape \(.*32.*\) in the checkpoint "
+             r"but \(.*64.*\) in the model")
   _refused(errors.ConfigError, message, ml_collections.ConfigDict(
       dict(saved, d_model=64, num_train_steps=8)), workdir)
+
+
+def test_limits_up_to_max_len_pass_and_the_longer_side_sets_the_minimum():
+  # A limit equal to max_len (64) is the longest the model encodes: allowed.
+  config_check.validate(tiny_config(max_source_length=64,
+                                    max_target_length=64, max_tokens=256), 4)
+  # Targets longer than the sources: the minimum is one row of the padded
+  # target limit per device, 24 x 4.
+  with pytest.raises(errors.ConfigError, match="max_tokens must be >= 96"):
+    config_check.validate(tiny_config(max_source_length=8,
+                                      max_target_length=24, max_tokens=95), 4)
+  config_check.validate(tiny_config(max_source_length=8,
+                                    max_target_length=24, max_tokens=96), 4)
