@@ -20,8 +20,9 @@ min_decoding_length=0; beam outputs may differ.
 The output folder holds CTranslate2's `model.bin` and `config.json`, the
 vocabulary (`shared_vocabulary.json`: the SentencePiece pieces in id order,
 so CTranslate2's ids are the project's), the workdir's `spm.model`, and
-`mha_export.json` (which checkpoint it is, and the workdir's search
-settings). The parameters are one checkpoint (the latest, or `step`) or the
+`mha_export.json` (which checkpoint it is, the workdir's search
+settings, the files written: a re-export into the folder refuses to delete
+others). The parameters are one checkpoint (the latest, or `step`) or the
 element-wise mean of the last N (`average_last`), read by the evaluator's
 own `load_params`.
 
@@ -259,12 +260,31 @@ def _check_output_dir(output_dir: str) -> None:
     return
   if not os.path.isdir(output_dir):
     raise ExportError(f"--output_dir={output_dir} is a file, not a folder.")
-  if os.listdir(output_dir) and not os.path.isfile(
-      os.path.join(output_dir, MANIFEST_FILE)):
+  present = os.listdir(output_dir)
+  manifest = os.path.join(output_dir, MANIFEST_FILE)
+  if present and not os.path.isfile(manifest):
     raise ExportError(
         f"--output_dir={output_dir} is a non-empty folder that is not an "
         f"export of this project (no {MANIFEST_FILE}): choose an empty or "
         "new folder.")
+  # An earlier export is replaced whole: files put there since would go.
+  try:
+    with open(manifest, encoding="utf-8") as f:
+      written = set(json.load(f).get("files", _EXPORT_FILES))
+  except (OSError, ValueError, AttributeError):
+    written = set(_EXPORT_FILES)
+  others = sorted(set(present) - written)
+  if others:
+    raise ExportError(
+        f"--output_dir={output_dir} is an earlier export that also holds "
+        f"files it did not write ({', '.join(others)}), which replacing it "
+        "would delete: move them, or choose another folder.")
+
+
+# What an export wrote before its manifest listed its files.
+_EXPORT_FILES = ("config.json", "model.bin", "shared_vocabulary.json",
+                 "source_vocabulary.json", "target_vocabulary.json",
+                 VOCABULARY_FILE, MANIFEST_FILE)
 
 
 def _move_into_place(staging: str, output_dir: str) -> None:
@@ -313,6 +333,8 @@ def _write_folder(spec, vocabulary: bytes, manifest: dict[str, Any],
     spec.save(staging)
     with open(os.path.join(staging, VOCABULARY_FILE), "wb") as f:
       f.write(vocabulary)
+    manifest = dict(manifest, files=sorted(os.listdir(staging) +
+                                           [MANIFEST_FILE]))
     with open(os.path.join(staging, MANIFEST_FILE), "w",
               encoding="utf-8") as f:
       json.dump(manifest, f, indent=2)

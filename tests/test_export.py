@@ -401,6 +401,16 @@ def test_output_folder_rules(tiny_workdir, tmp_path):
       "spm.model"]
   assert (tmp_path / "out" / "spm.model").read_bytes() == (
       tiny_workdir / "spm.model").read_bytes()
+  assert manifest["files"] == sorted(os.listdir(tmp_path / "out"))
+  # A file put into an export since: replacing the export would delete it.
+  (tmp_path / "out" / "NOTES.txt").write_text("keep")
+  with pytest.raises(export.ExportError, match=(
+      r"is an earlier export that also holds files it did not write "
+      r"\(NOTES.txt\)")):
+    export.export(str(tiny_workdir), str(tmp_path / "out"), step=2)
+  kept = json.loads((tmp_path / "out" / export.MANIFEST_FILE).read_text())
+  assert kept["checkpoint_step"] == 6
+  assert (tmp_path / "out" / "NOTES.txt").read_text() == "keep"
 
 
 @pytest.mark.parametrize("kwargs, message", [
