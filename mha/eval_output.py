@@ -40,7 +40,10 @@ METRICS_FILE = "metrics.json"
 # metrics.json fields that say which results a folder holds.
 SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
                    "alpha", "max_decode_extra", "beam_stop", "matmul_dtype",
-                   "source_file", "reference_file")
+                   "source_file", "reference_file", "sources_sha256",
+                   "references_sha256")
+# Fields metrics.json files written before them lack: not compared then.
+RECORDED_SINCE = ("sources_sha256", "references_sha256")
 
 
 def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],
@@ -88,7 +91,8 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
   recorded, given = ({k: d.get(k, OLDER_DEFAULTS.get(k))
                        for k in SETTINGS_FIELDS} for d in (earlier, settings))
   differ = [f"{k} {recorded[k]!r}, not {given[k]!r}"
-            for k in SETTINGS_FIELDS if recorded[k] != given[k]]
+            for k in SETTINGS_FIELDS if recorded[k] != given[k] and not (
+                k in RECORDED_SINCE and k not in earlier)]
   if differ:
     raise EvalError(f"{output_dir} holds the results of another evaluation "
                     f"({'; '.join(differ)}); eval.py never replaces them: "

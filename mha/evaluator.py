@@ -18,6 +18,7 @@ beam search of `mha.decoding`), the scores from `mha.scoring` and
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import os
 from typing import Any, Sequence
 
@@ -336,10 +337,19 @@ def _plan(workdir: str, split: str | None, source_file: str | None,
   split_name, sources, references = _read_inputs(
       config, workdir, split, source_file, reference_file)
   settings = {"split": split_name, **search.as_dict()}
-  if source_file:
-    settings.update(source_file=source_file, reference_file=reference_file)
+  if source_file:  # the files' contents too: a path may hold other lines
+    settings.update(source_file=source_file, reference_file=reference_file,
+                    sources_sha256=_lines_sha256(sources),
+                    references_sha256=_lines_sha256(references))
   return _Plan(config, tokenizer, sources, references, search, settings,
                steps)
+
+
+def _lines_sha256(lines: list[str] | None) -> str | None:
+  """The SHA-256 of `lines` as read (joined by newlines), None for none."""
+  if lines is None:
+    return None
+  return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
 def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
@@ -586,7 +596,8 @@ def _score(plan: _Plan, translations: translate.Translations,
                 compile_seconds=translations.compile_seconds,
                 sentences_per_second=n / max(seconds, 1e-9))
   if "source_file" in settings:
-    result.update(source_file=settings["source_file"],
-                  reference_file=settings["reference_file"])
+    result.update({k: settings[k] for k in (
+        "source_file", "reference_file", "sources_sha256",
+        "references_sha256")})
   result["translations"] = hypotheses
   return result

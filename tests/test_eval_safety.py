@@ -8,6 +8,7 @@ are named with the fix.
 """
 import codecs
 import gzip
+import hashlib
 import json
 import logging
 import math
@@ -234,6 +235,45 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   assert sorted(p.name for p in (copy / "eval").iterdir()) == [
       "test_4_6", "test_4_6_beam8_alpha1.0", "test_4_6_bfloat16",
       "test_4_6_early", "test_4_6_extra3", "test_4_avg2_6_alpha0.0"]
+
+
+def test_a_source_file_of_other_lines_is_another_evaluation(
+    copy, monkeypatch, tmp_path):
+  # Its folder is named by the path: the lines read are recorded too, so
+  # that an edited file is not scored into the earlier results' folder.
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
+  source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
+  source.write_text("a b\nc d\n")
+  reference.write_text("x\ny\n")
+  out = tmp_path / "out"
+
+  def evaluate():
+    return evaluator.evaluate(str(copy), source_file=str(source),
+                              reference_file=str(reference),
+                              output_dir=str(out))
+
+  evaluate()
+  recorded = json.loads((out / "metrics.json").read_text())
+  assert [recorded["sources_sha256"], recorded["references_sha256"]] == [
+      hashlib.sha256(b"a b\nc d").hexdigest(),
+      hashlib.sha256(b"x\ny").hexdigest()]
+  evaluate()  # the same lines: the same evaluation, in its folder
+  kept = file_hashes(out)
+  for path, lines in ((source, "a b\nc e\n"), (reference, "x\nz\n")):
+    original = path.read_text()
+    path.write_text(lines)
+    with pytest.raises(evaluator.EvalError, match=(
+        f"{out} holds the results of another evaluation "
+        r"\((sources|references)_sha256 '[0-9a-f]{64}', not '[0-9a-f]{64}'\)")):
+      evaluate()
+    assert file_hashes(out) == kept
+    path.write_text(original)
+  # Results written before the field was recorded: the same path goes on.
+  del recorded["sources_sha256"], recorded["references_sha256"]
+  (out / "metrics.json").write_text(json.dumps(recorded))
+  source.write_text("a b\nc e\n")
+  assert evaluate()["sources_sha256"] == hashlib.sha256(
+      b"a b\nc e").hexdigest()
 
 
 def test_write_outputs_replaces_entries_and_keeps_other_files(tmp_path):
