@@ -46,6 +46,9 @@ MODEL_SHAPE_FIELDS = (
     "location_filter_sizes", "location_num_filters", "position_encoding",
     "layer_norm", "share_embeddings", "max_len",
 )
+# The language pair: a workdir's model and vocabulary translate one; a run
+# is not resumed with another (a warm start, `init_from`, begins a new one).
+LANGUAGE_FIELDS = ("source_lang", "target_lang")
 # Fields that shape parameters only when attention_type is 'location': for
 # another attention type they may change freely.
 LOCATION_FIELDS = ("location_filter_sizes", "location_num_filters")
@@ -53,7 +56,7 @@ LOCATION_FIELDS = ("location_filter_sizes", "location_num_filters")
 # run goes on (from the checkpoint's count of batches read) but does not
 # replay the batches an uninterrupted run would have seen.
 DATA_ORDER_FIELDS = (
-    "dataset_name", "data_dir", "source_lang", "target_lang", "train_split",
+    "dataset_name", "data_dir", "train_split",
     "max_source_length", "max_target_length", "max_tokens",
     "max_tokens_counts", "pack_examples",
     "grad_accum_steps", "seed",
@@ -155,6 +158,14 @@ def check_saved_config(config: ml_collections.ConfigDict,
           f"{path} was written with {field}={saved[field]!r} but the config "
           f"gives {field}={given.get(field)!r}; a workdir holds one model. "
           f"Use another --workdir or --config.{field}={saved[field]!r}.")
+  for field in LANGUAGE_FIELDS:
+    if field in saved and saved[field] != given.get(field):
+      raise ConfigError(
+          f"{path} was written with {field}={saved[field]!r} but the config "
+          f"gives {field}={given.get(field)!r}; a workdir translates one "
+          "language pair. Use another --workdir (config.init_from=<this "
+          f"workdir> starts from its parameters) or --config.{field}="
+          f"{saved[field]!r}.")
 
 
 def changed_data_fields(config: ml_collections.ConfigDict,

@@ -358,6 +358,22 @@ def test_other_data_settings_without_a_checkpoint_are_no_resume(tmp_path,
   assert json.loads((workdir / "config.json").read_text())["seed"] == 0
 
 
+def test_another_language_pair_is_refused_with_the_warm_start_named(
+    tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(_tiny_config().to_json())
+  before = (workdir / "config.json").read_bytes()
+  for field in ("source_lang", "target_lang"):
+    with pytest.raises(errors.ConfigError, match=(
+        f"written with {field}='(src|tgt)' but the config gives {field}='fr'"
+        "; a workdir translates one language pair. Use another --workdir "
+        r"\(config.init_from=")):
+      trainer.train_and_evaluate(_tiny_config(**{field: "fr"}), str(workdir))
+  assert sorted(os.listdir(workdir)) == ["config.json"]
+  assert (workdir / "config.json").read_bytes() == before
+
+
 @pytest.mark.parametrize("changes, message", [
     (dict(eval_every_steps=0), "config.eval_every_steps must be >= 1, got 0"),
     (dict(checkpoint_every_steps=-1), "config.checkpoint_every_steps must"),
