@@ -602,6 +602,9 @@ def _problem(step_dir: epath.Path, items: Sequence[str],
       json.loads((step_dir / REQUIRED_FILES[META][0]).read_text())
     except (OSError, ValueError) as e:
       return f'meta/metadata cannot be read as JSON ({e})'
+  bad_json = _bad_json_file(step_dir)
+  if bad_json is not None:
+    return f'{bad_json} is not valid JSON'
   if STATE in items:
     return _unreadable_value(step_dir, 'params.' if params_only else '')
   return None
@@ -693,6 +696,27 @@ def _read_errors(directory: epath.Path, steps: Sequence[int],
       raise
     raise _damaged(directory, steps[0], _describe(str(e), _step_path(
         directory, steps[0])), items, purpose, params_only) from None
+
+
+# Orbax's JSON files in a step folder (its metadata, the arrays' shardings).
+_JSON_FILES = ('_CHECKPOINT_METADATA', '_METADATA', '_sharding', 'metadata')
+
+
+def _bad_json_file(step_dir: epath.Path) -> str | None:
+  """The first of a local step's JSON files that is not valid JSON, as a
+  path within the step; None if all are (or the step is not local)."""
+  root = os.fspath(step_dir)
+  if '://' in root:
+    return None
+  for folder, _, names in sorted(os.walk(root)):
+    for name in sorted(set(names) & set(_JSON_FILES)):
+      path = os.path.join(folder, name)
+      try:
+        with open(path, 'rb') as f:
+          json.loads(f.read())
+      except (OSError, ValueError):
+        return os.path.relpath(path, root)
+  return None
 
 
 @contextlib.contextmanager

@@ -319,7 +319,7 @@ def _truncate_data(step_dir: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["meta/metadata", "state/_METADATA",
-                                    "truncated"])
+                                    "truncated", "state/_METADATA garbage"])
 def test_damaged_checkpoint_names_path_and_intact_step(tmp_path, damage,
                                                        capfd):
   _save(tmp_path, [1, 2, 3])
@@ -328,6 +328,10 @@ def test_damaged_checkpoint_names_path_and_intact_step(tmp_path, damage,
   if damage == "truncated":
     _truncate_data(step_dir)
     problem = r"state/d/[0-9a-f]+ is truncated"
+  elif damage.endswith(" garbage"):  # Orbax's own JSON, overwritten
+    damage = damage.split()[0]
+    (step_dir / damage).write_text("garbage")
+    problem = f"{damage} is not valid JSON"
   else:
     (step_dir / damage).unlink()
     problem = f"{damage} is missing"
@@ -554,6 +558,12 @@ def test_a_config_json_that_does_not_describe_the_checkpoint_is_refused(
   with pytest.raises(EvalError, match=(
       r"config.json does not describe checkpoint 6: the checkpoint's "
       r"parameter decoder_layers_1/\S+ is not in the model")):
+    mha.load(str(copy))
+  # A field its rule refuses: named with the file.
+  config_path.write_text(json.dumps(dict(trained, num_heads="four")))
+  with pytest.raises(EvalError, match=re.escape(
+      f"{config_path}: config.num_heads must be an integer >= 1, got "
+      "'four'.")):
     mha.load(str(copy))
   # Without d_model (the base's 512 then): the shapes differ.
   config_path.write_text(json.dumps(
