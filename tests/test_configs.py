@@ -146,3 +146,19 @@ def test_every_rule_names_a_field_of_the_base_config():
   # A value the base config holds passes its own rule.
   assert not [f for f, rule in validation.FIELDS.items()
               if rule(config[f]) is not None]
+
+
+def test_the_lowest_allowed_values_pass_and_the_next_below_is_refused():
+  from mha import validation  # pylint: disable=g-import-not-at-top
+  fields = validation.FIELDS
+  # The optional sizes: one head dimension or one layer at least.
+  for field in ("d_k", "d_v", "num_encoder_layers", "num_decoder_layers"):
+    assert fields[field](1) is None and fields[field](0) is not None, field
+  # Length penalty alpha 0 is ((5 + |Y|) / 6)^0 = 1: no penalty, allowed.
+  assert fields["alpha"](0.0) is None and fields["alpha"](-0.1) is not None
+  # 0 steps: a run that only sets up its workdir.
+  assert fields["num_train_steps"](0) is None
+  assert fields["num_train_steps"](-1) is not None
+  # profile_steps (first, count): steps count from 1, the count from 0.
+  assert fields["profile_steps"]((1, 0)) is None
+  assert fields["profile_steps"]((0, 5)) is not None

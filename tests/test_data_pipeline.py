@@ -104,6 +104,21 @@ def test_bucket_shapes_follow_the_grid():
     batching.padded_cap(50, 40)
   with pytest.raises(data.DataError, match="config.max_tokens=100"):
     batching.rows_for(100, 32, 4)
+  # A length on the grid goes to its own bucket, not the next one up.
+  lengths = np.array([8, 16, 24])
+  plan = batching.BucketPlan(np.arange(3), lengths, lengths, max_tokens=96,
+                             inputs_cap=24, targets_cap=24, num_devices=1,
+                             seed=0)
+  assert [(s.rows, s.inputs_length, s.targets_length)
+          for s in plan.shapes] == [(12, 8, 8), (6, 16, 16), (4, 24, 24)]
+  # The shorter side is padded to its own cap, not to the bucket's length:
+  # a 30-token target puts the pair in bucket 32, its 20-token source is
+  # padded to 24 (96 // 32 = 3 rows).
+  plan = batching.BucketPlan(np.arange(1), np.array([20]), np.array([30]),
+                             max_tokens=96, inputs_cap=24, targets_cap=32,
+                             num_devices=1, seed=0)
+  assert [(s.rows, s.inputs_length, s.targets_length)
+          for s in plan.shapes] == [(3, 24, 32)]
 
 
 def test_epochs_reshuffle_and_repeat(tok):
@@ -113,6 +128,12 @@ def test_epochs_reshuffle_and_repeat(tok):
   second = plan.epoch(1)
   assert len(first) == len(second) == plan.batches_per_epoch
   assert not all(np.array_equal(a[1], b[1]) for a, b in zip(first, second))
+  # The order of the batches is shuffled too, not only the rows within a
+  # bucket: the buckets' batches come interleaved, in another order each
+  # epoch.
+  orders = [[shape for shape, _ in epoch] for epoch in (first, second)]
+  assert orders[0] != orders[1]
+  assert orders[0] != sorted(orders[0], key=plan.shapes.index)
   other_seed = pipeline.make_train_plan(
       _config(seed=1), tokenize_split(config, tok, "train"), NUM_DEVICES)
   assert not np.array_equal(other_seed.epoch(0)[0][1], first[0][1])
@@ -191,6 +212,14 @@ def test_packing_matches_the_unpacked_examples(tok):
     for source, target in _rows(batch, packed=True):
       assert lookup[source] == target  # the pairs stay aligned
   assert np.mean([n for n in segments_per_row if n]) > 1.5
+
+
+def test_examples_that_fill_a_row_exactly_share_it():
+  # Rows of 8 + 8 tokens: example 1 (4 + 3) fills what example 0 (4 + 5)
+  # left of its row to the last token on both sides; example 2 needs a row
+  # of its own.
+  assert batching.pack(np.array([4, 4, 8]), np.array([5, 3, 8]),
+                       np.arange(3), 8, 8) == [[0, 1], [2]]
 
 
 def test_default_process_arguments_come_from_jax(tok):

@@ -155,6 +155,23 @@ def test_cache_keyed_by_folder_and_contents(tmp_path):
   _write(a, "train.en", ["changed", "too"])
   assert data.load_text_pairs(_config(data_dir=str(a)), "train")[0] == [
       "changed", "too"]
+  # An edit that keeps the size is seen by its modification time.
+  for name in ("train.de", "train.en"):
+    mtime = (b / name).stat().st_mtime_ns + 1_000_000_000
+    os.utime(_write(b, name, ["r", "s"]), ns=(mtime, mtime))
+  assert data.load_text_pairs(_config(data_dir=str(b)), "train")[0] == [
+      "r", "s"]
+
+
+def test_tfds_dir_is_mha_tfds_dir_then_tfds_data_dir(monkeypatch, tmp_path):
+  monkeypatch.setenv("MHA_TFDS_DIR", "/mha")
+  monkeypatch.setenv("TFDS_DATA_DIR", "/tfds")
+  assert parallel_text.tfds_dir() == "/mha"
+  monkeypatch.delenv("MHA_TFDS_DIR")
+  assert parallel_text.tfds_dir() == "/tfds"
+  monkeypatch.delenv("TFDS_DATA_DIR")
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert parallel_text.tfds_dir() == str(tmp_path / "tensorflow_datasets")
 
 
 @pytest.mark.parametrize("files, split, message", [

@@ -24,6 +24,14 @@ def test_deterministic_for_a_seed_and_seeds_differ():
   assert other["train"][0][:100] != first["train"][0][:100]
   assert (set(" ".join(other["train"][0]).split())
           != set(" ".join(first["train"][0]).split()))
+  # The same sentences in every version (recorded): the first ones
+  # generated go to test, then validation, the rest to train.
+  sources, targets = first["test"]
+  assert (sources[0], targets[0]) == ("guno duma ri moge nigo ri ponoru pabo",
+                                      "fe vohe zafaze cujy wi zafi wova vuzy")
+  assert first["validation"][0][0] == "tokade ba bopuda meku"
+  assert first["train"][0][0] == (
+      "diruga dogeki ripipe ge pudo dogeki ba pe lure redere")
 
 
 def test_split_sizes_lengths_and_vocabulary():
@@ -32,7 +40,8 @@ def test_split_sizes_lengths_and_vocabulary():
       "test": 500, "validation": 500, "train": 30_000}
   sources = [s for split in splits.values() for s in split[0]]
   targets = [t for split in splits.values() for t in split[1]]
-  assert all(3 <= len(s.split()) <= 12 for s in sources)
+  # 3 to 12 words, both bounds reached.
+  assert {len(s.split()) for s in sources} == set(range(3, 13))
   source_vocab = set(" ".join(sources).split())
   target_vocab = set(" ".join(targets).split())
   assert 100 <= len(source_vocab) <= 200
@@ -65,6 +74,51 @@ def test_target_is_a_reordering_not_a_word_for_word_copy():
   # Every sentence ends with its verb in the source; in the target the verb
   # follows the subject, so nearly all sentences are reordered.
   assert reordered > 1900
+
+
+def _translate_by_hand(lang, source):
+  """The module docstring's grammar, applied to a parse of `source`:
+  source `S [NP post] [O] [adv] V` -> target `S V [O] [prep NP] [adv]`,
+  a noun phrase `noun adj* det` -> `det adj* noun` (reversed), the
+  determiner's form that of the noun's gender."""
+  category = {w: c for c, words in lang.words.items() for w in words}
+  lex = lang.lexicon
+  *rest, verb = source.split()
+  adverb = [rest.pop()] if rest and category[rest[-1]] == "adv" else []
+  phrases, i = [], 0  # (noun phrase, postposition or None)
+  while i < len(rest):
+    end = i
+    while category[rest[end]] not in ("name", "det"):
+      end += 1
+    phrase, i = rest[i:end + 1], end + 1
+    post = None
+    if i < len(rest) and category[rest[i]] == "post":
+      post, i = rest[i], i + 1
+    phrases.append((phrase, post))
+
+  def noun_phrase(phrase):
+    if len(phrase) == 1:
+      return [lex[phrase[0]][0]]
+    noun, *adjectives, det = phrase
+    return ([lex[det][lang.gender[noun]]]
+            + [lex[a][0] for a in reversed(adjectives)] + [lex[noun][0]])
+
+  (subject, _), *others = phrases
+  target = noun_phrase(subject) + [lex[verb][0]]
+  for phrase, post in others:
+    if post is None:  # the object
+      target += noun_phrase(phrase)
+  for phrase, post in others:
+    if post is not None:
+      target += [lex[post][0]] + noun_phrase(phrase)
+  return target + [lex[a][0] for a in adverb]
+
+
+def test_target_follows_the_documented_grammar():
+  lang = synthetic.language(0)
+  sources, targets = synthetic.generate(0)["train"]
+  for source, target in zip(sources[:3000], targets[:3000]):
+    assert target.split() == _translate_by_hand(lang, source), source
 
 
 def test_load_text_pairs_both_directions():

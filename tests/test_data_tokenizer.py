@@ -1,4 +1,5 @@
-"""The shared SentencePiece tokenizer: ids, round trips, the workdir file."""
+"""The shared SentencePiece tokenizer: ids, round trips, the workdir file,
+the tokenized splits and their cache."""
 import os
 
 import pytest
@@ -6,6 +7,7 @@ import pytest
 from configs import base
 from mha import data
 from mha.data import sources as data_sources
+from mha.data import tokenized
 from mha.data import tokenizer
 
 
@@ -79,6 +81,11 @@ def test_synthetic_round_trip(tmp_path):
   sources, targets = data.load_text_pairs(config, "test")
   for text in sources + targets:
     assert tok.decode(tok.encode(text)) == text
+  # Normalization removes extra white space (runs of spaces, at the ends),
+  # as the round trip does.
+  spaced = "  " + "   ".join(sources[0].split()) + " "
+  assert tok.normalize(spaced) == sources[0]
+  assert tok.decode(tok.encode(spaced)) == sources[0]
 
 
 def test_multi30k_round_trip(tmp_path, multi30k):
@@ -104,6 +111,51 @@ def test_corpus_respects_max_corpus_chars():
   assert 900 < sum(map(len, sentences)) <= 1000
   src, tgt = data.load_text_pairs(config, "train")
   assert sentences[:4] == [src[0], tgt[0], src[1], tgt[1]]
+  # A budget that a sentence reaches exactly ends the corpus after it.
+  exact = len(src[0]) + len(tgt[0]) + len(src[1])
+  assert list(corpus(text_split, exact)) == [src[0], tgt[0], src[1]]
+
+
+class _OneLineSplit:
+  """A text split of one pair."""
+  key, description = "one", "a split of one pair"
+
+  def read(self, chunk_size):
+    del chunk_size
+    yield ["a"], ["b"]
+
+
+class _LargeIds:
+  """A vocabulary of 40,000 pieces that encodes every text to two ids
+  beyond the int16 range."""
+  vocab_size, path = 40_000, None
+
+  def encode_batch(self, texts):
+    return [[39_999, 32_768] for _ in texts]
+
+
+def test_ids_above_32767_are_stored_unchanged():
+  # A vocabulary of up to 65,536 pieces is stored as uint16: ids up to
+  # 65,535 survive, with the EOS appended.
+  split = tokenized._encode_split(  # pylint: disable=protected-access
+      _OneLineSplit(), _LargeIds())
+  assert split.inputs_of(0).tolist() == [39_999, 32_768, data.EOS_ID]
+  assert split.targets_of(0).tolist() == [39_999, 32_768, data.EOS_ID]
+
+
+def test_a_new_vocabulary_never_reads_the_cache_of_the_old_one(tmp_path):
+  # The cache key covers the SentencePiece model: another spm.model at the
+  # same path tokenizes the split again.
+  old = data.get_tokenizer(_synthetic(), str(tmp_path))
+  new = tokenizer.Tokenizer(tokenizer.train_model(_synthetic(vocab_size=120)),
+                            path=old.path)
+  split = "validation[:5]"
+  sources, _ = data.load_text_pairs(_synthetic(), split)
+  assert new.encode(sources[0]) != old.encode(sources[0])
+  tokenized.tokenize_split(_synthetic(), old, split)  # writes the cache
+  again = tokenized.tokenize_split(_synthetic(vocab_size=120), new, split)
+  assert again.inputs_of(0).tolist() == new.encode(sources[0]) + [
+      data.EOS_ID]
 
 
 def test_bad_dataset_raises_its_own_error(tmp_path):

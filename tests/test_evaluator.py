@@ -2,6 +2,7 @@
 import hashlib
 import json
 import logging
+import math
 import pathlib
 import shutil
 import subprocess
@@ -174,6 +175,19 @@ def test_stdin_to_stdout_one_line_per_line(workdir, model):
   assert out == translate.translate_texts(
       model_config, params, tokenizer, lines, beam_size=1, alpha=0.6,
       max_decode_extra=config.max_decode_extra)
+
+
+def test_scores_are_the_hypotheses_against_the_references():
+  result = scoring.score(["the cat sat on the"], ["the cat sat on the mat"])
+  # BLEU: every n-gram of the 5-token hypothesis is in the 6-token
+  # reference (precisions 1), brevity penalty exp(1 - 6/5).
+  assert result["bleu"] == pytest.approx(100 * math.exp(1 - 6 / 5))
+  # chrF (character 1- to 6-grams, spaces dropped, beta 2, the F-score of
+  # the mean precision and recall): the hypothesis's 14 characters are the
+  # first of the reference's 17, so precision 1 and recall the mean of
+  # (15 - n) / (18 - n). Swapped, precision and recall trade places.
+  recall = sum((15 - n) / (18 - n) for n in range(1, 7)) / 6
+  assert result["chrf"] == pytest.approx(100 * 5 * recall / (4 + recall))
 
 
 def test_make_batches_sorts_buckets_and_covers_every_sentence():

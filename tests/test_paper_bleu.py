@@ -13,6 +13,9 @@ def test_compound_split_follows_perls_non_overlapping_matches():
   # The match "a-b" consumes "b", so the second hyphen has no \S before it.
   assert paper_bleu.compound_split("a-b-c") == "a ##AT##-##AT## b-c"
   assert paper_bleu.compound_split("a - b, -x, y-") == "a - b, -x, y-"
+  # \S is any character but white space: punctuation before the hyphen too.
+  assert paper_bleu.compound_split("Die U.S.-Armee") == (
+      "Die U.S. ##AT##-##AT## Armee")
 
 
 def test_tokenize_replaces_unicode_punctuation_escapes_and_splits():
@@ -20,6 +23,11 @@ def test_tokenize_replaces_unicode_punctuation_escapes_and_splits():
       "„ Das &quot; kostet 3,50 € &amp; mehr ..."]
   assert paper_bleu.tokenize(["Ein E-Mail-Konto."], "de") == [
       "Ein E ##AT##-##AT## Mail ##AT##-##AT## Konto ."]
+  # The German rules of tokenizer.perl -l de: an ordinal's period stays
+  # ("3." before a word), an apostrophe is split off on both sides (the
+  # English rules give "3 ." and "geht &apos;s").
+  assert paper_bleu.tokenize(["Er kam am 3. Oktober, geht's?"], "de") == [
+      "Er kam am 3. Oktober , geht &apos; s ?"]
 
 
 def test_paper_bleu_equals_the_hand_computed_multi_bleu_score():
@@ -45,6 +53,11 @@ def test_paper_bleu_equals_the_hand_computed_multi_bleu_score():
 def test_paper_bleu_is_case_sensitive_unsmoothed_and_checks_lengths():
   # No 4-gram in common: multi-bleu.perl gives 0 (no smoothing).
   assert paper_bleu.paper_bleu(["ein Haus ."], ["ein Haus ."],
+                               "de")["bleu_paper"] == 0.0
+  # Two 4-grams on each side, none matched: 0 too (smoothing would give
+  # more).
+  assert paper_bleu.paper_bleu(["ein Haus ist rot ."],
+                               ["ein Haus ist blau ."],
                                "de")["bleu_paper"] == 0.0
   same = "Ein kleiner Hund läuft über die grüne Wiese ."
   assert paper_bleu.paper_bleu([same], [same],

@@ -12,6 +12,13 @@ def _config(**fields):
       "test_split": "test", **fields})
 
 
+def test_the_defaults_are_the_papers_search():
+  # §6.1: beam 4, length penalty alpha 0.6, output length input + 50.
+  assert SearchSettings() == SearchSettings(
+      beam_size=4, alpha=0.6, max_decode_extra=50, beam_stop="exact",
+      matmul_dtype="float32")
+
+
 def test_of_config_reads_the_fields_and_an_older_config_searches_exactly():
   assert SearchSettings.of_config(_config(beam_stop="early")) == (
       SearchSettings(4, 0.6, 50, "early"))

@@ -73,6 +73,8 @@ def test_blank_lines_give_empty_outputs(translator, sources):
   out = translator.translate(lines)
   assert out[2:4] == ["", ""]
   assert out[:2] + out[4:] == translator.translate(sources)
+  # n may be the beam size (no input: nothing to search).
+  assert translator.nbest([], translator.defaults.beam_size) == []
   nbest = translator.nbest(lines, 2)
   assert nbest[2:4] == [[], []]
   assert nbest[:2] + nbest[4:] == translator.nbest(sources, 2)
@@ -321,6 +323,25 @@ def test_the_first_line_stops_the_warm_up_after_the_bucket_in_progress(
   assert result == ["out\n"]
   assert calls == [[translator_lib.warm_up_line(translator.tokenizer, 8)],
                    ["x"]]
+
+
+class _WordTokenizer:
+  """One id per word: lines whose lengths are counted by hand."""
+
+  def encode(self, line):
+    return [5] * len(line.split())
+
+
+def test_warm_up_lines_fill_their_buckets_up_to_max_len():
+  # 15 words + EOS = 16 ids: the longest line of bucket 16.
+  assert translator_lib.warm_up_line(_WordTokenizer(), 16) == " ".join(
+      ["a"] * 15)
+  # Buckets 8 and 16 are warmed with max_len 16 (the one of exactly max_len
+  # too), 24 is not.
+  calls = []
+  translator_lib.WarmedUp(lambda lines, first: calls.append(lines),
+                          _WordTokenizer(), max_len=16).wait()
+  assert [len(lines[0].split()) for lines in calls] == [7, 15]
 
 
 def test_the_stopping_rule_reaches_the_searches(translator, sources,

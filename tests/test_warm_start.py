@@ -74,6 +74,25 @@ def test_refuses_naming_the_first_mismatch(source_workdir):
     warm_start.load(f"{spec}:3", _params(0))
 
 
+def test_the_vocabulary_is_the_sources_and_another_one_is_refused(tmp_path):
+  source, new = tmp_path / "source", tmp_path / "new"
+  source.mkdir()
+  new.mkdir()
+  (source / "spm.model").write_bytes(b"the source's vocabulary")
+  assert warm_start.vocabulary(f"{source}:4", str(new)) == (
+      b"the source's vocabulary")
+  # Already copied (a set-up that stopped after the copy): the same bytes.
+  (new / "spm.model").write_bytes(b"the source's vocabulary")
+  assert warm_start.vocabulary(str(source), str(new)) == (
+      b"the source's vocabulary")
+  # Ids mean nothing with another vocabulary: a new workdir that holds
+  # another one is refused.
+  (new / "spm.model").write_bytes(b"another vocabulary")
+  with pytest.raises(ConfigError, match=r"new/spm.model differs from "
+                                        r".*source/spm.model"):
+    warm_start.vocabulary(str(source), str(new))
+
+
 def _tiny_config(**changes):
   """The config of conftest's tiny_workdir, for a run of one step."""
   return tiny_config(**{**TINY_WORKDIR_LOOP, "num_train_steps": 1,

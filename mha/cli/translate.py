@@ -27,14 +27,14 @@ the input arrives.
 --input reads a file (plain or .gz) instead of standard input, in batches
 of --batch_size (default: `translate.batch_size_for`'s); --output
 writes a file instead of standard output, through a temporary file renamed
-at the end, so an interrupted run (an error, Ctrl-C, SIGTERM: status 143)
-leaves no partial file and an existing one as it was. --temperature,
+at the end, so an interrupted run leaves no partial file and an existing
+one as it was (a SIGTERM, e.g. a preemption, may leave a `.mha-translate-*`
+temporary file beside it). --temperature,
 --top_k and --seed without --sample are refused (they would change
 nothing). Bad input (a workdir, step, flag, file)
 prints one line, `mha-translate: <message>`, and exits with status 1.
 """
 import os
-import signal
 import sys
 import tempfile
 
@@ -85,11 +85,6 @@ def _check_files(input_path: str | None, output_path: str | None) -> None:
 _SAMPLING = ("temperature", "top_k", "seed")
 
 
-def _exit_on_sigterm(signum, frame) -> None:
-  del frame
-  raise SystemExit(128 + signum)
-
-
 def _translate(write) -> int:
   """Loads the model and translates the input with `write`; returns the
   number of lines."""
@@ -128,6 +123,9 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   _check_files(FLAGS.input, FLAGS.output)
+  if FLAGS.nbest < 0:
+    raise ConfigError(f"--nbest must be >= 0 (0: the best only, without "
+                      f"scores), got {FLAGS.nbest}.")
   given = [f"--{name}" for name in _SAMPLING if FLAGS[name].present]
   if given and not FLAGS.sample:
     raise ConfigError(f"{', '.join(given)}: sampling settings, used only "
@@ -143,8 +141,6 @@ def main(argv: list[str]) -> int:
     count = _translate(write)
   else:
     folder = os.path.dirname(os.path.abspath(FLAGS.output))
-    # A SIGTERM as an exception: the temporary file is removed below.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with tempfile.NamedTemporaryFile(
         "wb", dir=folder, prefix=".mha-translate-", delete=False) as f:
       try:
