@@ -414,7 +414,6 @@ class Workdir:
       WorkdirError: naming the path at fault.
     """
     check_path_characters(self.path)
-    self.check_not_export()
     if files.is_gcs(self.path):
       try:
         files.check_bucket(self.path)
@@ -426,6 +425,7 @@ class Workdir:
                            "folder: pass a new or existing workdir.")
     else:
       self._check_local_folder()
+    self.check_not_export()
     return read_saved_config(self.path)
 
   def _check_local_folder(self) -> None:
