@@ -32,6 +32,7 @@ import numpy as np
 from mha import checkpoints
 from mha import devices
 from mha import errors
+from mha import files
 from mha import host_memory
 from mha import metrics as metrics_lib
 from mha import train_setup
@@ -74,7 +75,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   next step boundary and return; a Ctrl-C (SIGINT) too, and then it raises
   `Interrupted` (a second Ctrl-C raises it at once, without saving). A
   non-finite loss raises TrainingDiverged naming the step; checkpoints
-  saved before it are left as they are. A write the machine refuses (a
+  saved before it are left as they are, and so is config.json when the run
+  saved none. A write the machine refuses (a
   full disk, a read-only folder) raises a DiskError naming the file or
   checkpoint and the last good checkpoint, with Orbax's threads ended.
 
@@ -111,6 +113,11 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   """
   restored = (folder.restored_on((errors.UserError,))
               if jax.process_index() == 0 else contextlib.nullcontext())
+  # config.json as the checkpoints were trained with it: put back if this
+  # run stops on bad input (a diverged loss) before it saves anything.
+  trained_config = (files.read_bytes(folder.config_path)
+                    if jax.process_index() == 0
+                    and files.exists(folder.config_path) else None)
   with restored:
     run = train_setup.set_up(config, folder, inputs)
     manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
@@ -134,6 +141,10 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
       step = _loop(config, state, start.step, batches,
                    CompiledUpdate(run.model, run.tx, config), window, saver,
                    run.evaluations, Profiler(config, folder), stop_signal)
+    except errors.TrainingDiverged:
+      if saver.pending is None and trained_config is not None:
+        files.write_bytes_atomic(folder.config_path, trained_config)
+      raise
     finally:
       # Also when the loop raises (a diverged run): the checkpoint being
       # written is completed before the workdir's lock is released.

@@ -511,3 +511,18 @@ def test_limits_up_to_max_len_pass_and_the_longer_side_sets_the_minimum():
                                       max_target_length=24, max_tokens=95), 4)
   config_check.validate(tiny_config(max_source_length=8,
                                     max_target_length=24, max_tokens=96), 4)
+
+
+def test_a_resume_that_diverges_before_saving_keeps_the_config(
+    tiny_workdir, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  trained = (workdir / "config.json").read_bytes()
+  diverging = dict(json.loads(trained), num_train_steps=8, warmup_steps=1,
+                   learning_rate_scale=1e12)
+  with pytest.raises(errors.TrainingDiverged, match="at step [78];"):
+    trainer.train_and_evaluate(ml_collections.ConfigDict(diverging),
+                               str(workdir))
+  # Nothing of the run saved: config.json is still the checkpoints' own.
+  assert (workdir / "config.json").read_bytes() == trained
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4", "6"]
