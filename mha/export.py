@@ -48,21 +48,24 @@ Additive and location-aware attention, and keys and values of different
 sizes (d_k ≠ d_v), have no CTranslate2 layer: they are refused with one line
 (`ExportError`) before anything is read or written.
 """
+import contextlib
 import json
 import os
 import shutil
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 from absl import logging
 import numpy as np
 
+from mha import eval_output
 from mha import evaluator
 from mha import files
 from mha import validation
 from mha import workdir as workdir_lib
 from mha.data import tokenizer as tokenizer_lib
 from mha.errors import ExportError
+from mha.errors import UserError
 from mha.positional import sinusoidal_encoding
 from mha.search_settings import SearchSettings
 from mha.transformer import TransformerConfig
@@ -308,6 +311,39 @@ def _move_into_place(staging: str, output_dir: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+class _ExportLock(eval_output.OutputLock):
+  """`.<name>.lock` beside the output folder: one export writes it at a
+  time."""
+
+  def busy(self, holder: dict, same_host: bool) -> UserError:
+    where = "" if same_host else f" on host {holder.get('host')}"
+    return ExportError(
+        f"Another export (process {holder.get('pid')}{where}, started "
+        f"{holder.get('started')}) is writing {self.workdir} (lock "
+        f"{self.path}): wait for it, or give another --output_dir.")
+
+
+@contextlib.contextmanager
+def _locked(output_dir: str) -> Iterator[None]:
+  """Holds `output_dir`'s export lock; a parent folder made for it and
+  left empty is removed again."""
+  output_dir = os.path.abspath(output_dir)
+  parent = os.path.dirname(output_dir)
+  created = not os.path.exists(parent)
+  os.makedirs(parent, exist_ok=True)
+  lock = _ExportLock(output_dir)
+  try:
+    lock.acquire()
+  except BaseException:
+    if created and not os.listdir(parent):
+      os.rmdir(parent)
+    raise
+  try:
+    yield
+  finally:
+    lock.release()
+
+
 def _import_ctranslate2():
   """The optional `ctranslate2` module, or one line saying how to get it."""
   try:
@@ -414,7 +450,10 @@ def export(workdir: str, output_dir: str, *,
       **{k: v for k, v in SearchSettings.of_config(config).as_dict().items()
          if k != "matmul_dtype"},
       "max_len": model_config.max_len}
-  _write_folder(spec, files.read_bytes(tokenizer.path), manifest, output_dir)
+  with _locked(output_dir):
+    _check_output_dir(output_dir)  # again: what is there now
+    _write_folder(spec, files.read_bytes(tokenizer.path), manifest,
+                  output_dir)
   logging.info("Exported step(s) %s of %s to %s (CTranslate2, %s).", steps,
                workdir, output_dir, manifest["quantization"])
   return manifest

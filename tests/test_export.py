@@ -24,6 +24,7 @@ import optax
 import pytest
 import sentencepiece as spm
 
+from conftest import file_hashes
 from conftest import REPO_ROOT
 from conftest import tiny_config
 # gcsfs to the emulator (the fixture of the gs:// training test).
@@ -411,6 +412,20 @@ def test_output_folder_rules(tiny_workdir, tmp_path):
   kept = json.loads((tmp_path / "out" / export.MANIFEST_FILE).read_text())
   assert kept["checkpoint_step"] == 6
   assert (tmp_path / "out" / "NOTES.txt").read_text() == "keep"
+  # One export writes a folder at a time: another one is refused.
+  (tmp_path / "out" / "NOTES.txt").unlink()
+  before = file_hashes(tmp_path / "out")
+  lock = export._ExportLock(str(tmp_path / "out"))  # pylint: disable=protected-access
+  lock.acquire()
+  try:
+    with pytest.raises(export.ExportError, match=(
+        rf"Another export \(process {os.getpid()}, started .*\) is writing "
+        rf"{tmp_path / 'out'} \(lock {tmp_path / '.out.lock'}\)")):
+      export.export(str(tiny_workdir), str(tmp_path / "out"), step=2)
+  finally:
+    lock.release()
+  assert file_hashes(tmp_path / "out") == before
+  assert not (tmp_path / ".out.lock").exists()
 
 
 @pytest.mark.parametrize("kwargs, message", [
