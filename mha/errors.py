@@ -44,6 +44,11 @@ class DataError(UserError, ValueError):
   """
 
 
+class DatasetNotFound(DataError):
+  """`config.dataset_name` names no dataset: the message names that field,
+  so the split being opened is not put in front of it."""
+
+
 class CheckpointError(UserError):
   """A checkpoint that is missing or cannot be restored."""
 

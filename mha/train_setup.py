@@ -22,6 +22,7 @@ import optax
 from mha import checkpoints
 from mha import config_check
 from mha import data
+from mha import errors
 from mha import devices
 from mha import files
 from mha import metrics as metrics_lib
@@ -103,6 +104,8 @@ def check_inputs(config: ml_collections.ConfigDict,
   for field in ("train_split", "eval_split", "test_split"):
     try:
       sources.open_split(config, config[field])
+    except errors.DatasetNotFound:
+      raise
     except data.DataError as e:
       raise data.DataError(f"config.{field}={config[field]!r}: {e}") from None
   return inputs

@@ -2,6 +2,7 @@
 import gzip
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -255,9 +256,18 @@ def test_wmt_language_it_does_not_have():
 
 
 def test_unknown_tfds_dataset():
+  config = _wmt_config(dataset_name="nosuch_translate/de-en")
   with pytest.raises(data.DataError, match="Unknown TFDS dataset 'nosuch"):
-    data.load_text_pairs(_wmt_config(dataset_name="nosuch_translate/de-en"),
-                         "train")
+    data.load_text_pairs(config, "train")
+  # Training names the field at fault, not the split it was opening.
+  from mha import train_setup  # pylint: disable=g-import-not-at-top
+  from mha import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(data.DataError) as error:
+    train_setup.check_inputs(config, workdir_lib.Workdir("/nonexistent/run"))
+  assert re.fullmatch(
+      r"Unknown TFDS dataset 'nosuch_translate/de-en' \(config.dataset_name\)"
+      r": .*[^.]\. Use a TFDS translation dataset, 'parallel_text' or "
+      r"'synthetic'\.", str(error.value)), str(error.value)
 
 
 def test_wmt_download_failure_is_one_line(tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ from mha import tensorflow_loader
 from mha.data import multihost
 from mha.data import synthetic
 from mha.errors import DataError
+from mha.errors import DatasetNotFound
 
 Chunk = tuple[list[str], list[str]]
 
@@ -202,9 +203,10 @@ def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
   try:
     builder = tfds.builder(name, data_dir=config.data_dir)
   except tfds.core.registered.DatasetNotFoundError as e:
-    raise DataError(f"Unknown TFDS dataset {name!r} (config.dataset_name): "
-                    f"{str(e).splitlines()[0]}. Use a TFDS translation "
-                    "dataset, 'parallel_text' or 'synthetic'.") from None
+    raise DatasetNotFound(
+        f"Unknown TFDS dataset {name!r} (config.dataset_name): "
+        f"{str(e).splitlines()[0].rstrip('.')}. Use a TFDS translation "
+        "dataset, 'parallel_text' or 'synthetic'.") from None
   except (ValueError, KeyError) as e:
     raise DataError(f"Cannot build TFDS dataset {name!r} "
                     f"(config.dataset_name): {e}") from None
@@ -298,6 +300,8 @@ def prepare_splits(config: ml_collections.ConfigDict) -> None:
     for field in ("train_split", "eval_split", "test_split"):
       try:
         open_split(config, config[field])
+      except DatasetNotFound:
+        raise
       except DataError as e:
         raise DataError(f"config.{field}={config[field]!r}: {e}") from None
 
