@@ -602,7 +602,7 @@ def _problem(step_dir: epath.Path, items: Sequence[str],
       json.loads((step_dir / REQUIRED_FILES[META][0]).read_text())
     except (OSError, ValueError) as e:
       return f'meta/metadata cannot be read as JSON ({e})'
-  bad_json = _bad_json_file(step_dir)
+  bad_json = _bad_json_file(step_dir, items)
   if bad_json is not None:
     return f'{bad_json} is not valid JSON'
   if STATE in items:
@@ -698,24 +698,28 @@ def _read_errors(directory: epath.Path, steps: Sequence[int],
         directory, steps[0])), items, purpose, params_only) from None
 
 
-# Orbax's JSON files in a step folder (its metadata, the arrays' shardings).
-_JSON_FILES = ('_CHECKPOINT_METADATA', '_METADATA', '_sharding', 'metadata')
+# Orbax's JSON files that a read of the state parses (the step's
+# metadata, the arrays' metadata and shardings; meta/metadata is checked
+# by `_problem` itself).
+_STATE_JSON_FILES = ('_CHECKPOINT_METADATA', 'state/_METADATA',
+                     'state/_sharding')
 
 
-def _bad_json_file(step_dir: epath.Path) -> str | None:
-  """The first of a local step's JSON files that is not valid JSON, as a
-  path within the step; None if all are (or the step is not local)."""
+def _bad_json_file(step_dir: epath.Path, items: Sequence[str]) -> str | None:
+  """The first of Orbax's JSON files that reading `items` of a local step
+  parses and that is not valid JSON, as a path within the step; None if
+  all are (or the step is not local)."""
   root = os.fspath(step_dir)
-  if '://' in root:
+  if STATE not in items or '://' in root:
     return None
-  for folder, _, names in sorted(os.walk(root)):
-    for name in sorted(set(names) & set(_JSON_FILES)):
-      path = os.path.join(folder, name)
-      try:
-        with open(path, 'rb') as f:
-          json.loads(f.read())
-      except (OSError, ValueError):
-        return os.path.relpath(path, root)
+  for name in _STATE_JSON_FILES:
+    try:
+      with open(os.path.join(root, name), 'rb') as f:
+        json.loads(f.read())
+    except FileNotFoundError:
+      continue  # not written by every Orbax version; required ones checked
+    except (OSError, ValueError):
+      return name
   return None
 
 

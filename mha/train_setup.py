@@ -22,7 +22,6 @@ import optax
 from mha import checkpoints
 from mha import config_check
 from mha import data
-from mha import errors
 from mha import devices
 from mha import files
 from mha import metrics as metrics_lib
@@ -101,13 +100,7 @@ def check_inputs(config: ml_collections.ConfigDict,
       return inputs
   elif config.init_from:
     inputs.warm = _load_warm_start(config, workdir, inputs.model_config)
-  for field in ("train_split", "eval_split", "test_split"):
-    try:
-      sources.open_split(config, config[field])
-    except errors.DatasetNotFound:
-      raise
-    except data.DataError as e:
-      raise data.DataError(f"config.{field}={config[field]!r}: {e}") from None
+  sources.open_config_splits(config)
   return inputs
 
 

@@ -156,6 +156,8 @@ FLAGS: dict[str, Rule] = {
     "checkpoint_step": integer(0), "average_last": integer(1),
     "batch_size": integer(1), "plot_attention": integer(0),
     "cpu_devices": integer(1),  # also mha.use_cpu_cores's count
+    # mha-translate
+    "nbest": integer(0),
     # mha-export
     "format": one_of(EXPORT_FORMATS), "quantization": one_of(QUANTIZATIONS),
     "step": integer(0),

@@ -45,6 +45,8 @@ from mha.errors import ConfigError
 from mha.errors import UserError
 
 FLAGS = flags.FLAGS
+# The mha package's folder (with a separator: not mha_other/).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The console scripts' names, for messages: the command as the user typed it.
 _SCRIPTS = ("mha-train", "mha-eval", "mha-translate", "mha-export")
 
@@ -292,9 +294,8 @@ def config_load_error(error: BaseException, spec: str) -> str | None:
     if not name.startswith("<") and not name.startswith(library):
       where = (name, traceback.tb_lineno)
     traceback = traceback.tb_next
-  if where is None or os.path.abspath(where[0]).startswith(
-      os.path.dirname(os.path.abspath(__file__ + "/.."))):
-    return None
+  if where is None or os.path.abspath(where[0]).startswith(_PACKAGE):
+    return None  # raised by mha itself: not the config file's code
   reason = f"{type(error).__name__}: {error}"
   return (f"--config: {where[0]}, line {where[1]}: {reason} (the config "
           f"file {path} does not load).")

@@ -42,6 +42,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from mha import validation
 from mha.cli import startup
 from mha.errors import ConfigError
 
@@ -123,9 +124,7 @@ def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   _check_files(FLAGS.input, FLAGS.output)
-  if FLAGS.nbest < 0:
-    raise ConfigError(f"--nbest must be >= 0 (0: the best only, without "
-                      f"scores), got {FLAGS.nbest}.")
+  validation.check_flag("nbest", FLAGS.nbest)
   given = [f"--{name}" for name in _SAMPLING if FLAGS[name].present]
   if given and not FLAGS.sample:
     raise ConfigError(f"{', '.join(given)}: sampling settings, used only "

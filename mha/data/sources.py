@@ -295,15 +295,22 @@ def prepare_splits(config: ml_collections.ConfigDict) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return
-
-  def open_splits():
-    for field in ("train_split", "eval_split", "test_split"):
-      try:
-        open_split(config, config[field])
-      except DatasetNotFound:
-        raise
-      except DataError as e:
-        raise DataError(f"config.{field}={config[field]!r}: {e}") from None
-
   multihost.process_zero_first(f"prepare dataset {config.dataset_name!r}",
-                               open_splits)
+                               lambda: open_config_splits(config))
+
+
+def open_config_splits(config: ml_collections.ConfigDict) -> None:
+  """Opens (without reading) the train, eval and test splits the config
+  names.
+
+  Raises:
+    DataError: a split that cannot be opened, as `config.<field>=...`; an
+      unknown dataset (`DatasetNotFound`) as `config.dataset_name`.
+  """
+  for field in ("train_split", "eval_split", "test_split"):
+    try:
+      open_split(config, config[field])
+    except DatasetNotFound:
+      raise
+    except DataError as e:
+      raise DataError(f"config.{field}={config[field]!r}: {e}") from None
