@@ -133,6 +133,22 @@ class Interrupted(UserError):
   exit_code = 130
 
 
+class Terminated(UserError):
+  """A SIGTERM (a preemption, `kill`): the command stopped, leaving no
+  partial file or lock of its own. Exit status 143 (128 + SIGTERM), as a
+  shell reports a process stopped by it."""
+  exit_code = 143
+
+
+class SigTerm(BaseException):
+  """A SIGTERM, raised in the main thread of a command that stops on it
+  (`cli.startup.stops_on_sigterm`; the command then ends as `Terminated`).
+  A BaseException, as a Ctrl-C's KeyboardInterrupt: the command's `finally`
+  blocks run (locks released, temporary files removed), and no `except
+  Exception` on the way (a library's fall-back) takes it for a failure of
+  its own and goes on."""
+
+
 # The errno of a TensorStore error (Orbax writes arrays through TensorStore,
 # which raises ValueError('RESOURCE_EXHAUSTED: ... [os_error_code=28]')).
 _TENSORSTORE_ERRNO = re.compile(r"os_error_code='?(\d+)")

@@ -139,3 +139,28 @@ def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):
     assert re.fullmatch(f"mha-translate: .*{message}.*", line), line
   assert output.read_bytes() == before
   assert sorted(os.listdir(tmp_path)) == ["out.txt", "src.txt"]
+
+
+def test_a_sigterm_while_writing_the_output_leaves_it_as_it_was(
+    random_workdir, tmp_path):
+  """Standard input stays open, so the command is still translating when
+  the signal comes, wherever it is (importing, loading, compiling,
+  reading): one line, status 143, the earlier file and no temporary one."""
+  output = tmp_path / "out.txt"
+  output.write_text("earlier\n")
+  process = subprocess.Popen(command(random_workdir, f"--output={output}"),
+                             cwd=REPO, stdin=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+  process.stdin.write(b"ein satz\n")
+  process.stdin.flush()
+  # The temporary file is made before the model is loaded.
+  while len(os.listdir(tmp_path)) < 2 and process.poll() is None:
+    threading.Event().wait(0.05)
+  process.terminate()
+  stderr = process.communicate(timeout=TIMEOUT)[1].decode("utf-8")
+  assert process.returncode == 143, stderr[-3000:]
+  assert stderr.strip().split("\n")[-1] == (
+      f"mha-translate: Stopped by SIGTERM: --output={output} was not "
+      "written.")
+  assert output.read_text() == "earlier\n"
+  assert os.listdir(tmp_path) == ["out.txt"]

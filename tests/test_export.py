@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -426,6 +427,43 @@ def test_output_folder_rules(tiny_workdir, tmp_path):
     lock.release()
   assert file_hashes(tmp_path / "out") == before
   assert not (tmp_path / ".out.lock").exists()
+
+
+def test_a_sigterm_during_the_export_leaves_nothing(tiny_workdir, tmp_path,
+                                                     monkeypatch, capsys):
+  """mha-export's main, in this process, signalled just before its staging
+  folder would be renamed into place: one line, status 143, and neither
+  the staging folder, the lock nor the export is left; the process's
+  SIGTERM handler is the one it had."""
+  import logging  # pylint: disable=import-outside-toplevel
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from mha import library_logs  # pylint: disable=import-outside-toplevel
+  from mha.cli import export as cli_export  # pylint: disable=import-outside-toplevel
+  move = export._move_into_place  # pylint: disable=protected-access
+
+  def signalled_first(staging, output_dir):
+    os.kill(os.getpid(), signal.SIGTERM)
+    move(staging, output_dir)
+
+  monkeypatch.setattr(export, "_move_into_place", signalled_first)
+  monkeypatch.setattr(sys, "argv", ["mha-export"])
+  handler, level = signal.getsignal(signal.SIGTERM), logging.getLogger(
+      "absl").level
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["mha-export", f"--workdir={tiny_workdir}",
+               f"--output_dir={tmp_path / 'ct2'}"])
+  try:
+    with pytest.raises(SystemExit) as stopped:
+      cli_export.main(["mha-export"])
+  finally:
+    flags.FLAGS.unparse_flags()
+    logging.getLogger("absl").setLevel(level)
+    library_logs.configure(verbose=True)  # main hid their INFO lines
+  assert stopped.value.code == 143
+  assert capsys.readouterr().err.strip().split("\n")[-1] == (
+      "mha-export: Stopped by SIGTERM.")
+  assert os.listdir(tmp_path) == []
+  assert signal.getsignal(signal.SIGTERM) == handler
 
 
 @pytest.mark.parametrize("kwargs, message", [

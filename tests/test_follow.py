@@ -7,8 +7,12 @@ nothing here waits for time to pass.
 """
 import json
 import logging
+import os
 import pathlib
 import shutil
+import subprocess
+import sys
+import threading
 
 import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
@@ -20,6 +24,7 @@ from mha import files
 
 SPLIT = "test[:4]"  # the split (and settings) of test_eval_safety.py
 NAME = "test_4"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -232,3 +237,24 @@ def test_a_follower_of_a_bucket(gcs_dir, tiny_workdir, tmp_path, monkeypatch):
   assert files.listdir(f"{gcs_dir}/eval") == [f"follow_{NAME}.json"]
   assert [n for n in files.listdir(gcs_dir) if n.startswith("events.")]
   assert not list(tmp_path.iterdir())  # nothing local: no 'gs:' folder
+
+
+def test_a_sigterm_ends_a_follower_with_one_line_and_its_lock_released(run):
+  """eval.py --follow waiting for a checkpoint that does not come, in a
+  process of its own: a SIGTERM (an evaluation VM preempted) ends it with
+  one line and status 143, its lock removed, not left for the next
+  follower to take over."""
+  path, _ = run
+  process = subprocess.Popen(
+      [sys.executable, "eval.py", f"--workdir={path}", "--follow",
+       f"--split={SPLIT}"], cwd=REPO, stderr=subprocess.PIPE)
+  eval_dir = path / "eval"
+  while process.poll() is None and not (
+      eval_dir.exists() and any(n.endswith(".lock")
+                                for n in os.listdir(eval_dir))):
+    threading.Event().wait(0.05)
+  process.terminate()
+  stderr = process.communicate(timeout=300)[1].decode("utf-8")
+  assert process.returncode == 143, stderr[-3000:]
+  assert stderr.strip().split("\n")[-1] == "eval.py: Stopped by SIGTERM."
+  assert not [n for n in os.listdir(eval_dir) if n.endswith(".lock")]

@@ -90,7 +90,8 @@ flags.DEFINE_string("source_file", None,
                     "Plain text to translate, one sentence a line; '-' = "
                     "standard input to standard output.")
 flags.DEFINE_string("reference_file", None, "References of --source_file.")
-flags.DEFINE_string("output_dir", None,
+# Shared with mha-export (one process may import both).
+startup.define_once(flags.DEFINE_string, "output_dir", None,
                     "Where to write translations.txt and metrics.json "
                     "(default <workdir>/eval/<split>_<step>/; with "
                     "--source_file=- nothing is written unless given).")
@@ -125,6 +126,7 @@ FLAGS = flags.FLAGS
 
 
 @startup.guarded
+@startup.stops_on_sigterm
 def main(argv: list[str]) -> int:
   """Evaluates --workdir and prints the summary; returns the exit status."""
   if len(argv) > 1:

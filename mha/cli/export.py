@@ -41,6 +41,7 @@ flags.mark_flag_as_required("workdir")
 
 
 @startup.guarded
+@startup.stops_on_sigterm
 def main(argv: list[str]) -> int:
   """Exports --workdir's checkpoint into --output_dir."""
   if len(argv) > 1:

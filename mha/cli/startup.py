@@ -31,6 +31,7 @@ import functools
 import importlib.util
 import os
 import re
+import signal
 import sys
 from typing import Any, Callable, Sequence
 
@@ -42,6 +43,8 @@ from mha import compilation_cache
 from mha import host_memory
 from mha import library_logs
 from mha.errors import ConfigError
+from mha.errors import SigTerm
+from mha.errors import Terminated
 from mha.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -144,6 +147,32 @@ def fail(message: str, exit_code: int = 1) -> None:
   print(f"{command_name()}: {' '.join(str(message).split())}",
         file=sys.stderr)
   sys.exit(exit_code)
+
+
+def stops_on_sigterm(main: Callable[[list[str]], int | None]
+                     ) -> Callable[[list[str]], int | None]:
+  """`main` stopping on a SIGTERM (`SigTerm` raised where it is, in the
+  main thread) instead of being ended by it: its locks are released and
+  its temporary files removed, and it raises `Terminated` (one line,
+  status 143). The commands that only read and write results (eval,
+  translate, export); train.py saves a checkpoint on a SIGTERM instead
+  (`train_actions.StopSignal`)."""
+
+  def raise_sigterm(signum, frame):
+    del signum, frame
+    raise SigTerm
+
+  @functools.wraps(main)
+  def wrapper(argv: list[str]) -> int | None:
+    previous = signal.signal(signal.SIGTERM, raise_sigterm)
+    try:
+      return main(argv)
+    except SigTerm:
+      raise Terminated("Stopped by SIGTERM.") from None
+    finally:
+      signal.signal(signal.SIGTERM, previous)
+
+  return wrapper
 
 
 def guarded(main: Callable[[list[str]], int | None]

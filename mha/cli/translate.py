@@ -27,13 +27,13 @@ the input arrives.
 --input reads a file (plain or .gz) instead of standard input, in batches
 of --batch_size (default: `translate.batch_size_for`'s); --output
 writes a file instead of standard output, through a temporary file renamed
-at the end, so an interrupted run leaves no partial file and an existing
-one as it was (a SIGTERM, e.g. a preemption, may leave a `.mha-translate-*`
-temporary file beside it). --temperature,
+at the end, so an interrupted run (a Ctrl-C, or a SIGTERM: exit status
+143) leaves no partial file and an existing one as it was. --temperature,
 --top_k and --seed without --sample are refused (they would change
 nothing). Bad input (a workdir, step, flag, file)
 prints one line, `mha-translate: <message>`, and exits with status 1.
 """
+import contextlib
 import os
 import sys
 import tempfile
@@ -45,6 +45,8 @@ from absl import logging
 from mha import validation
 from mha.cli import startup
 from mha.errors import ConfigError
+from mha.errors import SigTerm
+from mha.errors import Terminated
 
 startup.define_search_flags()
 startup.define_once(flags.DEFINE_integer, "step", None,
@@ -118,6 +120,7 @@ def _translate(write) -> int:
 
 
 @startup.guarded
+@startup.stops_on_sigterm
 def main(argv: list[str]) -> int:
   """Translates --input (or standard input) into --output (or standard
   output)."""
@@ -140,18 +143,22 @@ def main(argv: list[str]) -> int:
     count = _translate(write)
   else:
     folder = os.path.dirname(os.path.abspath(FLAGS.output))
-    with tempfile.NamedTemporaryFile(
-        "wb", dir=folder, prefix=".mha-translate-", delete=False) as f:
-      try:
+    f = tempfile.NamedTemporaryFile(
+        "wb", dir=folder, prefix=".mha-translate-", delete=False)
+    try:
+      with f:
         count = _translate(lambda text: f.write(text.encode("utf-8")))
-      except BaseException:
-        f.close()
+      umask = os.umask(0)
+      os.umask(umask)
+      os.chmod(f.name, 0o666 & ~umask)  # as open() would have made it
+      os.replace(f.name, FLAGS.output)
+    except BaseException as e:
+      with contextlib.suppress(FileNotFoundError):
         os.unlink(f.name)
-        raise
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(f.name, 0o666 & ~umask)  # as open() would have made it
-    os.replace(f.name, FLAGS.output)
+      if isinstance(e, SigTerm):
+        raise Terminated(f"Stopped by SIGTERM: --output={FLAGS.output} was "
+                         "not written.") from None
+      raise
   logging.info("Translated %d line(s).", count)
   return 0
 
