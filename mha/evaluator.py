@@ -189,12 +189,7 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
     raise EvalError(f"Workdir {workdir}: {e}") from None
   # The model's fields by their rules (config.json edited: `num_heads:
   # "four"` would be a TypeError in the model).
-  for field in workdir_lib.MODEL_SHAPE_FIELDS:
-    if field in config and field in validation.FIELDS:
-      try:
-        validation.check_field(field, config[field])
-      except UserError as e:
-        raise EvalError(f"{layout.config_path}: {e}") from None
+  workdir_lib.check_saved_fields(config, layout.config_path, EvalError)
   return config, layout.load_tokenizer(config)
 
 

@@ -40,6 +40,10 @@ class MetricsWriter:
                     else None)
     self.path = (workdir_lib.Workdir(workdir).metrics_path if is_primary
                  else None)
+    # The lines this writer appended, kept until the run saves a
+    # checkpoint (`forget_lines`): a run that fails before it does puts
+    # the workdir back without them (`workdir.Snapshot.restore`).
+    self.lines: list[bytes] | None = []
 
   def truncate_after(self, step: int) -> None:
     """Drops lines of steps > `step`: a resumed run rewrites them."""
@@ -67,8 +71,14 @@ class MetricsWriter:
       record = {"step": int(step), "time": time.time()}
       record.update({k: (v if math.isfinite(v) else str(v))
                      for k, v in scalars.items()})
-      files.append_bytes(self.path,
-                         (json.dumps(record) + "\n").encode("utf-8"))
+      line = (json.dumps(record) + "\n").encode("utf-8")
+      files.append_bytes(self.path, line)
+      if self.lines is not None:
+        self.lines.append(line)
+
+  def forget_lines(self) -> None:
+    """Stops keeping the lines written: a checkpoint of the run exists."""
+    self.lines = None
 
   def write_hparams(self, hparams: dict) -> None:
     """The run's hyperparameters (numbers, strings, booleans) into its

@@ -155,8 +155,7 @@ def check_finite(step: int, metrics: dict[str, float]) -> None:
   """
   if not np.isfinite(metrics["loss"]):
     raise TrainingDiverged(
-        f"Training loss is {metrics['loss']} at step {step}; stopping. The "
-        "checkpoints saved before this step are intact.")
+        f"Training loss is {metrics['loss']} at step {step}; stopping.")
 
 
 class MetricsWindow:
@@ -193,6 +192,11 @@ class MetricsWindow:
     if (step % self._config.log_every_steps == 0 or
         step == self._config.num_train_steps):
       self._log(step)
+
+  def saved(self) -> None:
+    """The run has started saving a checkpoint: from now on a failure
+    keeps what it wrote, so its metrics lines need not be remembered."""
+    self._writer.forget_lines()
 
   def _log(self, step: int) -> None:
     window = self._window

@@ -213,7 +213,8 @@ def set_up(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   # stays the one its checkpoints were trained with.
   if jax.process_index() == 0 and (latest is None or
                                    latest < config.num_train_steps):
-    folder.write_config(config)
+    folder.write_config(config if latest is None else
+                        _as_resumed(config, saved, latest))
   model = create_model(inputs.model_config)
   eval_model = create_model(inputs.model_config, deterministic=True)
   tx = optim.create_optimizer(config)
@@ -221,6 +222,23 @@ def set_up(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
              train_evals.from_config(config, tokenizer, eval_model),
              init_state(config, model, tx), latest, warm,
              workdir_lib.changed_data_fields(config, saved))
+
+
+def _as_resumed(config: ml_collections.ConfigDict, saved: dict | None,
+                latest: int) -> ml_collections.ConfigDict:
+  """`config` as config.json records a resumed run: with the `init_from`
+  the run started from (a resume ignores the one given)."""
+  started_from = (saved or {}).get("init_from")
+  if config.init_from == started_from:
+    return config
+  if config.init_from:
+    logging.warning(
+        "config.init_from=%r is ignored: the run resumes from its own "
+        "checkpoint %d (a warm start begins a new workdir).",
+        config.init_from, latest)
+  config = config.copy_and_resolve_references()
+  config.init_from = started_from
+  return config
 
 
 def _vocabulary(config: ml_collections.ConfigDict,

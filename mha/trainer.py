@@ -75,8 +75,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   next step boundary and return; a Ctrl-C (SIGINT) too, and then it raises
   `Interrupted` (a second Ctrl-C raises it at once, without saving). A
   non-finite loss raises TrainingDiverged naming the step; checkpoints
-  saved before it are left as they are, and so is config.json when the run
-  saved none. A write the machine refuses (a
+  saved before it are left as they are, and a run that saved none leaves
+  the workdir as it was (config.json, metrics.jsonl, no files of its own). A write the machine refuses (a
   full disk, a read-only folder) raises a DiskError naming the file or
   checkpoint and the last good checkpoint, with Orbax's threads ended.
 
@@ -109,21 +109,22 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   """The run itself, under the workdir's lock: set-up, then the loop.
 
   Bad data found during the set-up (a vocabulary that cannot be trained, no
-  example within the length limits) leaves the workdir as it was.
+  example within the length limits), or a loss that diverges before the
+  run saves a checkpoint, leaves the workdir as it was.
   """
-  restored = (folder.restored_on((errors.UserError,))
-              if jax.process_index() == 0 else contextlib.nullcontext())
-  # config.json as the checkpoints were trained with it: put back if this
-  # run stops on bad input (a diverged loss) before it saves anything.
-  trained_config = (files.read_bytes(folder.config_path)
-                    if jax.process_index() == 0
-                    and files.exists(folder.config_path) else None)
-  with restored:
+  # The workdir as it was: put back if this run stops on bad input (in the
+  # set-up, or a diverged loss) before it saves anything.
+  before = folder.snapshot() if jax.process_index() == 0 else None
+  try:
     run = train_setup.set_up(config, folder, inputs)
     manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
     writer = metrics_lib.MetricsWriter(folder.path, jax.process_index() == 0)
     start = train_setup.resume_or_start(config, folder, run, manager, writer)
     batches = train_setup.train_batches(config, run.tokenizer, start)
+  except errors.UserError:
+    if before is not None:
+      before.restore()
+    raise
   state = devices.pmap_replicate(start.state, jax.local_devices())
   # Only the replicated copy lives on for the run: the set-up's step-0
   # state and the start's (each one more copy of the parameters and Adam's
@@ -135,16 +136,19 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   saver = Saver(manager, start.step, start.data_position,
                 config.grad_accum_steps)
   stop_signal = StopSignal()
+  diverged = None
   with checkpoints.quiet_save_errors():
     try:
       write_hparams(config, writer)
       step = _loop(config, state, start.step, batches,
                    CompiledUpdate(run.model, run.tx, config), window, saver,
                    run.evaluations, Profiler(config, folder), stop_signal)
-    except errors.TrainingDiverged:
-      if saver.pending is None and trained_config is not None:
-        files.write_bytes_atomic(folder.config_path, trained_config)
-      raise
+    except errors.TrainingDiverged as e:
+      if saver.pending is not None:  # a checkpoint of this run: kept
+        raise errors.TrainingDiverged(
+            f"{e} The checkpoints saved before this step are intact."
+        ) from None
+      diverged = e
     finally:
       # Also when the loop raises (a diverged run): the checkpoint being
       # written is completed before the workdir's lock is released.
@@ -152,6 +156,13 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
         saver.finish()
       finally:
         manager.close()
+  if diverged is not None:
+    writer.close()
+    if before is not None:
+      before.restore(writer.lines)
+    raise errors.TrainingDiverged(
+        f"{diverged} This run saved no checkpoint: the workdir is left as "
+        "it was before it.") from None
   writer.flush()
   if stop_signal.interrupted:
     raise errors.Interrupted(
@@ -199,6 +210,7 @@ def _loop(config: ml_collections.ConfigDict, state: State, step: int,
         pending = None
       if need_save or window.stop:
         window.write(step, {"save_seconds": save(step, state, need_save)})
+        window.saved()
       if due:
         window.write(step, _evaluate(due, state["params"]))
       if window.stop:

@@ -24,13 +24,14 @@ import datetime
 import json
 import os
 import socket
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from absl import logging
 import ml_collections
 
 from mha import event_files
 from mha import files
+from mha import validation
 from mha.data import tokenized
 from mha.data import tokenizer
 from mha.errors import ConfigError
@@ -146,8 +147,9 @@ def check_saved_config(config: ml_collections.ConfigDict,
   """
   if saved is None:
     return
-  given = json.loads(config.to_json())
   path = os.path.join(workdir, CONFIG_FILE)
+  check_saved_fields(saved, path)
+  given = json.loads(config.to_json())
   location = "location" in (saved.get("attention_type"),
                             given.get("attention_type"))
   for field in MODEL_SHAPE_FIELDS:
@@ -166,6 +168,25 @@ def check_saved_config(config: ml_collections.ConfigDict,
           "language pair. Use another --workdir (config.init_from=<this "
           f"workdir> starts from its parameters) or --config.{field}="
           f"{saved[field]!r}.")
+
+
+def check_saved_fields(saved, path: str,
+                       error: type[UserError] = WorkdirError) -> None:
+  """The model fields of a workdir's config.json (`saved`, read from
+  `path`) by their rules (`validation.FIELDS`): a file edited into a value
+  no run writes (`num_heads: "four"`) is named, not compared with the
+  given config or handed to the model.
+
+  Raises:
+    error: naming the file, the field and its value.
+  """
+  for field in MODEL_SHAPE_FIELDS:
+    if field in saved and field in validation.FIELDS:
+      try:
+        validation.check_field(field, saved[field])
+      except ConfigError as e:
+        raise error(f"{path}: {e} The file was edited or damaged: put the "
+                    "value back, or use another --workdir.") from None
 
 
 def changed_data_fields(config: ml_collections.ConfigDict,
@@ -473,58 +494,24 @@ class Workdir:
   def load_config(self) -> ml_collections.ConfigDict:
     return load_config(self.path)
 
+  def snapshot(self) -> "Snapshot":
+    """The workdir's top level as it is now, to put back (`Snapshot`)."""
+    return Snapshot(self)
+
   @contextlib.contextmanager
   def restored_on(self, errors: tuple[type[BaseException], ...]
                   ) -> Iterator[None]:
-    """Leaves the workdir as it was if the block raises one of `errors`.
+    """Leaves the workdir as it was if the block raises one of `errors`
+    (`Snapshot.restore`).
 
     For a run's set-up (vocabulary, tokenized data, config.json, batch
-    plan): bad data found there must not leave a half-made workdir. The
-    entries the block created at the top of the workdir are removed, and
-    config.json and metrics.jsonl get their earlier bytes back (locally
-    their times too; an object store sets its own). What another process
-    wrote meanwhile stays: an evaluation beside the run (`eval.py
-    --follow` never takes the lock) writes `eval/`, an event file named by
-    its own host and process, and lines of metrics.jsonl, which are
-    appended again after the earlier bytes (the set-up only drops lines of
-    metrics.jsonl, never writes one; a metrics.jsonl that was not there
-    before is the evaluation's and stays as it is). The lock is its
-    holder's to release.
+    plan): bad data found there must not leave a half-made workdir.
     """
-    local = not files.is_gcs(self.path)
-    before = set(files.listdir(self.path))
-    saved = {}  # path -> (bytes, (atime_ns, mtime_ns) or None)
-    for path in (self.config_path, self.metrics_path):
-      if files.isfile(path):
-        times = None
-        if local:
-          stat = os.stat(path)
-          times = (stat.st_atime_ns, stat.st_mtime_ns)
-        saved[path] = (files.read_bytes(path), times)
+    snapshot = self.snapshot()
     try:
       yield
     except errors:
-      created = set(files.listdir(self.path)) - before
-      # A metrics.jsonl made meanwhile is the evaluation's: kept as it is.
-      kept = {LOCK_FILE, EVAL_DIR, os.path.basename(self.metrics_path)}
-      for name in created - kept:
-        if event_files.written_by_another_process(name):
-          continue
-        path = os.path.join(self.path, name)
-        if files.isdir(path) and not (local and os.path.islink(path)):
-          files.rmtree(path)
-        else:
-          with contextlib.suppress(FileNotFoundError):
-            files.remove(path)
-      if self.metrics_path in saved and files.isfile(self.metrics_path):
-        data, times = saved[self.metrics_path]
-        saved[self.metrics_path] = (
-            data + _lines_added(data, files.read_bytes(self.metrics_path)),
-            times)
-      for path, (data, times) in saved.items():
-        files.write_bytes_atomic(path, data)
-        if times is not None:
-          os.utime(path, ns=times)
+      snapshot.restore()
       raise
 
   @contextlib.contextmanager
@@ -552,8 +539,78 @@ class Workdir:
       raise
 
 
+class Snapshot:
+  """A workdir's top level as it was when taken, to put back after a run
+  that fails before it saves anything.
+
+  `restore` removes the entries created since at the top of the workdir,
+  and gives config.json and metrics.jsonl their earlier bytes back (locally
+  their times too; an object store sets its own). What another process
+  wrote meanwhile stays: an evaluation beside the run (`eval.py --follow`
+  never takes the lock) writes `eval/`, an event file named by its own
+  host and process, and lines of metrics.jsonl, which are appended again
+  after the earlier bytes. The run's own lines of metrics.jsonl are those
+  it names (`own_lines`); every other line added is another process's (a
+  metrics.jsonl that was not there before and holds none of the run's
+  lines is the evaluation's and stays as it is). The lock is its holder's
+  to release.
+  """
+
+  def __init__(self, folder: Workdir):
+    self._folder = folder
+    self._local = not files.is_gcs(folder.path)
+    self._entries = set(files.listdir(folder.path))
+    self._saved = {}  # path -> (bytes, (atime_ns, mtime_ns) or None)
+    for path in (folder.config_path, folder.metrics_path):
+      if files.isfile(path):
+        times = None
+        if self._local:
+          stat = os.stat(path)
+          times = (stat.st_atime_ns, stat.st_mtime_ns)
+        self._saved[path] = (files.read_bytes(path), times)
+
+  def restore(self, own_lines: Iterable[bytes] = ()) -> None:
+    """Puts the workdir's top level back; `own_lines`: the lines of
+    metrics.jsonl the failed run itself wrote."""
+    folder, own = self._folder, set(own_lines)
+    metrics = folder.metrics_path
+    created = set(files.listdir(folder.path)) - self._entries
+    kept = {LOCK_FILE, EVAL_DIR, os.path.basename(metrics)}
+    for name in created - kept:
+      if event_files.written_by_another_process(name):
+        continue
+      path = os.path.join(folder.path, name)
+      if files.isdir(path) and not (self._local and os.path.islink(path)):
+        files.rmtree(path)
+      else:
+        with contextlib.suppress(FileNotFoundError):
+          files.remove(path)
+    saved = dict(self._saved)
+    if files.isfile(metrics):
+      others = _without_lines(files.read_bytes(metrics), own)
+      if metrics in saved:
+        data, times = saved[metrics]
+        saved[metrics] = (data + _lines_added(data, others), times)
+      elif own and others:
+        files.write_bytes_atomic(metrics, others)
+      elif own:
+        files.remove(metrics)
+    for path, (data, times) in saved.items():
+      files.write_bytes_atomic(path, data)
+      if times is not None:
+        os.utime(path, ns=times)
+
+
 def _lines_added(before: bytes, now: bytes) -> bytes:
   """The whole lines of `now` that `before` does not hold, in order."""
   known = set(before.splitlines(keepends=True))
   return b"".join(line for line in now.splitlines(keepends=True)
                   if line.endswith(b"\n") and line not in known)
+
+
+def _without_lines(data: bytes, lines: set[bytes]) -> bytes:
+  """`data` without the whole lines in `lines`."""
+  if not lines:
+    return data
+  return b"".join(line for line in data.splitlines(keepends=True)
+                  if line not in lines)

@@ -1,4 +1,6 @@
 """Warm start (config.init_from): parameters of another workdir's checkpoint."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,6 +161,10 @@ def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path,
       str(new))
   assert checkpoints.latest_step(str(new)) == 2
   assert configs_read == [str(new / "config.json")]  # read once
+  # config.json records where the run started from, not the ignored path.
+  saved = json.loads((new / "config.json").read_text())
+  assert (saved["init_from"], saved["num_train_steps"]) == (
+      f"{tiny_workdir}:4", 2)
 
 
 def test_a_mismatched_warm_start_writes_nothing(tiny_workdir, tmp_path):

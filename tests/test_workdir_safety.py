@@ -9,6 +9,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import socket
 import subprocess
@@ -267,6 +268,17 @@ def test_unreadable_config_json_is_named(copy, text, message):
     workdir_lib.load_config(str(copy))  # eval's reader names it too
 
 
+def test_a_config_json_edited_into_a_bad_value_is_named_as_such(copy):
+  """Not compared with the given config (whose advice would then be to
+  pass the bad value back, `--config.num_heads='four'`)."""
+  config = json.loads((copy / "config.json").read_text())
+  (copy / "config.json").write_text(json.dumps(dict(config, num_heads="four")))
+  error = _refused(errors.WorkdirError, re.escape(
+      f"{copy / 'config.json'}: config.num_heads must be an integer >= 1, "
+      "got 'four'. The file was edited or damaged"), tiny_config(), copy)
+  assert "--config.num_heads" not in error
+
+
 def test_other_model_in_the_workdir_is_refused(existing):
   _refused(errors.ConfigError, r"num_heads=4 .* num_heads=2",
            tiny_config(num_heads=2), existing)
@@ -513,16 +525,79 @@ def test_limits_up_to_max_len_pass_and_the_longer_side_sets_the_minimum():
                                     max_target_length=24, max_tokens=96), 4)
 
 
-def test_a_resume_that_diverges_before_saving_keeps_the_config(
+def test_a_resume_that_diverges_before_saving_leaves_the_workdir(
+    tiny_workdir, tmp_path):
+  """A resumed run whose loss is non-finite before its first save: the
+  workdir is as it was, byte for byte at the top (config.json, metrics.jsonl
+  with the lines the resume had dropped, no event file of its own)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  before = {name: (workdir / name).read_bytes()
+            for name in os.listdir(workdir) if (workdir / name).is_file()}
+  trained = before["config.json"]
+  # Ask the resume to drop step 6's lines: a run from step 4 rewrites them.
+  shutil.rmtree(workdir / "checkpoints" / "6")
+  diverging = dict(json.loads(trained), num_train_steps=8, warmup_steps=1,
+                   learning_rate_scale=1e12)
+  with pytest.raises(errors.TrainingDiverged,
+                     match="at step [5-8]; stopping. This run saved no "
+                     "checkpoint: the workdir is left as it was"):
+    trainer.train_and_evaluate(ml_collections.ConfigDict(diverging),
+                               str(workdir))
+  after = {name: (workdir / name).read_bytes()
+           for name in os.listdir(workdir) if (workdir / name).is_file()}
+  assert after == before
+  assert b'"step": 6' in after["metrics.jsonl"]
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
+
+
+def test_a_new_run_that_diverges_before_saving_leaves_no_workdir(tmp_path):
+  new = tmp_path / "new"
+  config = tiny_config(num_train_steps=4, warmup_steps=1,
+                       learning_rate_scale=1e12, checkpoint_every_steps=100,
+                       eval_every_steps=100, log_every_steps=1)
+  with pytest.raises(errors.TrainingDiverged,
+                     match="This run saved no checkpoint"):
+    trainer.train_and_evaluate(config, str(new))
+  assert not new.exists()
+
+
+def test_a_run_that_diverges_after_saving_keeps_its_checkpoints(
     tiny_workdir, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(tiny_workdir, workdir)
-  trained = (workdir / "config.json").read_bytes()
-  diverging = dict(json.loads(trained), num_train_steps=8, warmup_steps=1,
-                   learning_rate_scale=1e12)
-  with pytest.raises(errors.TrainingDiverged, match="at step [78];"):
+  trained = json.loads((workdir / "config.json").read_bytes())
+  diverging = dict(trained, num_train_steps=12, checkpoint_every_steps=1,
+                   warmup_steps=1, learning_rate_scale=1e12,
+                   log_every_steps=1)
+  with pytest.raises(errors.TrainingDiverged,
+                     match="The checkpoints saved before this step are "
+                     "intact"):
     trainer.train_and_evaluate(ml_collections.ConfigDict(diverging),
                                str(workdir))
-  # Nothing of the run saved: config.json is still the checkpoints' own.
-  assert (workdir / "config.json").read_bytes() == trained
-  assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4", "6"]
+  # Saved by this run before the loss went non-finite, with its config.
+  assert "7" in os.listdir(workdir / "checkpoints")
+  assert json.loads((workdir / "config.json").read_bytes())[
+      "learning_rate_scale"] == 1e12
+
+
+def test_a_snapshot_puts_back_the_runs_lines_only(tmp_path):
+  """`Snapshot.restore(own_lines)`: the failed run's metrics lines go, an
+  evaluation's lines written meanwhile stay; a metrics.jsonl the run made
+  goes if only its lines are in it."""
+  folder = workdir_lib.Workdir(str(tmp_path))
+  metrics = tmp_path / "metrics.jsonl"
+  old = b'{"step": 2, "loss": 2.0}\n'
+  ours, theirs = b'{"step": 3, "loss": 9.0}\n', b'{"step": 2, "bleu": 1}\n'
+  metrics.write_bytes(old)
+  snapshot = folder.snapshot()
+  metrics.write_bytes(old + ours + theirs + ours.replace(b"3", b"4"))
+  snapshot.restore([ours, ours.replace(b"3", b"4")])
+  assert metrics.read_bytes() == old + theirs
+  metrics.unlink()
+  for written, kept in ((ours, None), (ours + theirs, theirs)):
+    snapshot = folder.snapshot()
+    metrics.write_bytes(written)
+    snapshot.restore([ours])
+    assert (metrics.read_bytes() if metrics.exists() else None) == kept
+    metrics.unlink(missing_ok=True)
