@@ -20,7 +20,6 @@ import pytest
 from tensorboard.plugins.hparams import plugin_data_pb2 as hparams_plugin_data_pb2
 import tensorflow as tf
 
-from configs import quickstart
 from mha import checkpoints
 from mha import data
 from mha import errors

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from configs import base
-from configs import quickstart
 from mha import config_check
 from mha import data
 from mha import errors
@@ -525,6 +524,16 @@ def test_limits_up_to_max_len_pass_and_the_longer_side_sets_the_minimum():
                                     max_target_length=24, max_tokens=96), 4)
 
 
+def _diverge(workdir: pathlib.Path, message: str, **changes) -> None:
+  """Resumes `workdir` with its config.json, `changes` and a learning rate
+  10^12 times the schedule's: the loss soon becomes non-finite."""
+  config = dict(json.loads((workdir / "config.json").read_bytes()),
+                warmup_steps=1, learning_rate_scale=1e12, **changes)
+  with pytest.raises(errors.TrainingDiverged, match=message):
+    trainer.train_and_evaluate(ml_collections.ConfigDict(config),
+                               str(workdir))
+
+
 def test_a_resume_that_diverges_before_saving_leaves_the_workdir(
     tiny_workdir, tmp_path):
   """A resumed run whose loss is non-finite before its first save: the
@@ -534,16 +543,10 @@ def test_a_resume_that_diverges_before_saving_leaves_the_workdir(
   shutil.copytree(tiny_workdir, workdir)
   before = {name: (workdir / name).read_bytes()
             for name in os.listdir(workdir) if (workdir / name).is_file()}
-  trained = before["config.json"]
   # Ask the resume to drop step 6's lines: a run from step 4 rewrites them.
   shutil.rmtree(workdir / "checkpoints" / "6")
-  diverging = dict(json.loads(trained), num_train_steps=8, warmup_steps=1,
-                   learning_rate_scale=1e12)
-  with pytest.raises(errors.TrainingDiverged,
-                     match="at step [5-8]; stopping. This run saved no "
-                     "checkpoint: the workdir is left as it was"):
-    trainer.train_and_evaluate(ml_collections.ConfigDict(diverging),
-                               str(workdir))
+  _diverge(workdir, "at step [5-8]; stopping. This run saved no "
+           "checkpoint: the workdir is left as it was", num_train_steps=8)
   after = {name: (workdir / name).read_bytes()
            for name in os.listdir(workdir) if (workdir / name).is_file()}
   assert after == before
@@ -566,15 +569,8 @@ def test_a_run_that_diverges_after_saving_keeps_its_checkpoints(
     tiny_workdir, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(tiny_workdir, workdir)
-  trained = json.loads((workdir / "config.json").read_bytes())
-  diverging = dict(trained, num_train_steps=12, checkpoint_every_steps=1,
-                   warmup_steps=1, learning_rate_scale=1e12,
-                   log_every_steps=1)
-  with pytest.raises(errors.TrainingDiverged,
-                     match="The checkpoints saved before this step are "
-                     "intact"):
-    trainer.train_and_evaluate(ml_collections.ConfigDict(diverging),
-                               str(workdir))
+  _diverge(workdir, "The checkpoints saved before this step are intact",
+           num_train_steps=12, checkpoint_every_steps=1, log_every_steps=1)
   # Saved by this run before the loss went non-finite, with its config.
   assert "7" in os.listdir(workdir / "checkpoints")
   assert json.loads((workdir / "config.json").read_bytes())[
