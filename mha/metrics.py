@@ -57,7 +57,7 @@ class MetricsWriter:
                       lines[-1][:80])
       lines = lines[:-1]
     kept = [line for number, line in enumerate(lines, 1) if line.strip()
-            and _parse(line, self.path, number).get("step", 0) <= step]
+            and _parse(line, self.path, number)["step"] <= step]
     if torn or len(kept) != len(lines):
       files.write_bytes_atomic(self.path, "".join(kept).encode("utf-8"))
 
@@ -101,11 +101,25 @@ def _lines(path: str) -> list[str]:
 
 
 def _parse(line: str, path: str, number: int) -> dict:
+  """Line `number` of `path` as a record: a JSON object with an integer
+  "step" (what `MetricsWriter.write` writes). Anything else is a ValueError
+  naming the file and line: a record without a step cannot be placed on a
+  curve or kept by a resume, and a string step would plot as a category."""
   try:
-    return json.loads(line)
+    record = json.loads(line)
   except json.JSONDecodeError as e:
     raise ValueError(f"{path}, line {number}: not a JSON record "
                      f"({e.msg}).") from None
+  if not isinstance(record, dict):
+    raise ValueError(f"{path}, line {number}: not a JSON record "
+                     f"({json.dumps(record)[:40]} is not an object).")
+  if "step" not in record:
+    raise ValueError(f"{path}, line {number}: the record has no \"step\".")
+  step = record["step"]
+  if isinstance(step, bool) or not isinstance(step, int):
+    raise ValueError(f"{path}, line {number}: \"step\" is "
+                     f"{json.dumps(step)[:40]}, not an integer.")
+  return record
 
 
 def read_metrics(workdir: str) -> list[dict]:

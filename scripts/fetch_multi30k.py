@@ -10,7 +10,9 @@ The files are those of the multi30k/dataset repository on GitHub
 Results. Each file is downloaded to a temporary name, checked (it must
 decompress, and every language of a split must have the split's line
 count), then renamed into place; a file already present and valid is kept.
-A failed or partial download leaves nothing under the final name.
+A failed or partial download leaves nothing under the final name, and a
+folder the run created is removed again if it failed before putting a file
+in it.
 """
 import argparse
 import gzip
@@ -19,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 
@@ -58,13 +61,16 @@ def fetch_file(url: str, path: str, expected_lines: int) -> bool:
     except FetchError:
       pass
   folder = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".fetch_")
+  try:
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".fetch_")
+  except OSError as e:
+    raise FetchError(f"Cannot write into {folder}: {e.strerror}.") from None
   try:
     with os.fdopen(fd, "wb") as out:
       try:
         with urllib.request.urlopen(url, timeout=60) as response:
           shutil.copyfileobj(response, out)
-      except (urllib.error.URLError, OSError) as e:
+      except (urllib.error.URLError, OSError, ValueError) as e:
         raise FetchError(f"Cannot download {url}: {e}.") from None
     lines = count_lines(tmp)
     if lines != expected_lines:
@@ -76,17 +82,67 @@ def fetch_file(url: str, path: str, expected_lines: int) -> bool:
   return True
 
 
+def make_folder(out: str) -> list[str]:
+  """Creates `out` and its missing parents; returns those it created,
+  deepest first.
+
+  Raises:
+    FetchError: `out` is a file, or cannot be created (naming --out).
+  """
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise FetchError(f"--out={out} is a file, not a folder.")
+  created = []
+  path = os.path.abspath(out)
+  while not os.path.exists(path):
+    created.append(path)
+    path = os.path.dirname(path)
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    remove_empty(created)
+    raise FetchError(f"--out={out}: cannot create the folder "
+                     f"({e.strerror}).") from None
+  return created
+
+
+def remove_empty(folders: list[str]) -> None:
+  """Removes each of `folders` (deepest first) that exists and is empty:
+  a failed run leaves no folder of its own behind, and keeps any file."""
+  for folder in folders:
+    try:
+      os.rmdir(folder)
+    except OSError:
+      return  # not empty (or gone): its parents are not empty either
+
+
 def fetch(out: str, languages=LANGUAGES, base_url: str = BASE_URL
           ) -> list[str]:
-  """Fetches every split of `languages` into `out`; returns the new files."""
-  os.makedirs(out, exist_ok=True)
+  """Fetches every split of `languages` into `out`; returns the new files.
+
+  Raises:
+    FetchError: a file that could not be fetched; the folders this call
+      created are removed again if nothing was put in them.
+  """
+  created = make_folder(out)
   fetched = []
-  for split, lines in SPLITS.items():
-    for lang in languages:
-      name = f"{split}.{lang}.gz"
-      if fetch_file(f"{base_url}/{name}", os.path.join(out, name), lines):
-        fetched.append(name)
+  try:
+    for split, lines in SPLITS.items():
+      for lang in languages:
+        name = f"{split}.{lang}.gz"
+        if fetch_file(f"{base_url}/{name}", os.path.join(out, name), lines):
+          fetched.append(name)
+  except BaseException:
+    remove_empty(created)
+    raise
   return fetched
+
+
+def check_base_url(url: str) -> None:
+  """Raises FetchError naming --base_url unless it is a URL urllib reads."""
+  scheme = urllib.parse.urlsplit(url).scheme
+  if scheme not in ("http", "https", "ftp", "file"):
+    raise FetchError(f"--base_url={url}: not a URL (expected https://..., "
+                     "http://..., ftp://... or file://...).")
 
 
 def main(argv=None) -> int:
@@ -103,7 +159,13 @@ def main(argv=None) -> int:
     print(f"fetch_multi30k.py: unknown language(s) {unknown}; Multi30k task "
           f"1 has {', '.join(LANGUAGES)}.", file=sys.stderr)
     return 1
+  if not languages:
+    print(f"fetch_multi30k.py: --languages={args.languages!r} names no "
+          f"language; Multi30k task 1 has {', '.join(LANGUAGES)}.",
+          file=sys.stderr)
+    return 1
   try:
+    check_base_url(args.base_url)
     fetched = fetch(args.out, languages, args.base_url.rstrip("/"))
   except FetchError as e:
     print(f"fetch_multi30k.py: {e}", file=sys.stderr)

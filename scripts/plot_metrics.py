@@ -30,22 +30,33 @@ def curves(records: list[dict]) -> dict[str, tuple[list, list]]:
           "eval BLEU": series("eval_bleu")}
 
 
+def _fail(message: str) -> None:
+  """Exits with `plot_metrics.py: <message>` (one line), status 1, as
+  mha/cli/startup.py's `fail` does for the commands."""
+  sys.exit(f"plot_metrics.py: {' '.join(str(message).split())}")
+
+
 def main(argv=None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--out", required=True, help="PNG file to write")
   parser.add_argument("--title", default=None)
   args = parser.parse_args(argv)
+  folder = os.path.dirname(os.path.abspath(args.out))
+  if not os.path.isdir(folder) or os.path.isdir(args.out):
+    _fail(f"--out={args.out}: " + ("is a folder, not a file to write."
+                                   if os.path.isdir(args.out) else
+                                   f"the folder {folder} does not exist."))
   path = workdir_lib.Workdir(args.workdir).metrics_path
   if not files.exists(path):
-    sys.exit(f"{path} does not exist: --workdir must be a training workdir.")
+    _fail(f"{path} does not exist: --workdir must be a training workdir.")
   try:
-    records = metrics.read_metrics(args.workdir)
+    records = metrics.read_metrics(args.workdir)  # each line checked
   except ValueError as e:
-    sys.exit(str(e))
+    _fail(str(e))
   lines = curves(records)
   if not lines["train NLL"][0]:
-    sys.exit(f"{path} holds no training metrics.")
+    _fail(f"{path} holds no training metrics.")
   fig, ax = plt.subplots(figsize=(6, 3.6))
   ax.plot(*lines["train NLL"], label="train NLL")
   ax.plot(*lines["eval NLL"], "o-", label="eval NLL")

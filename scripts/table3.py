@@ -298,8 +298,9 @@ def load_results(results_dir: str) -> dict[tuple[str, int], dict[str, Any]]:
   """Every run's JSON file in `results_dir`: {(row, seed): result}.
 
   Raises:
-    Table3Error: a file named for an unknown row, or whose row or seed
-      fields disagree with its name.
+    Table3Error: a file named for an unknown row, whose row or seed
+      fields disagree with its name, or whose figures are not numbers
+      (`check_figures`).
   """
   found = {}
   for path in sorted(glob.glob(os.path.join(results_dir, "*_seed*.json"))):
@@ -313,8 +314,32 @@ def load_results(results_dir: str) -> dict[tuple[str, int], dict[str, Any]]:
     if result.get("row") != row or result.get("seed") != seed:
       raise Table3Error(f"{path} holds row {result.get('row')!r} seed "
                         f"{result.get('seed')!r}, not its name's.")
+    check_figures(path, result)
     found[(row, seed)] = result
   return found
+
+
+def check_figures(path: str, result: dict[str, Any]) -> None:
+  """Raises Table3Error naming `path` and the field unless `result` has a
+  status ('done' or 'failed') and, if done, a finite number in each of
+  FIELDS: the seed rule and the table compute with them, so a hand-edited
+  or damaged file is named here rather than failing in the arithmetic."""
+  if "status" not in result:
+    raise Table3Error(f"{path}: a run without \"status\".")
+  if result["status"] not in ("done", "failed"):
+    raise Table3Error(f"{path}: \"status\" is "
+                      f"{json.dumps(result['status'])[:40]}, not \"done\" "
+                      "or \"failed\".")
+  if result["status"] != "done":
+    return
+  for field in FIELDS.values():
+    if field not in result:
+      raise Table3Error(f"{path}: a done run without \"{field}\".")
+    value = result[field]
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+        or not math.isfinite(value)):
+      raise Table3Error(f"{path}: \"{field}\" is {json.dumps(value)[:40]}, "
+                        "not a number.")
 
 
 # ------------------------------------------------------------- seed rule
@@ -975,8 +1000,7 @@ def replace_section(text: str, table: str, path: str) -> str:
 
 
 def write_page(path: str, table: str) -> None:
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
+  text = read_page(path)
   new = replace_section(text, table, path)
   if new != text:
     tmp = path + ".tmp"
@@ -1082,6 +1106,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     print(list_rows())
     return ""
   setup = _setup(args)
+  check_paths(args)
   if args.status:
     text = status(load_results(setup.results_dir), setup.workdir_root)
     print(text)
@@ -1090,8 +1115,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     raise Table3Error("--workdir_root is required (one workdir per run "
                       "below it).")
   if args.page:
-    with open(args.page, encoding="utf-8") as f:
-      replace_section(f.read(), "", args.page)  # fail now, not at the end
+    replace_section(read_page(args.page), "", args.page)  # fail now
   left = _next_runs(args, setup)
   code_version()  # the code the runs start with
   done: list[tuple[str, int]] = []
@@ -1104,6 +1128,31 @@ def main(argv: Sequence[str] | None = None) -> str:
     done.append(pending[0])
     _rebuild(args, setup)
   return _rebuild(args, setup)
+
+
+def check_paths(args: argparse.Namespace) -> None:
+  """Raises Table3Error naming the flag for a --results_dir that is not a
+  folder, or that does not exist where it is only read (--table_only,
+  --status: an empty table would replace the page's rows), before
+  anything is written; a run creates it with its first JSON file."""
+  results_dir = args.results_dir
+  if os.path.exists(results_dir) and not os.path.isdir(results_dir):
+    raise Table3Error(f"--results_dir={results_dir} is not a folder.")
+  if not os.path.exists(results_dir) and (args.table_only or args.status):
+    raise Table3Error(f"--results_dir={results_dir} does not exist (the "
+                      "folder of the runs' JSON files).")
+
+
+def read_page(path: str) -> str:
+  """The text of --page; Table3Error naming the flag if it cannot be read."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except FileNotFoundError:
+    raise Table3Error(f"--page={path} does not exist.") from None
+  except (OSError, UnicodeDecodeError) as e:
+    raise Table3Error(f"--page={path} cannot be read: "
+                      f"{getattr(e, 'strerror', None) or e}.") from None
 
 
 def _rebuild(args, setup: Setup) -> str:
@@ -1119,4 +1168,5 @@ if __name__ == "__main__":
   try:
     main()
   except (Table3Error, UserError) as e:
-    sys.exit(f"scripts/table3.py: {e}")
+    # One line, as mha/cli/startup.py's `fail` writes the commands' errors.
+    sys.exit(f"table3.py: {' '.join(str(e).split())}")

@@ -2,6 +2,8 @@
 import gzip
 import os
 
+import pytest
+
 from scripts import fetch_multi30k
 
 
@@ -41,3 +43,38 @@ def test_a_wrong_file_is_refused_and_leaves_nothing(tmp_path, capsys):
   assert sorted(os.listdir(out)) == ["train.de.gz"]  # no partial val file
   assert fetch_multi30k.main(["--out", str(out), "--languages", "xx"]) == 1
   assert "unknown language(s) ['xx']" in capsys.readouterr().err
+
+
+def test_bad_flags_are_refused_and_leave_no_folder(tmp_path, capsys):
+  # These used to end in a traceback (FileExistsError, FileNotFoundError,
+  # ValueError) or do nothing with status 0, and left an empty --out.
+  (tmp_path / "afile").write_text("x")
+  cases = [
+      (["--out", str(tmp_path / "afile")],
+       f"--out={tmp_path / 'afile'} is a file, not a folder."),
+      (["--out", str(tmp_path / "afile" / "m30k")],
+       f"--out={tmp_path / 'afile' / 'm30k'}: cannot create the folder "
+       "(Not a directory)."),
+      (["--out", str(tmp_path / "new"), "--base_url", "notaurl"],
+       "--base_url=notaurl: not a URL (expected https://..., http://..., "
+       "ftp://... or file://...)."),
+      (["--out", str(tmp_path / "new"), "--languages", ","],
+       "--languages=',' names no language; Multi30k task 1 has de, en, fr."),
+      (["--out", str(tmp_path / "new" / "m30k"), "--languages", "de",
+        "--base_url", f"file://{tmp_path / 'nowhere'}"],
+       f"Cannot download file://{tmp_path / 'nowhere'}/train.de.gz: <urlopen "
+       f"error [Errno 2] No such file or directory: "
+       f"'{tmp_path / 'nowhere'}/train.de.gz'>."),
+  ]
+  for args, message in cases:
+    assert fetch_multi30k.main(args) == 1, args
+    assert capsys.readouterr().err == f"fetch_multi30k.py: {message}\n"
+  assert sorted(os.listdir(tmp_path)) == ["afile"]  # no folder left behind
+  assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_url_urllib_refuses_is_a_fetch_error(tmp_path):
+  with pytest.raises(fetch_multi30k.FetchError,
+                     match="^Cannot download notaurl/val.de.gz: unknown url"):
+    fetch_multi30k.fetch_file("notaurl/val.de.gz", str(tmp_path / "v.gz"), 1)
+  assert os.listdir(tmp_path) == []

@@ -72,3 +72,41 @@ def test_plot_bad_workdir_gives_one_clear_error(tmp_path):
   with pytest.raises(SystemExit, match="holds no training metrics"):
     plot_metrics.main([f"--workdir={tmp_path}", f"--out={tmp_path / 'a.png'}"])
   assert not (tmp_path / "a.png").exists()
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"time": 1.0, "nll": 1.0}', 'the record has no "step".'),
+    ('{"step": "five", "nll": 1.0}', '"step" is "five", not an integer.'),
+    ('{"step": 2.5, "nll": 1.0}', '"step" is 2.5, not an integer.'),
+    ('[1, 2]', "not a JSON record ([1, 2] is not an object)."),
+], ids=["no_step", "string_step", "float_step", "list"])
+def test_a_record_without_an_integer_step_is_named(tmp_path, line, problem):
+  # Such lines used to give a KeyError, a plot with a category axis, or be
+  # skipped silently.
+  _write(tmp_path, [1, 2, 3])
+  path = tmp_path / metrics_lib.METRICS_FILE
+  lines = path.read_text().splitlines(keepends=True)
+  path.write_text(lines[0] + line + "\n" + "".join(lines[1:]))
+  damaged = path.read_text()
+  message = f"{path}, line 2: {problem}"
+  with pytest.raises(ValueError) as error:
+    metrics_lib.read_metrics(str(tmp_path))
+  assert str(error.value) == message
+  out = tmp_path / "a.png"
+  with pytest.raises(SystemExit) as error:
+    plot_metrics.main([f"--workdir={tmp_path}", f"--out={out}"])
+  assert str(error.value) == f"plot_metrics.py: {message}"
+  # A resume refuses it too, and leaves the file as it was.
+  with pytest.raises(ValueError, match="line 2: "):
+    metrics_lib.MetricsWriter(str(tmp_path)).truncate_after(1)
+  assert not out.exists() and path.read_text() == damaged
+
+
+def test_plot_out_in_a_missing_folder_is_refused(tmp_path):
+  _write(tmp_path, [1, 2])
+  out = tmp_path / "nope" / "a.png"
+  with pytest.raises(SystemExit) as error:
+    plot_metrics.main([f"--workdir={tmp_path}", f"--out={out}"])
+  assert str(error.value) == (f"plot_metrics.py: --out={out}: the folder "
+                              f"{out.parent} does not exist.")
+  assert not out.parent.exists()

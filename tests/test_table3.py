@@ -5,6 +5,9 @@ import gzip
 import json
 import math
 import pathlib
+import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -335,6 +338,86 @@ def test_a_file_that_disagrees_with_its_name_is_refused(tmp_path):
   (tmp_path / "C9_seed0.json").write_text(json.dumps(record))
   with pytest.raises(script.Table3Error, match="no row 'C9'"):
     script.load_results(str(tmp_path))
+
+
+PAGE = ("# Title\n\n<!-- table3:start -->\nthe measured rows\n"
+        "<!-- table3:end -->\n")
+
+
+def test_a_results_dir_that_is_not_a_folder_is_refused(tmp_path):
+  # A mistyped --results_dir used to rebuild the page with every row
+  # emptied (--table_only) or report "measured: none" (--status).
+  page = tmp_path / "table3.md"
+  page.write_text(PAGE)
+  (tmp_path / "afile").write_text("x")
+  missing, afile = tmp_path / "nope", tmp_path / "afile"
+  for mode, folder, problem in (("--table_only", missing, "does not exist"),
+                                ("--status", missing, "does not exist"),
+                                ("--table_only", afile, "is not a folder"),
+                                ("--rows=base", afile, "is not a folder")):
+    with pytest.raises(script.Table3Error) as error:
+      script.main([mode, f"--results_dir={folder}", f"--page={page}",
+                   f"--workdir_root={tmp_path / 'runs'}"])
+    assert str(error.value).startswith(f"--results_dir={folder} {problem}")
+  assert page.read_text() == PAGE and afile.read_text() == "x"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "table3.md"]
+
+
+def test_a_missing_page_is_named_before_anything_runs(tmp_path):
+  results_dir = tmp_path / "results"
+  results_dir.mkdir()
+  page = tmp_path / "nope.md"
+  for mode in ("--table_only", "--rows=base"):
+    with pytest.raises(script.Table3Error) as error:
+      script.main([mode, f"--results_dir={results_dir}", f"--page={page}",
+                   f"--workdir_root={tmp_path / 'runs'}"])
+    assert str(error.value) == f"--page={page} does not exist."
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("dev_bleu_last", None, '"dev_bleu_last" is null, not a number.'),
+    ("dev_bleu_last", "29.0", '"dev_bleu_last" is "29.0", not a number.'),
+    ("test_bleu_avg5", True, '"test_bleu_avg5" is true, not a number.'),
+    ("dev_bleu_last", "delete", 'a done run without "dev_bleu_last".'),
+    ("status", "delete", 'a run without "status".'),
+    ("status", "ok", '"status" is "ok", not "done" or "failed".'),
+], ids=["null", "string", "boolean", "missing", "no_status", "bad_status"])
+def test_a_run_file_with_a_bad_figure_is_named(tmp_path, field, value,
+                                               message):
+  # Such files used to fail in the seed rule (KeyError, TypeError).
+  results_dir = tmp_path / "results"
+  bad = result("base", 1, 30.6)
+  if value == "delete":
+    del bad[field]
+  else:
+    bad[field] = value
+  write_results(results_dir, result("base", 0, 30.0), bad,
+                result("base", 2, 30.3), result("A1", 0, 29.0))
+  with pytest.raises(script.Table3Error) as error:
+    script.load_results(str(results_dir))
+  assert str(error.value) == f"{results_dir / 'base_seed1.json'}: {message}"
+  page = tmp_path / "table3.md"
+  page.write_text(PAGE)
+  for mode in ("--table_only", "--status"):
+    with pytest.raises(script.Table3Error, match="base_seed1.json"):
+      script.main([mode, f"--results_dir={results_dir}", f"--page={page}"])
+  assert page.read_text() == PAGE
+
+
+def test_the_script_fails_in_one_line_with_status_1(tmp_path):
+  page = tmp_path / "table3.md"
+  page.write_text(PAGE)
+  done = subprocess.run(
+      [sys.executable, str(REPO / "scripts" / "table3.py"), "--table_only",
+       f"--results_dir={tmp_path / 'nope'}", f"--page={page}"],
+      capture_output=True, text=True, cwd=tmp_path, check=False)
+  assert done.returncode == 1
+  lines = [l for l in done.stderr.splitlines()
+           if not re.match(r"[IWE]\d{4} ", l)]  # absl's log lines
+  assert lines == [f"table3.py: --results_dir={tmp_path / 'nope'} does not "
+                   "exist (the folder of the runs' JSON files)."]
+  assert page.read_text() == PAGE
 
 
 def test_other_busy_cores_from_two_snapshots():

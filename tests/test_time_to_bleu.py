@@ -74,3 +74,46 @@ def test_run_needs_a_label_and_a_workdir(tmp_path):
   # A colon inside the label leaves a path that is no workdir: named.
   with pytest.raises(SystemExit, match="is not a training workdir"):
     time_to_bleu.main([f"--run=a (:b):{tmp_path}", "--out=x.png"])
+
+
+def test_a_copied_workdir_starts_at_the_start_it_recorded(tiny_workdir,
+                                                         tmp_path):
+  # `cp -r` gives config.json the copy's time, after every record: the
+  # times were negative. The first training record's window (its steps
+  # over its steps_per_sec) gives the start instead.
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  with open(workdir / "metrics.jsonl") as f:
+    training = [r for r in map(json.loads, f) if "loss" in r]
+  os.utime(workdir / "config.json", (0, training[-1]["time"] + 3600.0))
+  first = training[0]
+  start = first["time"] - first["step"] / first["steps_per_sec"]
+  times = time_to_bleu.step_times(str(workdir))
+  assert times == {r["step"]: pytest.approx(r["time"] - start)
+                   for r in training}
+  assert min(times.values()) > 0
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--every=0", "--every=0: must be an integer >= 1."),
+    ("--out={tmp}/nope/curve.png",
+     "--out={tmp}/nope/curve.png: the folder {tmp}/nope does not exist."),
+    ("--out={tmp}", "--out={tmp} is a folder, not a file to write."),
+    ("--json={tmp}/nope/points.json",
+     "--json={tmp}/nope/points.json: the folder {tmp}/nope does not exist."),
+    ("--mark_minutes=abc", "--mark_minutes='abc': expected comma-separated "
+     "numbers of minutes, e.g. 20,40 ('' for none)."),
+], ids=["every", "out_folder", "out_is_folder", "json_folder", "marks"])
+def test_bad_flags_are_refused_before_any_evaluation(tmp_path, monkeypatch,
+                                                     flag, message):
+  # These used to fail with a traceback, --out and --mark_minutes only
+  # after every checkpoint was evaluated.
+  def no_evaluation(*args, **kwargs):
+    raise AssertionError("evaluated before the flags were checked")
+  monkeypatch.setattr(time_to_bleu, "points", no_evaluation)
+  with pytest.raises(SystemExit) as error:
+    time_to_bleu.main([f"--run=a:{tmp_path}", f"--out={tmp_path / 'c.png'}",
+                       flag.format(tmp=tmp_path)])
+  assert str(error.value) == "time_to_bleu.py: " + message.format(
+      tmp=tmp_path)
+  assert list(tmp_path.iterdir()) == []
