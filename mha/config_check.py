@@ -42,6 +42,9 @@ def _check_model(config: ml_collections.ConfigDict) -> TransformerConfig:
                   "0 with config.attention_impl='xla' (it has no attention "
                   "dropout; use attention_impl='einsum')")
   model_config = TransformerConfig.from_config(config)  # ConfigError
+  if config.get("beam_size", 0) > config.vocab_size:
+    raise _refuse("beam_size", config.beam_size,
+                  f"<= config.vocab_size={config.vocab_size}")
   for field in ("max_source_length", "max_target_length"):
     if config[field] > config.max_len:
       raise _refuse(field, config[field],

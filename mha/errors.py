@@ -49,6 +49,20 @@ class DatasetNotFound(DataError):
   so the split being opened is not put in front of it."""
 
 
+class LanguageNotFound(DataError):
+  """A language with no file in a folder of parallel text: named by its
+  config field (`source_lang`, `target_lang`), not by the split being
+  opened.
+
+  Attributes:
+    language: the language asked for.
+  """
+
+  def __init__(self, message: str, language: str):
+    super().__init__(message)
+    self.language = language
+
+
 class CheckpointError(UserError):
   """A checkpoint that is missing or cannot be restored."""
 

@@ -231,7 +231,7 @@ def _search_settings(config: Any, workdir: str, **given: Any
   """
   defaults = SearchSettings.of_config(config)
   settings = defaults.given(**given)
-  for field, allowed in settings.problems():
+  for field, allowed in settings.problems(config.vocab_size):
     value = getattr(settings, field)
     if given.get(field) is not None:
       raise EvalError(f"--{field} must be {allowed}, got {value!r}.")

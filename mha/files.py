@@ -439,14 +439,21 @@ def remove_if_unchanged(path: str, expected: bytes) -> bool:
 # ------------------------------------------------------------ local text
 
 
+# Valid UTF-8 still, but no text: UTF-16 (ASCII text with a NUL after each
+# letter decodes as UTF-8) or a binary file.
+NUL_BYTE = ("a NUL byte: a UTF-16 or binary file? Text must be UTF-8 "
+            "(iconv -f UTF-16 -t UTF-8 converts it).")
+
+
 def read_lines(path: str) -> list[str]:
   """The lines of a UTF-8 text file (plain or gzip), without line endings.
 
   A byte order mark (U+FEFF) at the start of the file is dropped.
 
   Raises:
-    DataError: the file is a directory, not valid UTF-8 (naming the line), or
-      not a readable gzip file (a damaged deflate stream included).
+    DataError: the file is a directory, not valid UTF-8 or holds a NUL
+      byte (naming the line), or not a readable gzip file (a damaged
+      deflate stream included).
   """
   opener = gzip.open if path.endswith(".gz") else open
   try:
@@ -466,6 +473,10 @@ def read_lines(path: str) -> list[str]:
     line = data.count(b"\n", 0, start + e.start) + 1
     raise DataError(f"{path}, line {line}: invalid UTF-8 "
                     f"({e.reason} at byte {start + e.start}).") from None
+  nul = text.find("\0")
+  if nul >= 0:
+    raise DataError(f"{path}, line {text.count(chr(10), 0, nul) + 1}: "
+                    f"{NUL_BYTE}")
   lines = text.split("\n")
   if lines and lines[-1] == "":
     lines.pop()

@@ -58,14 +58,22 @@ class SearchSettings:
     return dataclasses.replace(
         self, **{k: v for k, v in values.items() if v is not None})
 
-  def problems(self) -> list[tuple[str, str]]:
+  def problems(self, vocab_size: int | None = None
+               ) -> list[tuple[str, str]]:
     """(field, what it must be) of each setting its rule refuses
-    (`mha.validation.FIELDS`), in field order."""
+    (`mha.validation.FIELDS`), in field order; given the model's
+    `vocab_size`, a beam wider than the vocabulary too (no search needs
+    more hypotheses than there are tokens, and its rows would be
+    batch × beam: a beam of 10^6 took the machine's memory)."""
     found = []
     for name, value in self.as_dict().items():
       allowed = validation.FIELDS[name](value)
       if allowed is not None:
         found.append((name, allowed))
+    if (vocab_size is not None and "beam_size" not in dict(found)
+        and self.beam_size > vocab_size):
+      found.insert(0, ("beam_size", f"<= {vocab_size}, the vocabulary's "
+                       "size"))
     return found
 
   def as_dict(self) -> dict[str, Any]:

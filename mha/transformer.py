@@ -88,8 +88,12 @@ class TransformerConfig:
     return model_config
 
   def validate(self) -> None:
-    """Refuses fields that cannot be right together (ConfigError)."""
-    validation.check_field("layer_norm", self.layer_norm)
+    """Refuses a field its rule refuses (`mha.validation.FIELDS`; `dtype`
+    is a JAX dtype here, its name checked by `from_config`) and fields that
+    cannot be right together (ConfigError)."""
+    for field in dataclasses.fields(self):
+      if field.name in validation.FIELDS and field.name != "dtype":
+        validation.check_field(field.name, getattr(self, field.name))
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
       raise ConfigError(f"config.d_model={self.d_model} is not divisible by "
                        f"config.num_heads={self.num_heads}; set d_k and d_v.")
@@ -107,9 +111,15 @@ def create_model(config: "ml_collections.ConfigDict | TransformerConfig",
                  **changes) -> "Transformer":
   """The Transformer for an ml_collections config, or for a model config
   built from one already (`changes`, e.g. `deterministic=True`, applied to
-  either): the one place a model is built."""
+  either): the one place a model is built.
+
+  Raises:
+    ConfigError: a model field that cannot be right (`validate`), naming it.
+  """
   if isinstance(config, TransformerConfig):
-    return Transformer(config.replace(**changes))
+    model_config = config.replace(**changes)
+    model_config.validate()
+    return Transformer(model_config)
   return Transformer(TransformerConfig.from_config(config, **changes))
 
 

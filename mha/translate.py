@@ -48,6 +48,7 @@ sentences it is given.
 """
 import dataclasses
 import time
+import unicodedata
 from typing import Any, Callable, Sequence
 
 from absl import logging
@@ -573,6 +574,16 @@ def score_ids(model_config: TransformerConfig, params: Any,
   return found
 
 
+def is_blank(sentence: str) -> bool:
+  """Nothing to translate: white space and invisible format characters
+  only (Unicode category Cf: zero-width spaces and joiners, U+FEFF), which
+  the vocabulary encodes to no pieces. Its translation is empty, as a
+  blank line's (the model would otherwise translate the end of sentence
+  alone into a sentence of its own)."""
+  return all(c.isspace() or unicodedata.category(c) == "Cf"
+             for c in sentence)
+
+
 def detokenize(tokenizer: data.Tokenizer, ids: Sequence[int]) -> str:
   """The text of output ids, on one line (newlines become spaces)."""
   text = tokenizer.decode(ids)
@@ -620,7 +631,7 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
       `translate_ids`.
   """
   start = time.perf_counter()
-  keep = [i for i, s in enumerate(sources) if s.strip()]
+  keep = [i for i, s in enumerate(sources) if not is_blank(s)]
   texts = [""] * len(sources)
   source_ids: list[np.ndarray | None] = [None] * len(sources)
   output_ids: list[np.ndarray | None] = [None] * len(sources)

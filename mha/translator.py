@@ -33,6 +33,7 @@ import numpy as np
 
 from mha import batch_search
 from mha import data
+from mha import files
 from mha import translate
 from mha.errors import ConfigError
 from mha.search_settings import SearchSettings
@@ -102,7 +103,8 @@ def _check_float(name: str, value: Any, low: float = 0.0) -> float:
 
 def _check_sentences(name: str, sentences: Any) -> list[str]:
   """`sentences` as a list (any iterable of strings: a generator, a file's
-  lines), or a ConfigError."""
+  lines), or a ConfigError (a DataError for a string that is no text: a
+  lone surrogate, which SentencePiece refuses with a TypeError)."""
   problem = ConfigError(f"{name} must be a list of strings (one sentence "
                         "each), not a single string or other objects.")
   if isinstance(sentences, (str, bytes)):
@@ -113,6 +115,13 @@ def _check_sentences(name: str, sentences: Any) -> list[str]:
     raise problem from None
   if not all(isinstance(s, str) for s in sentences):
     raise problem
+  for number, sentence in enumerate(sentences, 1):
+    try:
+      sentence.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: no text
+      raise data.DataError(
+          f"{name}: sentence {number} is not text that UTF-8 can encode "
+          f"({e.reason} at character {e.start}).") from None
   return sentences
 
 
@@ -146,7 +155,7 @@ class Translator:
   def _search(self, **given) -> SearchSettings:
     """`defaults` with the settings given (None: not given), checked."""
     given = self.defaults.given(**given)
-    for field, allowed in given.problems():
+    for field, allowed in given.problems(self.model_config.vocab_size):
       raise ConfigError(f"{field} must be {allowed}, got "
                         f"{getattr(given, field)!r}.")
     return dataclasses.replace(  # NumPy scalars as Python numbers
@@ -160,7 +169,7 @@ class Translator:
                 ) -> tuple[list[int], list[str]]:
     """(positions, sentences) of the sentences that are not blank."""
     _check_batch_size(batch_size)
-    keep = [i for i, s in enumerate(sentences) if s.strip()]
+    keep = [i for i, s in enumerate(sentences) if not translate.is_blank(s)]
     return keep, [sentences[i] for i in keep]
 
   def translate(self, sentences: Sequence[str], beam_size: int | None = None,
@@ -423,7 +432,8 @@ def line_translator(translator: Translator, *, nbest: int = 0,
     translator.nbest([], nbest, **search)
     blank = [BLANK_HYPOTHESIS] * nbest
     return lambda lines, first: "".join(
-        format_nbest(first + i + 1, hyps if line.strip() else blank)
+        format_nbest(first + i + 1,
+                     blank if translate.is_blank(line) else hyps)
         for i, (line, hyps) in enumerate(
             zip(lines, translator.nbest(lines, nbest, **search))))
   translator.translate([], **search)
@@ -548,6 +558,8 @@ def _decode_line(raw: bytes, number: int, what: str) -> str:
   except UnicodeDecodeError as e:
     raise data.DataError(f"{what}, line {number}: invalid UTF-8 ({e.reason} "
                          f"at byte {e.start} of the line).") from None
+  if "\0" in text:
+    raise data.DataError(f"{what}, line {number}: {files.NUL_BYTE}")
   return text[:-1] if text.endswith("\r") else text
 
 

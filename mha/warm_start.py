@@ -21,6 +21,7 @@ from mha import files
 from mha.data import tokenizer
 from mha.errors import CheckpointError
 from mha.errors import ConfigError
+from mha.errors import DataError
 
 PyTree = Any
 
@@ -42,8 +43,8 @@ def vocabulary(spec: str, workdir: str) -> bytes:
   one is refused.
 
   Raises:
-    ConfigError: the source has no readable spm.model, or `workdir` holds a
-      different one.
+    ConfigError: the source has no readable spm.model (or one that is no
+      SentencePiece model), or `workdir` holds a different one.
   """
   source, _ = parse(spec)
   path = os.path.join(source, tokenizer.MODEL_FILENAME)
@@ -53,6 +54,12 @@ def vocabulary(spec: str, workdir: str) -> bytes:
     raise ConfigError(f"config.init_from={spec!r}: {path} cannot be read "
                       f"({e.strerror or e}); warm start needs the "
                       "vocabulary of the run it starts from.") from None
+  try:
+    tokenizer.Tokenizer(proto, path)  # parsed here: the error names it
+  except DataError as e:  # its first sentence: what is wrong with it
+    raise ConfigError(
+        f"config.init_from={spec!r}: {str(e).split('. ')[0]}; warm start "
+        "needs the vocabulary of the run it starts from.") from None
   mine = os.path.join(workdir, tokenizer.MODEL_FILENAME)
   if files.exists(mine) and files.read_bytes(mine) != proto:
     raise ConfigError(

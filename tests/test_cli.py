@@ -1,13 +1,17 @@
 """The commands' shared start-up (mha/cli/startup.py): one line for bad
 input, with its exit status, whatever the command's name."""
+import gc
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
+from mha import errors
 from mha.cli import startup
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -96,6 +100,70 @@ def test_user_error_is_one_line_with_its_exit_code(tmp_path):
                      "last checkpoint is 8.")
 
 
+def test_xla_out_of_memory_is_one_line(tmp_path):
+  """An allocation XLA cannot make (a batch or beam too large for the
+  device) is one line with what to do; any other JAX error keeps its
+  stack (a bug)."""
+  script = tmp_path / "mha-oom"
+  script.write_text(textwrap.dedent("""\
+      import sys
+      from mha.cli import startup
+      startup.define_flags()
+
+      def main(argv):
+        import jax.numpy as jnp
+        if sys.argv[-1] == "oom":  # 256 TiB
+          jnp.zeros((2**20, 2**20, 64), jnp.float32).block_until_ready()
+        jnp.zeros((2, 3)) @ jnp.zeros((2, 3))  # a shape error: a bug
+
+      if __name__ == "__main__":
+        startup.run(main)
+      """))
+  code, err = _command(str(script), "--compilation_cache_dir=", "oom",
+                       cwd=tmp_path)
+  assert code == 1, err
+  assert err[-1] == (
+      "mha-oom: RESOURCE_EXHAUSTED: Out of memory allocating "
+      "281474976710656 bytes. Use smaller batches (--batch_size or "
+      "--beam_size; train.py: config.max_tokens).")
+  assert not [line for line in err if "Traceback" in line]
+  code, err = _command(str(script), "--compilation_cache_dir=", "bug",
+                       cwd=tmp_path)
+  assert code == 1 and "Traceback (most recent call last):" in err
+
+
+def test_a_sigterm_raised_where_python_ignores_exceptions_still_stops():
+  """The SIGTERM arrives while a gc callback runs (jax has one): Python
+  prints its SigTerm as 'Exception ignored' and goes on; the command must
+  stop all the same, not finish its work (the signal is raised again at
+  the main thread's next step)."""
+  fired = []
+
+  def callback(phase, info):
+    del info
+    if phase == "start" and not fired:
+      fired.append(True)
+      os.kill(os.getpid(), signal.SIGTERM)
+      sum(range(100))  # bytecodes: the handler runs here, in the callback
+
+  def main(argv):
+    del argv
+    gc.callbacks.append(callback)
+    try:
+      gc.collect()
+      threading.Event().wait(60)  # the signal raised again ends the wait
+      return 0
+    finally:
+      gc.callbacks.remove(callback)
+
+  handler, hook = signal.getsignal(signal.SIGTERM), sys.unraisablehook
+  with pytest.raises(errors.Terminated, match="Stopped by SIGTERM"):
+    startup.stops_on_sigterm(main)(["x"])
+  assert fired
+  assert (signal.getsignal(signal.SIGTERM), sys.unraisablehook) == (handler,
+                                                                    hook)
+
+
 def test_module_form_is_named_as_its_console_script(tmp_path):
   code, err = _command("-m", "mha.cli.train", "--config=configs/nonexistent.py",
                        f"--workdir={tmp_path / 'run'}")
@@ -149,6 +217,9 @@ def test_every_command_module_imports_in_one_process():
       # and mha-train's --config (checked in its main) of the others.
       "flags.FLAGS.unparse_flags(); flags.FLAGS(['x', '--workdir=w']); "
       "assert flags.FLAGS.config is None"))
+  assert (code, err) == (0, [])
+  # In the other order too (mha-export's --output_dir first).
+  code, err = _command("-c", "from mha.cli import export, translate, eval")
   assert (code, err) == (0, [])
 
 

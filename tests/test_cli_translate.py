@@ -128,6 +128,8 @@ def test_files_and_bad_input(random_workdir, translator, sources, tmp_path):
       ([f"--input={source}", f"--output={output}", "--cpu_devices=0"],
        "--cpu_devices must be >= 1, got 0"),
       ([f"--input={source}", f"--output={tmp_path}"], "is a folder"),
+      ([f"--input={tmp_path}", f"--output={output}"],
+       "--input=.* is a folder: give the file to translate"),
       ([f"--input={source}", "--nbest=-1"], "--nbest must be >= 0"),
       ([f"--input={source}", f"--output={output}", "--temperature=0.5",
         "--top_k=3"], "--temperature, --top_k: sampling settings, used "

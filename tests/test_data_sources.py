@@ -15,6 +15,7 @@ from conftest import tiny_config
 from configs import base
 from mha import data
 from mha.data import parallel_text
+from mha.data import sources
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -253,6 +254,18 @@ def test_wmt_language_it_does_not_have():
     with pytest.raises(data.DataError,
                        match="no language 'fr'.*languages: de, en"):
       data.load_text_pairs(_wmt_config(target_lang="fr"), "train")
+
+
+def test_a_language_without_files_is_named_as_its_field(tmp_path):
+  folder = tmp_path / "corpus"
+  for name in ("train.de", "train.en"):
+    _write(folder, name, ["a"])
+  for field in ("source_lang", "target_lang"):
+    config = _config(data_dir=str(folder), **{field: "dee"})
+    with pytest.raises(data.DataError, match=(
+        rf"^config.{field}='dee': Language 'dee' has no file in .*"
+        r"\(languages found: de, en\)")):
+      sources.open_config_splits(config)
 
 
 def test_unknown_tfds_dataset():

@@ -65,6 +65,16 @@ def test_vocab_too_small_for_the_characters(tmp_path, multi30k):
     data.get_tokenizer(config, str(tmp_path))
 
 
+def test_a_corpus_budget_below_the_first_sentence_is_named(tmp_path):
+  # Not "no text in split 'train'": the split has text, the budget
+  # (config.max_corpus_chars) takes none of it.
+  with pytest.raises(data.DataError, match=(
+      r"config.max_corpus_chars=1 leaves no sentence of split 'train' to "
+      r"train SentencePiece on \(its first sentence is longer\)")):
+    data.get_tokenizer(_synthetic(max_corpus_chars=1), str(tmp_path))
+  assert os.listdir(tmp_path) == []
+
+
 def test_decode_stops_at_eos_and_drops_pads(tmp_path):
   tok = data.get_tokenizer(_synthetic(), str(tmp_path))
   sources, _ = data.load_text_pairs(_synthetic(), "test")

@@ -72,6 +72,14 @@ def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
   assert eval_py(f"--workdir={copy}", "--beam_stop=fast") == 1
   assert capsys.readouterr().err == (
       "eval.py: --beam_stop must be one of exact, early, got 'fast'.\n")
+  # A beam wider than the vocabulary (a beam of 10^6 took the machine's
+  # memory): known once config.json is read, before a checkpoint is.
+  vocab_size = json.loads((copy / "config.json").read_text())["vocab_size"]
+  assert eval_py(f"--workdir={copy}", f"--split={SPLIT}",
+                 f"--beam_size={vocab_size + 1}") == 1
+  assert capsys.readouterr().err == (
+      f"eval.py: --beam_size must be <= {vocab_size}, the vocabulary's "
+      f"size, got {vocab_size + 1}.\n")
   assert file_hashes(copy) == before
 
 
@@ -527,6 +535,17 @@ def test_damaged_gzip_directory_split_and_bom(tmp_path, monkeypatch):
   with pytest.raises(data.DataError, match=r"bad.txt, line 2: invalid UTF-8 "
                      r"\(invalid start byte at byte 6\)"):
     parallel_text.read_lines(str(bad))
+  # UTF-16 of ASCII text is valid UTF-8 with a NUL after each letter: it
+  # was translated into nonsense.
+  utf16 = tmp_path / "utf16.txt"
+  utf16.write_bytes("ok\nEin Hund.\n".encode("utf-16-le"))
+  with pytest.raises(data.DataError, match=(
+      r"utf16.txt, line 1: a NUL byte: a UTF-16 or binary file\? Text must "
+      r"be UTF-8")):
+    evaluator.read_lines(str(utf16))
+  utf16.write_bytes(b"ok\nok\n\0")
+  with pytest.raises(data.DataError, match=r"utf16.txt, line 3: a NUL"):
+    parallel_text.read_lines(str(utf16))
 
 
 def test_damaged_tokenized_cache_is_made_again(copy, caplog):

@@ -47,6 +47,15 @@ def test_problems_follow_the_table_of_rules():
   assert dict(bad.problems())["beam_stop"] == "one of exact, early"
   assert SearchSettings(beam_size=True).problems() == [
       ("beam_size", "an integer >= 1")]
+  # Given the vocabulary: no beam wider than it (its first problem).
+  assert SearchSettings(beam_size=16).problems(vocab_size=16) == []
+  assert [field for field, _ in SearchSettings(
+      beam_size=17, alpha=-1.0).problems(vocab_size=16)] == [
+          "beam_size", "alpha"]
+  assert SearchSettings(beam_size=17).problems(vocab_size=16) == [
+      ("beam_size", "<= 16, the vocabulary's size")]
+  assert SearchSettings(beam_size=0).problems(vocab_size=16) == [
+      ("beam_size", ">= 1")]
 
 
 @pytest.mark.parametrize("given, suffix", [

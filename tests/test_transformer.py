@@ -238,6 +238,18 @@ def test_config_errors_name_the_field():
   with pytest.raises(ConfigError, match="config.dtype must be one of float32, "
                      "bfloat16, float16, got 'int8'"):
     mha.create_model(tiny(dtype="int8"))
+  # A TransformerConfig built by hand goes through the same rules.
+  model_config = mha.TransformerConfig.from_config(tiny())
+  for changes, message in [
+      (dict(dropout_rate=1.5), r"config.dropout_rate must be in \[0, 1\), "
+       r"got 1.5"),
+      (dict(vocab_size=0), "config.vocab_size must be >= 4, got 0"),
+      (dict(d_model=30, num_heads=4), "not divisible by config.num_heads=4"),
+      (dict(layer_norm="middle"), "config.layer_norm must be one of")]:
+    with pytest.raises(ConfigError, match=message):
+      mha.create_model(model_config, **changes)
+    with pytest.raises(ConfigError, match=message):
+      mha.create_model(model_config.replace(**changes))
 
 
 def test_bfloat16_weight_products_reach_the_pre_softmax_projection():

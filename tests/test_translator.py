@@ -49,7 +49,10 @@ def sources(pairs):
 
 
 def with_blanks(sources):
-  return sources[:2] + ["", "   "] + sources[2:]
+  """Two blank lines after the first two: an empty one, and one of spaces
+  and invisible format characters (a zero-width space, a word joiner),
+  which encodes to no pieces either."""
+  return sources[:2] + ["", "  \u200b\u2060 "] + sources[2:]
 
 
 def test_translate_equals_eval_py_path(random_workdir, translator, sources,
@@ -58,11 +61,11 @@ def test_translate_equals_eval_py_path(random_workdir, translator, sources,
   assert translator.defaults == translator_lib.SearchSettings(4, 0.6, 8,
                                                              "exact")
   source = tmp_path / "src.txt"
-  source.write_text("\n".join(sources) + "\n", encoding="utf-8")
+  source.write_text("\n".join(with_blanks(sources)) + "\n", encoding="utf-8")
   result = evaluator.evaluate(str(random_workdir), source_file=str(source),
                               write=False)
   out = translator.translate(sources)
-  assert out == result["translations"]
+  assert out[:2] + ["", ""] + out[2:] == result["translations"]
   assert len(set(out)) == 6 and min(len(t) for t in out) > 10
   # Any iterable of strings: a generator is read once, not lost.
   assert translator.translate(s for s in sources) == out
@@ -153,6 +156,8 @@ def test_average_last_loads_the_mean(tiny_workdir):
 @pytest.mark.parametrize("call, message", [
     (lambda t: t.nbest(["a"], 5), "n = 5 .* beam of 4"),
     (lambda t: t.translate(["a"], beam_size=0), "beam_size must be"),
+    (lambda t: t.nbest(["a"], 1, beam_size=t.model_config.vocab_size + 1),
+     r"beam_size must be <= \d+, the vocabulary's size, got \d+\."),
     (lambda t: t.translate(["a"], alpha=float("nan")), "alpha must be"),
     (lambda t: t.nbest(["a"], 2, beam_stop="fast"),
      "beam_stop must be one of exact, early, got 'fast'"),
@@ -171,6 +176,10 @@ def test_average_last_loads_the_mean(tiny_workdir):
     (lambda t: t.sample(["a"], top_k=-2), "top_k must be"),
     (lambda t: t.score(["a", "b"], ["c"]), "2 sources but 1 targets"),
     (lambda t: t.score(["a"], ["b " * 200]), "Target 1 has"),
+    (lambda t: t.translate(["ok", "\ud800 x"]), r"sentences: sentence 2 is "
+     r"not text that UTF-8 can encode \(surrogates not allowed at character "
+     r"0\)"),
+    (lambda t: t.score(["a"], ["\udcff"]), "targets: sentence 1 is not"),
 ])
 def test_bad_arguments_are_user_errors(translator, call, message):
   with pytest.raises(UserError, match=message):
@@ -221,6 +230,12 @@ def test_read_batches_takes_only_lines_already_there():
   os.write(write, b"ok\n\xff\n")
   os.close(write)
   with pytest.raises(data.DataError, match="standard input, line 2: invalid"):
+    list(translator_lib.read_batches(read, 8))
+  os.close(read)
+  read, write = os.pipe()
+  os.write(write, "ok\n".encode("utf-16-le"))
+  os.close(write)
+  with pytest.raises(data.DataError, match="standard input, line 1: a NUL"):
     list(translator_lib.read_batches(read, 8))
   os.close(read)
 

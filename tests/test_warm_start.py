@@ -76,22 +76,29 @@ def test_refuses_naming_the_first_mismatch(source_workdir):
     warm_start.load(f"{spec}:3", _params(0))
 
 
-def test_the_vocabulary_is_the_sources_and_another_one_is_refused(tmp_path):
+def test_the_vocabulary_is_the_sources_and_another_one_is_refused(
+    tiny_workdir, tmp_path):
   source, new = tmp_path / "source", tmp_path / "new"
   source.mkdir()
   new.mkdir()
-  (source / "spm.model").write_bytes(b"the source's vocabulary")
-  assert warm_start.vocabulary(f"{source}:4", str(new)) == (
-      b"the source's vocabulary")
+  vocabulary = (tiny_workdir / "spm.model").read_bytes()
+  (source / "spm.model").write_bytes(vocabulary)
+  assert warm_start.vocabulary(f"{source}:4", str(new)) == vocabulary
   # Already copied (a set-up that stopped after the copy): the same bytes.
-  (new / "spm.model").write_bytes(b"the source's vocabulary")
-  assert warm_start.vocabulary(str(source), str(new)) == (
-      b"the source's vocabulary")
+  (new / "spm.model").write_bytes(vocabulary)
+  assert warm_start.vocabulary(str(source), str(new)) == vocabulary
   # Ids mean nothing with another vocabulary: a new workdir that holds
   # another one is refused.
   (new / "spm.model").write_bytes(b"another vocabulary")
   with pytest.raises(ConfigError, match=r"new/spm.model differs from "
                                         r".*source/spm.model"):
+    warm_start.vocabulary(str(source), str(new))
+  # The source's own file damaged: named as init_from's, not as the new
+  # workdir's (whose advice would be to delete it and train it again).
+  (source / "spm.model").write_bytes(vocabulary[:100])
+  with pytest.raises(ConfigError, match=(
+      rf"config.init_from='{source}': {source}/spm.model is not a "
+      r"SentencePiece model \(damaged or another file\); warm start needs")):
     warm_start.vocabulary(str(source), str(new))
 
 

@@ -166,6 +166,8 @@ BAD_FIELDS = [
     (dict(max_target_length=72), r"config.max_target_length must be <= "
      r"config.max_len=64"),
     (dict(beam_size=0), r"config.beam_size must be >= 1"),
+    (dict(beam_size=513), r"config.beam_size must be <= "
+     r"config.vocab_size=512, got 513\."),
     (dict(alpha=math.inf), r"config.alpha must be a finite number >= 0 "
      r"\(the length penalty; the paper: 0.6\), got inf"),
     (dict(alpha=-5.0), r"config.alpha must be a finite number >= 0 .*, "

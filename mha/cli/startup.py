@@ -27,12 +27,14 @@ shared ones, and ends with
 Importing this module imports neither JAX nor TensorFlow: the restart
 comes first.
 """
+import _thread
 import functools
 import importlib.util
 import os
 import re
 import signal
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 from absl import app
@@ -162,17 +164,47 @@ def stops_on_sigterm(main: Callable[[list[str]], int | None]
     del signum, frame
     raise SigTerm
 
+  def unraisable(info) -> None:
+    # Python runs a signal's handler between any two bytecodes, also in a
+    # gc callback (jax has one) or a __del__, where an exception is only
+    # printed ("Exception ignored in ...") and the command went on. The
+    # signal is raised again once that has returned: from another thread,
+    # a moment later (in this hook, the handler's exception would be lost
+    # for good; a second loss comes back here).
+    if isinstance(info.exc_value, SigTerm):
+      threading.Timer(0.01, _thread.interrupt_main, (signal.SIGTERM,)).start()
+    else:
+      hook(info)
+
   @functools.wraps(main)
   def wrapper(argv: list[str]) -> int | None:
+    nonlocal hook
     previous = signal.signal(signal.SIGTERM, raise_sigterm)
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
       return main(argv)
     except SigTerm:
       raise Terminated("Stopped by SIGTERM.") from None
     finally:
       signal.signal(signal.SIGTERM, previous)
+      sys.unraisablehook = hook
 
+  hook = sys.unraisablehook
   return wrapper
+
+
+def _out_of_memory(error: Exception) -> str | None:
+  """XLA's first line for an allocation it could not make (its
+  RESOURCE_EXHAUSTED: a batch too large for the device's memory), or None
+  for any other error (a bug, which keeps its stack)."""
+  if "jax" not in sys.modules:
+    return None
+  from jax.errors import JaxRuntimeError  # pylint: disable=import-outside-toplevel
+  text = str(error)
+  if isinstance(error, JaxRuntimeError) and text.startswith(
+      "RESOURCE_EXHAUSTED"):
+    return text.split("\n")[0].rstrip(".") + "."
+  return None
 
 
 def guarded(main: Callable[[list[str]], int | None]
@@ -198,6 +230,12 @@ def guarded(main: Callable[[list[str]], int | None]
       if FLAGS.traceback:
         raise
       fail("Interrupted (Ctrl-C).", 130)
+    except Exception as e:  # pylint: disable=broad-except
+      message = _out_of_memory(e)
+      if message is None or FLAGS.traceback:
+        raise
+      fail(f"{message} Use smaller batches (--batch_size or --beam_size; "
+           "train.py: config.max_tokens).")
 
   wrapper.guarded = True
   return wrapper

@@ -69,6 +69,9 @@ FLAGS = flags.FLAGS
 
 
 def _check_files(input_path: str | None, output_path: str | None) -> None:
+  if input_path not in (None, "-") and os.path.isdir(input_path):
+    raise ConfigError(f"--input={input_path} is a folder: give the file to "
+                      "translate.")
   if input_path not in (None, "-") and not os.path.isfile(input_path):
     raise ConfigError(f"--input={input_path}: no such file.")
   if output_path is None:

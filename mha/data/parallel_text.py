@@ -32,6 +32,7 @@ import tensorflow_datasets as tfds
 
 from mha.data import multihost
 from mha.errors import DataError
+from mha.errors import LanguageNotFound
 from mha.files import read_lines
 
 _FILE_RE = re.compile(r"^(?P<split>.+?)\.(?P<lang>[A-Za-z][A-Za-z0-9_-]{0,15})"
@@ -88,10 +89,10 @@ def split_files(folder: str, split: str, languages: tuple[str, ...]
   found = sorted({lang for langs in splits.values() for lang in langs})
   for lang in languages:
     if lang not in found:
-      raise DataError(f"Language {lang!r} has no file in {folder!r} "
-                      f"(languages found: {', '.join(found) or 'none'}); "
-                      f"expected files like {split}.{lang} or "
-                      f"{split}.{lang}.gz.")
+      raise LanguageNotFound(
+          f"Language {lang!r} has no file in {folder!r} (languages found: "
+          f"{', '.join(found) or 'none'}); expected files like "
+          f"{split}.{lang} or {split}.{lang}.gz.", lang)
   files = splits.get(split, {})
   for lang in languages:
     for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):

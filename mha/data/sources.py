@@ -30,6 +30,7 @@ from mha.data import multihost
 from mha.data import synthetic
 from mha.errors import DataError
 from mha.errors import DatasetNotFound
+from mha.errors import LanguageNotFound
 
 Chunk = tuple[list[str], list[str]]
 
@@ -305,7 +306,8 @@ def open_config_splits(config: ml_collections.ConfigDict) -> None:
 
   Raises:
     DataError: a split that cannot be opened, as `config.<field>=...`; an
-      unknown dataset (`DatasetNotFound`) as `config.dataset_name`.
+      unknown dataset (`DatasetNotFound`) as `config.dataset_name`, a
+      language without files as `config.source_lang` or `target_lang`.
   """
   for field in ("train_split", "eval_split", "test_split"):
     try:
@@ -313,4 +315,9 @@ def open_config_splits(config: ml_collections.ConfigDict) -> None:
     except DatasetNotFound:
       raise
     except DataError as e:
-      raise DataError(f"config.{field}={config[field]!r}: {e}") from None
+      where = f"config.{field}={config[field]!r}"
+      if isinstance(e, LanguageNotFound):  # the field that names it
+        named = [name for name in ("source_lang", "target_lang")
+                 if config.get(name) == e.language]
+        where = f"config.{named[0]}={e.language!r}" if named else where
+      raise DataError(f"{where}: {e}") from None

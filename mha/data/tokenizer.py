@@ -114,6 +114,14 @@ def _corpus(text_split: sources.TextSplit, max_chars: int) -> Iterator[str]:
         yield sentence
 
 
+def _has_text(text_split: sources.TextSplit) -> bool:
+  """The split holds a sentence (read up to the first one)."""
+  for chunk_sources, chunk_targets in text_split.read(1):
+    if chunk_sources or chunk_targets:
+      return True
+  return False
+
+
 def train_model(config: ml_collections.ConfigDict) -> bytes:
   """Trains the shared BPE model on the training split; returns its bytes.
 
@@ -148,13 +156,19 @@ def train_model(config: ml_collections.ConfigDict) -> bytes:
   except RuntimeError as e:
     if error is not None:
       raise error from None
+    if count == 0 and _has_text(text_split):
+      raise DataError(
+          f"config.max_corpus_chars={config.max_corpus_chars} leaves no "
+          f"sentence of split {config.train_split!r} to train SentencePiece "
+          "on (its first sentence is longer).") from e
     if count == 0:
       raise DataError(f"No text to train SentencePiece on in split "
                       f"{config.train_split!r} (config.train_split).") from e
     raise DataError(
         f"SentencePiece training with config.vocab_size={config.vocab_size} "
-        f"on {count} sentences of split {config.train_split!r} failed: "
-        f"{e}") from e
+        f"on {count} sentences of split {config.train_split!r} (the first "
+        f"config.max_corpus_chars={config.max_corpus_chars} characters) "
+        f"failed: {e}") from e
   logging.info("Trained SentencePiece (BPE, %d pieces) on %d sentences.",
                config.vocab_size, count)
   return writer.getvalue()
