@@ -90,6 +90,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """
   folder = workdir_lib.Workdir(workdir)
   inputs = train_setup.check_inputs(config, folder)
+  if inputs.latest is not None and inputs.latest >= config.num_train_steps:
+    # Nothing to train: nothing is restored, locked or written (not even an
+    # event file of this process).
+    logging.info("%s is at step %d >= num_train_steps=%d: nothing to train.",
+                 workdir, inputs.latest, config.num_train_steps)
+    return {"step": inputs.latest}
   try:
     with train_setup.workdir_lock(folder), _disk_errors(folder):
       return _train(config, folder, inputs)

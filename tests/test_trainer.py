@@ -1,4 +1,5 @@
 """train_and_evaluate end to end on a tiny config: resume, preemption, NaN."""
+import errno
 import gc
 import json
 import logging
@@ -14,6 +15,7 @@ import threading
 import time
 
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -30,6 +32,7 @@ from mha import train_step
 from mha import trainer
 from mha import workdir as workdir_lib
 from conftest import TINY_OVERRIDES
+from conftest import file_hashes
 from conftest import tiny_config
 from conftest import xla_flags
 from test_packaging import outside_the_core
@@ -308,14 +311,17 @@ def test_finished_workdir_is_left_as_it_is_without_reading_data(
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
-  before = (copy / "metrics.jsonl").read_text()
+  before = file_hashes(copy)
   # A split that does not exist: reading the training data would raise.
   result = trainer.train_and_evaluate(
       _tiny_config(num_train_steps=12, checkpoint_every_steps=4,
                    train_split="no_such_split"), str(copy))
-  assert result["step"] == 12
-  assert checkpoints.all_steps(str(copy)) == [4, 8, 12]
-  assert (copy / "metrics.jsonl").read_text() == before
+  assert result == {"step": 12}
+  # Not a file added (an event file of its own) or changed.
+  assert file_hashes(copy) == before
+  assert trainer.train_and_evaluate(_tiny_config(num_train_steps=8),
+                                    str(copy)) == {"step": 12}
+  assert file_hashes(copy) == before
 
 
 def test_resume_with_other_grad_accum_continues_the_data(
@@ -656,3 +662,130 @@ def test_processes_with_different_vocabularies_are_refused(monkeypatch):
     train_setup.check_same_vocabulary(FakeTokenizer())
   gathered = np.stack([ours, ours, ours])
   train_setup.check_same_vocabulary(FakeTokenizer())  # the same: accepted
+
+
+class _LoopParts:
+  """Stand-ins for `trainer._loop`'s parts, recording what it asks of them:
+  the state is the number of updates made, an update's metrics carry the
+  stop flag it was given, and SIGTERM arrives during update `sigterm_at`."""
+
+  def __init__(self, monkeypatch, sigterm_at=None):
+    self.events = []
+    self.sigterm_at = sigterm_at
+    self.stop = False  # the window's: a fetched update carried the flag
+    self.received = self.interrupted = False  # the signal's
+    monkeypatch.setattr(trainer.host_memory, "release_free_heap",
+                        lambda: self.events.append(("release",)))
+
+  def update(self, state, micro, stop):
+    assert len(micro) == 2  # grad_accum_steps batches
+    if state["params"] + 1 == self.sigterm_at:
+      self.received = True
+    return {"params": state["params"] + 1}, int(stop[0])
+
+  # MetricsWindow
+  def add(self, step, stop_flag):
+    self.events.append(("add", step))
+    self.stop = self.stop or stop_flag > 0
+
+  def write(self, step, scalars):
+    self.events.append(("write", step, sorted(scalars)))
+
+  def saved(self):
+    self.events.append(("saved",))
+
+  # Saver
+  def save(self, step, state, scheduled):
+    self.events.append(("save", step, state["params"], scheduled))
+    return 0.5
+
+  # an evaluation
+  def due(self, step):
+    return step % 5 == 0
+
+  def __call__(self, params):
+    self.events.append(("eval", params))
+    return {"eval_loss": 1.0}
+
+  # Profiler
+  def before_update(self, step):
+    self.events.append(("profile", step))
+
+  def after_update(self, step, state):
+    pass
+
+  def close(self):
+    pass
+
+  # StopSignal
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+  def run(self, num_train_steps=12):
+    config = ml_collections.ConfigDict(dict(
+        num_train_steps=num_train_steps, checkpoint_every_steps=4,
+        grad_accum_steps=2))
+    step = trainer._loop(  # pylint: disable=protected-access
+        config, {"params": 0}, 0, iter(range(1000)), self.update, self,
+        self.save, [self], self, self)
+    return step, [e for e in self.events if e[0] != "profile"], [
+        e[1] for e in self.events if e[0] == "profile"]
+
+
+def test_loop_saves_evaluates_and_fetches_metrics_on_schedule(monkeypatch):
+  """Updates 1..num_train_steps (the profiler told each one's step); each
+  update's metrics fetched once, in order, before its step's save or
+  evaluation; scheduled saves at every checkpoint_every_steps-th step and
+  the last; evaluations where due, with the parameters of that step; the
+  heaps' free pages released after the first update and each evaluation."""
+  parts = _LoopParts(monkeypatch)
+  step, events, profiled = parts.run(num_train_steps=10)
+  assert step == 10 and profiled == list(range(1, 11))
+  assert [e[1] for e in events if e[0] == "add"] == list(range(1, 11))
+  assert [e for e in events if e[0] in ("save", "eval")] == [
+      ("save", 4, 4, True), ("eval", 5), ("save", 8, 8, True),
+      ("save", 10, 10, True), ("eval", 10)]
+  for kind, at in (("save", 4), ("eval", 5), ("save", 8), ("save", 10)):
+    first = next(i for i, e in enumerate(events)
+                 if e[0] == kind and e[1] == at)
+    assert ("add", at) in events[:first], (kind, at)
+  assert events[0] == ("release",) and events.count(("release",)) == 3
+
+
+def test_loop_stops_where_it_fetches_a_sigterms_flag_and_saves_there(
+    monkeypatch):
+  """A SIGTERM during update 5 sets the stop flag of update 6; once that
+  update's metrics are fetched (during step 7) the run saves step 7,
+  unscheduled, and returns it."""
+  parts = _LoopParts(monkeypatch, sigterm_at=5)
+  step, events, _ = parts.run()
+  assert step == 7
+  assert [e for e in events if e[0] in ("save", "eval")] == [
+      ("save", 4, 4, True), ("eval", 5), ("save", 7, 7, False)]
+  assert events[-2:] == [("write", 7, ["save_seconds"]), ("saved",)]
+
+
+@pytest.mark.parametrize("code, reason", [
+    (errno.ENOSPC, "the disk is full"),
+    (errno.EROFS, "the file system is read-only"),
+    (errno.EACCES, "permission denied"),
+    (errno.EDQUOT, None), (errno.EPERM, None)])
+def test_a_refused_write_is_one_line_naming_the_file(tmp_path, code, reason):
+  """A write the machine refuses (full disk or quota, read-only file system,
+  no permission) is a DiskError naming the file and what to do; any other
+  OSError is left as it is."""
+  path = str(tmp_path / "metrics.jsonl")
+  folder = workdir_lib.Workdir(str(tmp_path))
+  with pytest.raises(errors.DiskError) as e:
+    with trainer._disk_errors(folder):  # pylint: disable=protected-access
+      raise OSError(code, os.strerror(code), path)
+  assert str(e.value).startswith(f"{path} could not be written: ")
+  if reason is not None:
+    assert str(e.value).startswith(f"{path} could not be written: {reason}.")
+  assert "no checkpoint was written before" in str(e.value)
+  with pytest.raises(FileNotFoundError):
+    with trainer._disk_errors(folder):  # pylint: disable=protected-access
+      raise FileNotFoundError(errno.ENOENT, "No such file", path)
