@@ -4,6 +4,12 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import pytest
+
+from mha import compilation_cache
+from mha import search_cache
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # The flag set-up of train.py and eval.py, then one compile, in a fresh
@@ -54,3 +60,48 @@ def test_empty_flag_turns_the_cache_off(tmp_path):
   home = tmp_path / "home"
   assert probe(home, "--compilation_cache_dir=") == "None"
   assert not (home / ".cache").exists()
+
+
+def test_mha_variable_comes_first_and_empty_it_turns_the_cache_off(
+    monkeypatch):
+  """$MHA_COMPILATION_CACHE_DIR wins over $JAX_COMPILATION_CACHE_DIR, and
+  set to '' it means off (not: look at jax's variable)."""
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/jax/cache")
+  monkeypatch.setenv(compilation_cache.ENV, "/mha/cache")
+  assert compilation_cache.default_dir() == "/mha/cache"
+  monkeypatch.setenv(compilation_cache.ENV, "")
+  assert compilation_cache.default_dir() == ""
+  monkeypatch.delenv(compilation_cache.ENV)
+  assert compilation_cache.default_dir() == "/jax/cache"
+
+
+@pytest.fixture
+def jax_cache_settings():
+  """jax's cache settings, put back after the test."""
+  before = (jax.config.jax_compilation_cache_dir,
+            jax.config.jax_enable_compilation_cache)
+  yield
+  jax.config.update("jax_compilation_cache_dir", before[0])
+  jax.config.update("jax_enable_compilation_cache", before[1])
+
+
+def test_a_home_relative_directory_is_expanded(tmp_path, monkeypatch,
+                                               jax_cache_settings):
+  """`--compilation_cache_dir=~/cache` is the home's cache folder, not a
+  folder named `~` where the command runs."""
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.chdir(tmp_path)
+  want = str(tmp_path / "home" / "cache")
+  assert compilation_cache.enable("~/cache") == want
+  assert jax.config.jax_compilation_cache_dir == want
+  assert os.path.isdir(want) and not (tmp_path / "~").exists()
+
+
+def test_a_directory_that_cannot_be_made_turns_the_cache_off(
+    tmp_path, jax_cache_settings):
+  """A folder that cannot be created: None, and the cache off (so also the
+  searches kept beside it), not left on in another folder."""
+  (tmp_path / "file").write_text("")
+  assert compilation_cache.enable(str(tmp_path / "file" / "cache")) is None
+  assert not jax.config.jax_enable_compilation_cache
+  assert search_cache.folder() is None

@@ -277,3 +277,21 @@ def test_eval_batches_default_rows_respect_the_budget(tok):
   for batch in batches:
     assert batch["inputs"].size <= config.max_tokens
     assert batch["inputs"].shape[0] % NUM_DEVICES == 0
+
+
+def test_each_eval_batch_is_padded_to_its_own_longest_sentence(tok):
+  """An evaluation batch's length is the smallest grid length that holds
+  its own longest sentence, not the split's longest."""
+  config = _config(max_len=64)
+  grid = batching.length_grid(64)
+  batches = data.eval_batches(config, tok, "test", batch_rows=16,
+                              num_global_devices=NUM_DEVICES,
+                              process_index=0, process_count=1)
+  lengths = set()
+  for batch in batches:
+    longest = max((batch[side] != 0).sum(axis=1).max()
+                  for side in ("inputs", "targets"))
+    want = min(g for g in grid if g >= longest)
+    assert batch["inputs"].shape[1] == batch["targets"].shape[1] == want
+    lengths.add(want)
+  assert len(lengths) > 1  # the batches differ: the check means something

@@ -206,6 +206,28 @@ def test_calls_inside_a_step_do_not_wait(monkeypatch):
                            "mha/data/process_zero_first/1": "ok"}
 
 
+
+def test_calls_inside_a_waiting_processs_step_do_not_wait_either(
+    monkeypatch):
+  """Process 1's step may itself call process_zero_first (opening a split
+  while it loads the vocabulary): that call runs directly there too, so the
+  outer calls keep the same numbers on every process."""
+  client = FakeClient()
+  for index in (0, 1):
+    _as_process(monkeypatch, index, client)
+    order = []
+
+    def step(order=order):
+      multihost.process_zero_first("open", lambda: order.append("inner"))
+      order.append("outer")
+
+    multihost.process_zero_first("train", step)
+    multihost.process_zero_first("tokenize", lambda order=order:
+                                 order.append("next"))
+    assert order == ["inner", "outer", "next"]
+  assert client.values == {"mha/data/process_zero_first/0": "ok",
+                           "mha/data/process_zero_first/1": "ok"}
+
 def test_prepare_splits_opens_every_split_after_process_zero(monkeypatch):
   """TFDS datasets are prepared by opening their splits: process 0 opens
   the three first, the others after it; a bad split names its field."""
@@ -314,3 +336,36 @@ def test_two_processes_process_zero_prepares_the_other_reads(tmp_path):
         np.testing.assert_array_equal(np.concatenate(halves), value)
         seen += 1
   assert seen >= 2 * 4
+
+
+def test_train_py_starts_the_processes_it_is_told_then_prepares(
+    tmp_path, monkeypatch, initialize_calls):
+  """train.py hands --coordinator_address, --num_processes and
+  --process_id to jax.distributed as given, then prepares the splits (process
+  0 first) before it trains."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from mha import library_logs  # pylint: disable=import-outside-toplevel
+  from mha import trainer  # pylint: disable=import-outside-toplevel
+  from mha.cli import train as train_py  # pylint: disable=import-outside-toplevel
+  _detected(monkeypatch, None)
+  steps = []
+  monkeypatch.setattr(sources, "prepare_splits", lambda config: steps.append(
+      ("prepare", config.dataset_name)))
+  monkeypatch.setattr(trainer, "train_and_evaluate", lambda config, workdir: (
+      steps.append(("train", workdir))))
+  monkeypatch.setattr(sys, "argv", ["train.py"])
+  level = logging.getLogger("absl").level
+  flags.FLAGS.unparse_flags()
+  try:
+    train_py.parse_flags([
+        "train.py", f"--config={REPO_ROOT / 'configs' / 'quickstart.py'}",
+        f"--workdir={tmp_path}", "--coordinator_address=host:1234",
+        "--num_processes=3", "--process_id=1"])
+    train_py.main(["train.py"])
+  finally:
+    flags.FLAGS.unparse_flags()
+    logging.getLogger("absl").setLevel(level)
+    library_logs.configure(verbose=True)  # as the library is left by default
+  assert initialize_calls == [dict(coordinator_address="host:1234",
+                                   num_processes=3, process_id=1)]
+  assert steps == [("prepare", "synthetic"), ("train", str(tmp_path))]

@@ -608,3 +608,26 @@ def test_a_config_json_that_does_not_describe_the_checkpoint_is_refused(
   with pytest.raises(WorkdirError, match="is a CTranslate2 export"):
     trainer.train_and_evaluate(tiny_config(), str(export))
   assert file_hashes(export) == before
+
+
+def test_piped_eval_py_writes_into_an_output_dir_only_when_given(
+    copy, tmp_path, monkeypatch, eval_py, capsys):
+  """--source_file=-: the translations alone on standard output, the rest
+  on standard error; with --output_dir they are written there too."""
+  monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
+  read_lines = evaluator.files.read_lines
+  monkeypatch.setattr(evaluator.files, "read_lines", lambda path: (
+      ["ein Satz", "zwei"] if path == "/dev/stdin" else read_lines(path)))
+  out = tmp_path / "out"
+  want = "ein Satz 4 0.6 8 exact float32\nzwei 4 0.6 8 exact float32\n"
+  assert eval_py(f"--workdir={copy}", "--source_file=-") == 0
+  captured = capsys.readouterr()
+  assert captured.out == want
+  assert captured.err.startswith("file, step 6, beam 4, alpha 0.6: 2 ")
+  assert not (copy / "eval").exists() and not out.exists()
+  assert eval_py(f"--workdir={copy}", "--source_file=-",
+                 f"--output_dir={out}") == 0
+  captured = capsys.readouterr()
+  assert captured.out == want
+  assert f"Wrote {out}\n" in captured.err
+  assert (out / "translations.txt").read_text().startswith("ein Satz 4 ")

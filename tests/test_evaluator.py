@@ -190,6 +190,18 @@ def test_scores_are_the_hypotheses_against_the_references():
   assert result["chrf"] == pytest.approx(100 * 5 * recall / (4 + recall))
 
 
+
+def test_scores_are_cased():
+  """BLEU and chrF compare cased text: "The Cat" is not "the cat"."""
+  result = scoring.score(["The Cat sat on the mat"], ["the cat sat on the mat"])
+  # n-gram precisions 4/6, 3/5, 2/4, 1/3 (what "The" and "Cat" break), no
+  # brevity penalty: their geometric mean.
+  assert result["bleu"] == pytest.approx(
+      100 * (4 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
+  assert result["chrf"] < 100
+  same = scoring.score(["The Cat sat on the mat"], ["The Cat sat on the mat"])
+  assert same["bleu"] == pytest.approx(100) and same["chrf"] == pytest.approx(100)
+
 def test_make_batches_sorts_buckets_and_covers_every_sentence():
   rng = np.random.default_rng(0)
   lengths = rng.integers(1, 65, 200)

@@ -258,3 +258,33 @@ def test_a_sigterm_ends_a_follower_with_one_line_and_its_lock_released(run):
   assert process.returncode == 143, stderr[-3000:]
   assert stderr.strip().split("\n")[-1] == "eval.py: Stopped by SIGTERM."
   assert not [n for n in os.listdir(eval_dir) if n.endswith(".lock")]
+
+
+def test_eval_py_hands_its_follow_flags_to_the_follower(tmp_path, eval_py,
+                                                        monkeypatch, capsys):
+  """eval.py --follow passes --paper_bleu, --follow_interval and
+  --follow_timeout (and the search flags) on, and refuses each flag of a
+  single evaluation before anything starts."""
+  calls = []
+  monkeypatch.setattr(follow, "follow", lambda workdir, **kwargs: (
+      calls.append((workdir, kwargs))))
+  workdir = str(tmp_path / "run")
+  assert eval_py(f"--workdir={workdir}", "--follow", "--paper_bleu",
+                 "--follow_interval=7", "--follow_timeout=30",
+                 "--average_last=2", "--beam_size=3") == 0
+  (got, kwargs), = calls
+  assert got == workdir
+  assert {k: kwargs[k] for k in ("paper_bleu", "poll_seconds",
+                                 "timeout_seconds", "average_last",
+                                 "beam_size")} == dict(
+      paper_bleu=True, poll_seconds=7.0, timeout_seconds=30.0,
+      average_last=2, beam_size=3)
+  capsys.readouterr()
+  for flag in ("--checkpoint_step=2", "--source_file=src.txt",
+               "--reference_file=ref.txt", f"--output_dir={tmp_path}",
+               "--reference_tokenized", "--plot_attention=1"):
+    assert eval_py(f"--workdir={workdir}", "--follow", flag) == 1, flag
+    name = flag[2:].split("=")[0]
+    assert capsys.readouterr().err.startswith(
+        f"eval.py: --{name} is not taken with --follow"), flag
+  assert len(calls) == 1

@@ -130,3 +130,45 @@ def test_tensorflow_missing_is_one_line_naming_the_install(monkeypatch):
   # The install command it names installs it.
   lock = (REPO / "requirements-tfds.txt").read_text()
   assert re.search(r"^tensorflow(-cpu)?==", lock, re.MULTILINE)
+
+
+def test_orbax_warnings_and_errors_pass_the_filter(absl_info):
+  """Only Orbax's lines below WARNING are hidden: its warnings and errors
+  reach the handlers."""
+  import orbax.checkpoint  # pylint: disable=import-outside-toplevel
+  library_logs.configure(verbose=False)
+  absl = logging.getLogger("absl")
+  for level in (logging.INFO, logging.WARNING, logging.ERROR):
+    absl.handle(logging.LogRecord("absl", level, orbax.checkpoint.__file__,
+                                  1, f"orbax line {level}", None, None))
+  assert [r.levelno for r in absl_info.records
+          if r.getMessage().startswith("orbax line")] == [logging.WARNING,
+                                                          logging.ERROR]
+
+
+def test_a_native_log_level_the_user_set_is_kept(monkeypatch):
+  """quiet_native sets TF_CPP_MIN_LOG_LEVEL=1 only when it is not set."""
+  monkeypatch.setattr(tensorflow_loader, "_hide_native", False)
+  monkeypatch.setenv(library_logs.NATIVE_LEVEL_ENV, "0")
+  library_logs.quiet_native(["train.py"])
+  assert os.environ[library_logs.NATIVE_LEVEL_ENV] == "0"
+  monkeypatch.delenv(library_logs.NATIVE_LEVEL_ENV)
+  library_logs.quiet_native(["train.py"])
+  assert os.environ[library_logs.NATIVE_LEVEL_ENV] == "1"
+
+
+def test_jax_backend_probe_lines_are_hidden_unless_verbose(caplog):
+  """JAX's backend start-up INFO lines: hidden by default, shown with
+  --verbose_libraries."""
+  caplog.set_level(logging.INFO, logger="jax")
+  probe = logging.getLogger("jax._src.xla_bridge")
+  try:
+    library_logs.configure(verbose=False)
+    probe.info("probe line, quiet")
+    library_logs.configure(verbose=True)
+    probe.info("probe line, verbose")
+  finally:
+    library_logs.configure(verbose=True)  # as the library is left by default
+  messages = [r.getMessage() for r in caplog.records]
+  assert "probe line, quiet" not in messages
+  assert "probe line, verbose" in messages

@@ -1,6 +1,7 @@
 """mha/metrics.py's metrics.jsonl (write, read, resume truncation, bad
 lines) and scripts/plot_metrics.py (its curves and the PNG it writes)."""
 import json
+import time
 
 import matplotlib.image
 import pytest
@@ -110,3 +111,46 @@ def test_plot_out_in_a_missing_folder_is_refused(tmp_path):
   assert str(error.value) == (f"plot_metrics.py: --out={out}: the folder "
                               f"{out.parent} does not exist.")
   assert not out.parent.exists()
+
+
+def test_records_are_strict_json_with_the_wall_clock_time(tmp_path):
+  """Each record's `time` is the wall clock (scripts/time_to_bleu.py
+  subtracts config.json's mtime from it), and a non-finite value is written
+  as a string: every line is JSON that any parser reads (no NaN token)."""
+  before = time.time()
+  metrics_lib.MetricsWriter(str(tmp_path)).write(
+      3, {"loss": float("nan"), "grad_norm": float("inf"), "nll": 2.5})
+  after = time.time()
+  line = (tmp_path / metrics_lib.METRICS_FILE).read_text()
+
+  def refuse(name):
+    raise ValueError(f"not JSON: {name}")
+  record = json.loads(line, parse_constant=refuse)
+  assert before <= record.pop("time") <= after
+  assert record == {"step": 3, "loss": "nan", "grad_norm": "inf", "nll": 2.5}
+
+
+def test_blank_lines_are_not_records(tmp_path):
+  """read_metrics skips blank lines (a file edited by hand)."""
+  _write(tmp_path, [1, 2])
+  path = tmp_path / metrics_lib.METRICS_FILE
+  lines = path.read_text().splitlines(keepends=True)
+  path.write_text(lines[0] + "\n" + "".join(lines[1:]) + "\n")
+  assert [r["step"] for r in metrics_lib.read_metrics(str(tmp_path))] == [
+      1, 2, 2]
+
+
+def test_progress_line_rate_since_the_last_report_and_eta(monkeypatch):
+  """The console line's steps/s are those since the previous report, and
+  the ETA (hours:minutes:seconds) the steps left at that rate."""
+  clock = iter([1000.0, 1010.0, 1030.0])
+  monkeypatch.setattr(metrics_lib.time, "perf_counter", lambda: next(clock))
+  lines = []
+  monkeypatch.setattr(metrics_lib.logging, "info",
+                      lambda fmt, *args: lines.append(fmt % args))
+  progress = metrics_lib.Progress(0, 100000)
+  assert progress.report(100, 2.0) == pytest.approx(10.0)  # 100 in 10 s
+  assert progress.report(200, 1.5) == pytest.approx(5.0)  # 100 in 20 s
+  # 99,800 steps left at 5 a second: 19,960 s.
+  assert lines[1] == ("step 200/100000  loss 1.5000  5.00 steps/s  "
+                      "ETA 5:32:40")

@@ -4,6 +4,8 @@ sharded over several devices (one file for any devices of that number);
 anything the trace depends on names another file; a bad file is replaced;
 without the compilation cache there is no folder to keep them in."""
 import functools
+import pathlib
+import shutil
 
 import jax
 import numpy as np
@@ -260,3 +262,36 @@ def test_folder_follows_the_compilation_cache(tmp_path):
   finally:
     jax.config.update("jax_compilation_cache_dir", before[0])
     jax.config.update("jax_enable_compilation_cache", before[1])
+
+
+def test_source_hash_covers_every_module_of_the_package(tmp_path,
+                                                        monkeypatch):
+  """A changed line in any module of mha, in a subpackage too (mha/data,
+  mha/cli), changes the hash that names the files."""
+  root = pathlib.Path(search_cache.__file__).resolve().parent
+  copy = tmp_path / "mha"
+  for path in root.rglob("*.py"):
+    (copy / path.relative_to(root)).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, copy / path.relative_to(root))
+  monkeypatch.setattr(search_cache, "__file__",
+                      str(copy / "search_cache.py"))
+  source_hash = search_cache.source_hash.__wrapped__
+  hashes = [source_hash()]
+  for edited in ("decoding.py", "data/pipeline.py", "cli/eval.py"):
+    with open(copy / edited, "a") as f:
+      f.write("# edited\n")
+    hashes.append(source_hash())
+  assert len(set(hashes)) == 4
+
+
+def test_file_key_names_the_tree_the_x64_option_and_the_backend(
+    monkeypatch):
+  """The same leaves in another tree, 64-bit types on, or another backend:
+  another file."""
+  x = np.zeros(3, np.float32)
+  key = search_cache.file_key(("k",), ({"a": x},), {})
+  assert key != search_cache.file_key(("k",), ((x,),), {})
+  with jax.enable_x64(True):
+    assert key != search_cache.file_key(("k",), ({"a": x},), {})
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  assert key != search_cache.file_key(("k",), ({"a": x},), {})

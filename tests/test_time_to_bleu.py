@@ -117,3 +117,19 @@ def test_bad_flags_are_refused_before_any_evaluation(tmp_path, monkeypatch,
   assert str(error.value) == "time_to_bleu.py: " + message.format(
       tmp=tmp_path)
   assert list(tmp_path.iterdir()) == []
+
+
+def test_mark_minutes_empty_draws_no_line(tmp_path, monkeypatch):
+  """--mark_minutes='' means no vertical line (the help's promise), a list
+  means a line at each; a run without checkpoints is an empty curve."""
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints").mkdir(parents=True)
+  (workdir / "config.json").write_text("{}")
+  drawn = []
+  monkeypatch.setattr(time_to_bleu, "plot",
+                      lambda curves, split, out, marks: drawn.append(marks))
+  for marks in ("", "5, 7.5"):
+    assert time_to_bleu.main([f"--run=empty:{workdir}",
+                              f"--out={tmp_path / 'x.png'}",
+                              f"--mark_minutes={marks}"]) == {"empty": []}
+  assert drawn == [[], [5.0, 7.5]]

@@ -3,6 +3,8 @@ searched as one search (batches of 64 sentences a device, each device's
 share refilled), with the translations that batches of 64 give
 (mha.evaluator's batching), and so the BLEU."""
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ import mha
 from configs import quickstart
 from mha import data
 from mha import devices
+from mha import scoring
 from mha import translate
 from mha import train_evals
 
@@ -83,3 +86,86 @@ def test_beam_bleu_searches_one_batch_with_the_translations_of_64(
   assert [b.inputs.shape[0] for b in two] == [64, 8]
   assert got_texts == want_texts and len(set(want_texts)) > 30
   assert got["eval_bleu"] == want["eval_bleu"]
+
+
+def test_evaluations_are_due_every_eval_every_steps_and_at_the_last():
+  """Due at every `eval_every_steps`-th step and at the last step, also
+  when the last is not a multiple of it."""
+  config = ml_collections.ConfigDict(dict(eval_every_steps=4,
+                                          num_train_steps=10))
+  bleu = train_evals.BeamBleu(config, None, None)
+  assert [step for step in range(1, 11) if bleu.due(step)] == [4, 8, 10]
+
+
+def test_dev_loss_is_the_token_weighted_mean_over_batches_and_devices(
+    monkeypatch):
+  """The metric sums of every batch (each over all devices) divided by the
+  tokens: loss and NLL per token, perplexity exp(NLL), accuracy."""
+  def sums_step(model, config):
+    del model, config
+
+    def step(params, batch):
+      del params
+      t = batch["targets"].astype(jnp.float32)
+      w = (t > 0).astype(jnp.float32)
+      return jax.lax.psum({"loss": (w * t).sum(), "nll": (w * t / 4).sum(),
+                           "correct": (w * (t < 5)).sum(), "tokens": w.sum()},
+                          devices.AXIS)
+    return step
+
+  rng = np.random.default_rng(0)
+  batches = []
+  for rows, length in ((8, 4), (4, 8)):
+    targets = rng.integers(1, 10, (rows, length)) * (
+        rng.random((rows, length)) < 0.7)
+    batches.append({"inputs": targets.copy(), "targets": targets})
+  monkeypatch.setattr(train_evals, "make_eval_step", sums_step)
+  monkeypatch.setattr(train_evals.data, "eval_batches",
+                      lambda config, tokenizer, split: batches)
+  dev = train_evals.DevLoss(ml_collections.ConfigDict(dict(eval_split="dev")),
+                            None, model=object())
+  got = dev.evaluate_params({"w": np.zeros(1, np.float32)})
+  t = np.concatenate([b["targets"].ravel() for b in batches]).astype(float)
+  w = t > 0
+  nll = (t[w] / 4).sum() / w.sum()
+  assert got["eval_loss"] == pytest.approx(t[w].sum() / w.sum())
+  assert got["eval_nll"] == pytest.approx(nll)
+  assert got["eval_perplexity"] == pytest.approx(np.exp(nll))
+  assert got["eval_accuracy"] == pytest.approx((t[w] < 5).sum() / w.sum())
+
+
+def test_beam_bleu_reads_the_first_pairs_of_the_split(monkeypatch):
+  """BeamBleu scores the first `eval_bleu_sentences` sources of
+  `eval_split` against their own references."""
+  sources = [f"source {i}" for i in range(5)]
+  references = [f"reference {i}" for i in range(5)]
+  monkeypatch.setattr(train_evals.data, "load_text_pairs",
+                      lambda config, split: (sources, references)
+                      if split == "dev" else None)
+  scored = []
+  monkeypatch.setattr(train_evals, "evaluate_bleu",
+                      lambda model_config, params, tok, s, r, config,
+                      batch_size: scored.append((s, r)) or {})
+  config = ml_collections.ConfigDict(dict(eval_split="dev", beam_size=4,
+                                          eval_bleu_sentences=3))
+  bleu = train_evals.BeamBleu(config, None, None)
+  bleu(devices.pmap_replicate({"w": np.zeros(1)}, jax.local_devices()))
+  assert scored == [(sources[:3], references[:3])]
+
+
+def test_evaluate_bleu_reports_the_searchs_scores_and_times(monkeypatch):
+  """eval_bleu and eval_chrf are sacreBLEU's of the translations, the speed
+  is sentences per second of the search, the compile time its own part."""
+  texts = ["the cat sat on the mat", "a dog", "it rains today"]
+  references = ["the cat sat on a mat", "the dog", "it rains today"]
+  monkeypatch.setattr(translate, "translate_with_ids", lambda *a, **k: (
+      translate.Translations(texts, [None] * 3, [None] * 3, seconds=1.5,
+                             compile_seconds=0.5)))
+  config = quickstart.get_config()
+  got = train_evals.evaluate_bleu(None, None, None, ["x"] * 3, references,
+                                  config)
+  want = scoring.score(texts, references)
+  assert got["eval_bleu"] == want["bleu"] and got["eval_chrf"] == want["chrf"]
+  assert got["eval_bleu"] != got["eval_chrf"]
+  assert got["eval_decode_sentences_per_sec"] == pytest.approx(3 / 1.5)
+  assert got["eval_decode_compile_seconds"] == 0.5
