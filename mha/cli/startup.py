@@ -27,7 +27,6 @@ shared ones, and ends with
 Importing this module imports neither JAX nor TensorFlow: the restart
 comes first.
 """
-import _thread
 import functools
 import importlib.util
 import os
@@ -168,11 +167,14 @@ def stops_on_sigterm(main: Callable[[list[str]], int | None]
     # Python runs a signal's handler between any two bytecodes, also in a
     # gc callback (jax has one) or a __del__, where an exception is only
     # printed ("Exception ignored in ...") and the command went on. The
-    # signal is raised again once that has returned: from another thread,
-    # a moment later (in this hook, the handler's exception would be lost
-    # for good; a second loss comes back here).
+    # signal is sent again to the main thread once that has returned: from
+    # another thread, a moment later (in this hook, the handler's exception
+    # would be lost for good; a second loss comes back here). A real
+    # signal, so that a blocking call of the main thread (a read, a wait)
+    # is interrupted too.
     if isinstance(info.exc_value, SigTerm):
-      threading.Timer(0.01, _thread.interrupt_main, (signal.SIGTERM,)).start()
+      threading.Timer(0.01, signal.pthread_kill,
+                      (threading.main_thread().ident, signal.SIGTERM)).start()
     else:
       hook(info)
 
