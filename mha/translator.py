@@ -20,6 +20,7 @@ An empty (or blank) source line gives an empty translation, an empty n-best
 list and an empty sample; it is not translated.
 """
 import codecs
+import collections.abc
 import dataclasses
 import math
 import numbers
@@ -107,7 +108,10 @@ def _check_sentences(name: str, sentences: Any) -> list[str]:
   lone surrogate, which SentencePiece refuses with a TypeError)."""
   problem = ConfigError(f"{name} must be a list of strings (one sentence "
                         "each), not a single string or other objects.")
-  if isinstance(sentences, (str, bytes)):
+  # A dict or a set iterates over keys in an order of its own: no list of
+  # sentences whose results could be matched back.
+  if isinstance(sentences, (str, bytes, collections.abc.Mapping,
+                            collections.abc.Set)):
     raise problem
   try:
     sentences = list(sentences)  # once: a generator is read only once
@@ -278,6 +282,9 @@ class Translator:
     top_k = _check_int("top_k", top_k, 0)
     seed = _check_int("seed", seed, -_INT32, _INT32 - 1)
     first_id = _check_int("first_id", first_id, 0, _INT32 - 1)
+    if not isinstance(with_log_probs, bool):
+      raise ConfigError(f"with_log_probs must be True or False, got "
+                        f"{with_log_probs!r}.")
     max_decode_extra = self._search(
         max_decode_extra=max_decode_extra).max_decode_extra
     keep, texts = self._nonempty(sentences, batch_size)
@@ -355,6 +362,8 @@ def load(workdir: str, step: int | None = None,
   if not isinstance(workdir, (str, os.PathLike)):
     raise ConfigError(f"workdir must be a path (a string), got {workdir!r}.")
   workdir = os.fspath(workdir)
+  if not workdir.strip():
+    raise ConfigError("workdir is empty: give a training workdir's path.")
   if step is not None:
     _check_int("step", step, 0)
   if average_last is not None:

@@ -180,6 +180,10 @@ def test_average_last_loads_the_mean(tiny_workdir):
      r"not text that UTF-8 can encode \(surrogates not allowed at character "
      r"0\)"),
     (lambda t: t.score(["a"], ["\udcff"]), "targets: sentence 1 is not"),
+    (lambda t: t.translate({"a": 1}), "list of strings"),
+    (lambda t: t.nbest({"a", "b"}, 2), "list of strings"),
+    (lambda t: t.sample(["a"], with_log_probs="yes"),
+     "with_log_probs must be True or False, got 'yes'"),
 ])
 def test_bad_arguments_are_user_errors(translator, call, message):
   with pytest.raises(UserError, match=message):
@@ -191,6 +195,8 @@ def test_bad_workdirs_and_steps_are_user_errors(tiny_workdir, tmp_path):
     mha.load(tmp_path / "nowhere")  # a pathlib.Path as well as a string
   with pytest.raises(UserError, match="workdir must be a path"):
     mha.load(None)
+  with pytest.raises(UserError, match="workdir is empty"):  # an unset $WD
+    mha.load(" ")
   with pytest.raises(UserError, match="3"):
     mha.load(str(tiny_workdir), step=3)
   with pytest.raises(UserError, match="average_last"):
