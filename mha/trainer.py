@@ -35,6 +35,7 @@ from mha import errors
 from mha import files
 from mha import host_memory
 from mha import metrics as metrics_lib
+from mha import sigterm
 from mha import train_setup
 from mha import workdir as workdir_lib
 from mha.train_actions import MetricsWindow
@@ -73,7 +74,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   the workdir created, locked (`<workdir>/lock`, one run per workdir) and
   written. A SIGTERM (preemption) makes the run save a checkpoint at the
   next step boundary and return; a Ctrl-C (SIGINT) too, and then it raises
-  `Interrupted` (a second Ctrl-C raises it at once, without saving). A
+  `Interrupted` (a second Ctrl-C raises it at once, without saving). Either
+  signal during the set-up, before the loop, leaves the workdir as it was
+  (a SIGTERM raises `Terminated`, a Ctrl-C `Interrupted`). A
   non-finite loss raises TrainingDiverged naming the step; checkpoints
   saved before it are left as they are, and a run that saved none leaves
   the workdir as it was (config.json, metrics.jsonl, no files of its own). A write the machine refuses (a
@@ -119,19 +122,27 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   run saves a checkpoint, leaves the workdir as it was.
   """
   # The workdir as it was: put back if this run stops on bad input (in the
-  # set-up, or a diverged loss) before it saves anything.
+  # set-up, or a diverged loss) before it saves anything, or is stopped
+  # (SIGTERM, Ctrl-C) before its loop can save.
   before = folder.snapshot() if jax.process_index() == 0 else None
   try:
-    run = train_setup.set_up(config, folder, inputs)
-    manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
-    writer = metrics_lib.MetricsWriter(folder.path, jax.process_index() == 0)
-    start = train_setup.resume_or_start(config, folder, run, manager, writer)
-    batches = train_setup.train_batches(config, run.tokenizer, start)
-  except errors.UserError:
+    with sigterm.raised():
+      run = train_setup.set_up(config, folder, inputs)
+      manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
+      writer = metrics_lib.MetricsWriter(folder.path,
+                                         jax.process_index() == 0)
+      start = train_setup.resume_or_start(config, folder, run, manager,
+                                          writer)
+      batches = train_setup.train_batches(config, run.tokenizer, start)
+      state = devices.pmap_replicate(start.state, jax.local_devices())
+  except (errors.UserError, KeyboardInterrupt, errors.SigTerm) as e:
     if before is not None:
       before.restore()
+    if isinstance(e, errors.SigTerm):
+      raise errors.Terminated(
+          "Stopped by SIGTERM during the set-up, before any step: the "
+          "workdir is left as it was.") from None
     raise
-  state = devices.pmap_replicate(start.state, jax.local_devices())
   # Only the replicated copy lives on for the run: the set-up's step-0
   # state and the start's (each one more copy of the parameters and Adam's
   # moments) are let go.

@@ -262,7 +262,8 @@ class Translator:
     Args:
       sentences, max_decode_extra, batch_size: as in `translate`.
       temperature: >= 0; 0 = greedy search, < 1 sharper, > 1 flatter.
-      top_k: draw each token from the k most probable only; 0 = all.
+      top_k: draw each token from the k most probable only; 0 = all; at
+        most the vocabulary's size.
       seed: an int32. The same seed gives the same samples, on any number
         of devices and in any batches: sentence i draws with its own key,
         derived from the seed and `first_id + i`.
@@ -279,7 +280,8 @@ class Translator:
     """
     sentences = _check_sentences("sentences", sentences)
     temperature = _check_float("temperature", temperature)
-    top_k = _check_int("top_k", top_k, 0)
+    # Above the vocabulary's size it would act as 0 (every token): a typo.
+    top_k = _check_int("top_k", top_k, 0, self.model_config.vocab_size)
     seed = _check_int("seed", seed, -_INT32, _INT32 - 1)
     first_id = _check_int("first_id", first_id, 0, _INT32 - 1)
     if not isinstance(with_log_probs, bool):

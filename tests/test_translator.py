@@ -174,6 +174,8 @@ def test_average_last_loads_the_mean(tiny_workdir):
     (lambda t: t.nbest(iter([b"bytes"]), 2), "list of strings"),
     (lambda t: t.sample(["a"], temperature=-1), "temperature must be"),
     (lambda t: t.sample(["a"], top_k=-2), "top_k must be"),
+    (lambda t: t.sample(["a"], top_k=t.model_config.vocab_size + 1),
+     r"top_k must be an integer in 0\.\.\d+, got \d+\."),
     (lambda t: t.score(["a", "b"], ["c"]), "2 sources but 1 targets"),
     (lambda t: t.score(["a"], ["b " * 200]), "Target 1 has"),
     (lambda t: t.translate(["ok", "\ud800 x"]), r"sentences: sentence 2 is "

@@ -11,6 +11,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -577,6 +578,47 @@ def test_a_run_that_diverges_after_saving_keeps_its_checkpoints(
   assert "7" in os.listdir(workdir / "checkpoints")
   assert json.loads((workdir / "config.json").read_bytes())[
       "learning_rate_scale"] == 1e12
+
+
+def _stopped_in_set_up(monkeypatch, signum: int | None) -> None:
+  """train_batches, the set-up's last step (after config.json, metrics.jsonl
+  and an event file were written), stopped by the signal `signum`, or by a
+  Ctrl-C (KeyboardInterrupt) if None."""
+  def stopped(*args):
+    del args
+    if signum is None:
+      raise KeyboardInterrupt
+    if not callable(signal.getsignal(signum)):  # the default: would kill
+      raise AssertionError("the run's set-up does not handle the signal")
+    os.kill(os.getpid(), signum)  # its handler runs before the next line
+    raise AssertionError("the signal did not stop the set-up")
+  monkeypatch.setattr(trainer.train_setup, "train_batches", stopped)
+
+
+@pytest.mark.parametrize("signum,error,message", [
+    (signal.SIGTERM, errors.Terminated, "Stopped by SIGTERM during the "
+     "set-up, before any step: the workdir is left as it was"),
+    (None, errors.Interrupted, "the last checkpoint is step 4")],
+    ids=["SIGTERM", "ctrl_c"])
+def test_a_run_stopped_in_its_set_up_leaves_the_workdir(
+    tiny_workdir, tmp_path, monkeypatch, signum, error, message):
+  """A resume stopped before its first step (a preemption's SIGTERM, a
+  Ctrl-C): config.json, metrics.jsonl (with the lines the resume dropped)
+  and the folder's entries are as they were, and the lock is released.
+  SIGTERM exits with status 143."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  shutil.rmtree(workdir / "checkpoints" / "6")  # the resume drops step 6
+  before = snapshot(workdir)
+  config = ml_collections.ConfigDict(
+      json.loads((workdir / "config.json").read_bytes()))
+  config.num_train_steps = 8
+  _stopped_in_set_up(monkeypatch, signum)
+  with pytest.raises(error, match=message) as raised:
+    trainer.train_and_evaluate(config, str(workdir))
+  assert snapshot(workdir) == before
+  assert raised.value.exit_code == (143 if signum else 130)
+  assert signal.getsignal(signal.SIGTERM) is not trainer.sigterm._raise
 
 
 def test_a_snapshot_puts_back_the_runs_lines_only(tmp_path):

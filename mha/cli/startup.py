@@ -31,9 +31,7 @@ import functools
 import importlib.util
 import os
 import re
-import signal
 import sys
-import threading
 from typing import Any, Callable, Sequence
 
 from absl import app
@@ -43,6 +41,7 @@ from absl import logging
 from mha import compilation_cache
 from mha import host_memory
 from mha import library_logs
+from mha import sigterm
 from mha.errors import ConfigError
 from mha.errors import SigTerm
 from mha.errors import Terminated
@@ -156,42 +155,17 @@ def stops_on_sigterm(main: Callable[[list[str]], int | None]
   main thread) instead of being ended by it: its locks are released and
   its temporary files removed, and it raises `Terminated` (one line,
   status 143). The commands that only read and write results (eval,
-  translate, export); train.py saves a checkpoint on a SIGTERM instead
-  (`train_actions.StopSignal`)."""
-
-  def raise_sigterm(signum, frame):
-    del signum, frame
-    raise SigTerm
-
-  def unraisable(info) -> None:
-    # Python runs a signal's handler between any two bytecodes, also in a
-    # gc callback (jax has one) or a __del__, where an exception is only
-    # printed ("Exception ignored in ...") and the command went on. The
-    # signal is sent again to the main thread once that has returned: from
-    # another thread, a moment later (in this hook, the handler's exception
-    # would be lost for good; a second loss comes back here). A real
-    # signal, so that a blocking call of the main thread (a read, a wait)
-    # is interrupted too.
-    if isinstance(info.exc_value, SigTerm):
-      threading.Timer(0.01, signal.pthread_kill,
-                      (threading.main_thread().ident, signal.SIGTERM)).start()
-    else:
-      hook(info)
+  translate, export), through `sigterm.raised`; train.py saves a
+  checkpoint on a SIGTERM instead (`train_actions.StopSignal`)."""
 
   @functools.wraps(main)
   def wrapper(argv: list[str]) -> int | None:
-    nonlocal hook
-    previous = signal.signal(signal.SIGTERM, raise_sigterm)
-    hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
-      return main(argv)
+      with sigterm.raised():
+        return main(argv)
     except SigTerm:
       raise Terminated("Stopped by SIGTERM.") from None
-    finally:
-      signal.signal(signal.SIGTERM, previous)
-      sys.unraisablehook = hook
 
-  hook = sys.unraisablehook
   return wrapper
 
 

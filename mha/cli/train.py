@@ -22,6 +22,8 @@ folder print one line naming the problem and exit with status 1
 checkpoints stay as they were. SIGTERM (preemption) saves a checkpoint at
 the next step boundary and exits with status 0; Ctrl-C does the same and
 exits with status 130 (a second Ctrl-C stops at once, without saving).
+Either signal during the set-up (the vocabulary, the tokenized cache), before
+the first step, leaves the workdir as it was (SIGTERM: status 143).
 
 On a CPU host the process restarts once with huge pages for XLA's host
 buffers; `MHA_HUGE_PAGES=0/1` decides otherwise (mha/host_memory.py).
