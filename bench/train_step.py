@@ -69,7 +69,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -32,7 +32,6 @@ import numpy as np
 from mha import checkpoints
 from mha import devices
 from mha import errors
-from mha import files
 from mha import host_memory
 from mha import metrics as metrics_lib
 from mha import sigterm
