@@ -85,7 +85,7 @@ def choose_steps(workdir: str, checkpoint_step: int | None = None,
                                      average_last or 1)
   except checkpoints.TooFewCheckpoints as e:
     raise EvalError(
-        f"--average_last={e.needed} but {e.directory} holds {len(e.steps)} "
+        f"{validation.setting('average_last')}={e.needed} but {e.directory} holds {len(e.steps)} "
         f"checkpoint(s) up to step {e.step}: {e.steps}.") from None
 
 
@@ -173,11 +173,13 @@ def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
     present = files.exists(workdir)
     folder = present and files.isdir(workdir)
   except OSError as e:  # Cloud Storage: no credentials, access denied
-    raise EvalError(f"--workdir={workdir}: {e}") from None
+    raise EvalError(f"{validation.setting('workdir')}={workdir}: {e}"
+                    ) from None
   if not present:
     raise EvalError(f"Workdir {workdir} does not exist.")
   if not folder:
-    raise EvalError(f"--workdir={workdir} is a file, not a workdir folder.")
+    raise EvalError(f"{validation.setting('workdir')}={workdir} is a file, "
+                    "not a workdir folder.")
   workdir_lib.check_path_characters(workdir)
   layout = workdir_lib.Workdir(workdir)
   layout.check_not_export()
@@ -234,10 +236,13 @@ def _search_settings(config: Any, workdir: str, **given: Any
   for field, allowed in settings.problems(config.vocab_size):
     value = getattr(settings, field)
     if given.get(field) is not None:
-      raise EvalError(f"--{field} must be {allowed}, got {value!r}.")
+      raise EvalError(f"{validation.setting(field)} must be {allowed}, got "
+                      f"{value!r}.")
     path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
-    raise EvalError(f"{path}: {field} (the default of --{field}) must be "
-                    f"{allowed}, got {value!r}. Give --{field}.")
+    name = validation.setting(field)
+    default_of = f" (the default of {name})" if name != field else ""
+    raise EvalError(f"{path}: {field}{default_of} must be {allowed}, got "
+                    f"{value!r}. Give {name}.")
   return settings
 
 
@@ -247,12 +252,16 @@ def _check_plot_flags(config, plot_attention: int, plot_layer: int,
   if not plot_attention:
     return
   if not write:
-    raise EvalError("--plot_attention writes PNG files: give --output_dir "
-                    "(with --source_file=- nothing is written otherwise).")
+    raise EvalError(
+        f"{validation.setting('plot_attention')} writes PNG files: give "
+        f"{validation.setting('output_dir')} (with "
+        f"{validation.setting('source_file')}=- nothing is written "
+        "otherwise).")
   try:
     attention_maps.resolve_layer(
         plot_layer, config.get("num_encoder_layers") or config.num_layers,
-        config.get("num_decoder_layers") or config.num_layers, "--plot_layer")
+        config.get("num_decoder_layers") or config.num_layers,
+        validation.setting("plot_layer"))
   except ValueError as e:
     raise EvalError(str(e)) from None
 
@@ -314,13 +323,16 @@ def _check_arguments(split: str | None, source_file: str | None,
   """Check: the flags (`check_flags`) and the choice of inputs."""
   check_flags(**flags)
   if reference_file and not source_file:
-    raise EvalError("--reference_file needs --source_file.")
+    raise EvalError("{} needs {}.".format(
+        *map(validation.setting, ("reference_file", "source_file"))))
   if source_file and split:
-    raise EvalError("Give --split or --source_file, not both.")
+    raise EvalError("Give {} or {}, not both.".format(
+        *map(validation.setting, ("split", "source_file"))))
   if reference_tokenized and not (paper_bleu and reference_file):
-    raise EvalError("--reference_tokenized says how --paper_bleu reads "
-                    "--reference_file: give both (a dataset split's "
-                    "references are raw text).")
+    raise EvalError(
+        "{} says how {} reads {}: give both (a dataset split's references "
+        "are raw text).".format(*map(validation.setting, (
+            "reference_tokenized", "paper_bleu", "reference_file"))))
 
 
 def _plan(workdir: str, split: str | None, source_file: str | None,

@@ -253,21 +253,21 @@ def _check_output_dir(output_dir: str) -> None:
   """Refuses a URL, a file, and a non-empty folder that is not an export.
 
   Raises:
-    ExportError: naming `--output_dir` and what is there.
+    ExportError: naming `output_dir` (`--output_dir`) and what is there.
   """
   if files.has_scheme(output_dir):
     raise ExportError(
-        f"--output_dir={output_dir}: CTranslate2 writes its model to a local "
+        f"{validation.setting('output_dir')}={output_dir}: CTranslate2 writes its model to a local "
         "folder; export locally and copy the folder.")
   if not os.path.lexists(output_dir):
     return
   if not os.path.isdir(output_dir):
-    raise ExportError(f"--output_dir={output_dir} is a file, not a folder.")
+    raise ExportError(f"{validation.setting('output_dir')}={output_dir} is a file, not a folder.")
   present = os.listdir(output_dir)
   manifest = os.path.join(output_dir, MANIFEST_FILE)
   if present and not os.path.isfile(manifest):
     raise ExportError(
-        f"--output_dir={output_dir} is a non-empty folder that is not an "
+        f"{validation.setting('output_dir')}={output_dir} is a non-empty folder that is not an "
         f"export of this project (no {MANIFEST_FILE}): choose an empty or "
         "new folder.")
   # An earlier export is replaced whole: files put there since would go.
@@ -279,7 +279,7 @@ def _check_output_dir(output_dir: str) -> None:
   others = sorted(set(present) - written)
   if others:
     raise ExportError(
-        f"--output_dir={output_dir} is an earlier export that also holds "
+        f"{validation.setting('output_dir')}={output_dir} is an earlier export that also holds "
         f"files it did not write ({', '.join(others)}), which replacing it "
         "would delete: move them, or choose another folder.")
 
@@ -393,11 +393,12 @@ def check_flags(*, export_format: str = "ctranslate2",
   Raises:
     ExportError: naming the first flag out of range.
   """
-  for name, value in (("format", export_format),
-                      ("quantization", quantization), ("step", step),
-                      ("average_last", average_last)):
+  for keyword, name, value in (
+      ("export_format", "format", export_format),
+      ("quantization", "quantization", quantization), ("step", "step", step),
+      ("average_last", "average_last", average_last)):
     if value is not None:
-      validation.check_flag(name, value, ExportError)
+      validation.check_flag(name, value, ExportError, keyword)
 
 
 def export(workdir: str, output_dir: str, *,

@@ -47,6 +47,7 @@ from mha import eval_output
 from mha import evaluator
 from mha import files
 from mha import metrics as metrics_lib
+from mha import validation
 from mha import workdir as workdir_lib
 from mha.errors import UserError
 from mha.eval_output import EvalError
@@ -250,9 +251,10 @@ def follow(workdir: str, *, split: str | None = None,
       (from `evaluator.evaluate`) bad input; UserError: the workdir.
   """
   if not poll_seconds > 0 or not timeout_seconds >= 0:
-    raise EvalError("--follow_interval must be > 0 and --follow_timeout "
-                    f">= 0 (seconds), got {poll_seconds} and "
-                    f"{timeout_seconds}.")
+    raise EvalError(
+        f"{validation.setting('poll_seconds', 'follow_interval')} must be > 0 "
+        f"and {validation.setting('timeout_seconds', 'follow_timeout')} >= 0 "
+        f"(seconds), got {poll_seconds} and {timeout_seconds}.")
   evaluator.check_flags(average_last=average_last, beam_size=beam_size,
                         alpha=alpha, max_decode_extra=max_decode_extra,
                         beam_stop=beam_stop, matmul_dtype=matmul_dtype,

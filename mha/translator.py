@@ -36,6 +36,7 @@ from mha import batch_search
 from mha import data
 from mha import files
 from mha import translate
+from mha import validation
 from mha.errors import ConfigError
 from mha.search_settings import SearchSettings
 from mha.transformer import TransformerConfig
@@ -78,12 +79,15 @@ class Score(NamedTuple):
   pieces: list[str]
 
 
-def _check_int(name: str, value: Any, low: int, high: int | None = None
-               ) -> int:
+def _check_int(name: str, value: Any, low: int, high: int | None = None,
+               flag: str | None = None) -> int:
+  """`value` as an int in low..high, or a ConfigError naming `name` (the
+  command's `--flag` in a command: `validation.setting`)."""
   if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
       or value < low or (high is not None and value > high)):
     bounds = f">= {low}" if high is None else f"in {low}..{high}"
-    raise ConfigError(f"{name} must be an integer {bounds}, got {value!r}.")
+    raise ConfigError(f"{validation.setting(name, flag)} must be an integer "
+                      f"{bounds}, got {value!r}.")
   return int(value)
 
 
@@ -97,7 +101,8 @@ def _check_batch_size(batch_size: Any) -> None:
 def _check_float(name: str, value: Any, low: float = 0.0) -> float:
   if (not isinstance(value, numbers.Real) or isinstance(value, bool)
       or not math.isfinite(value) or value < low):
-    raise ConfigError(f"{name} must be a finite number >= {low}, got "
+    raise ConfigError(f"{validation.setting(name)} must be a finite number "
+                      f">= {low}, got "
                       f"{value!r}.")
   return float(value)
 
@@ -160,7 +165,7 @@ class Translator:
     """`defaults` with the settings given (None: not given), checked."""
     given = self.defaults.given(**given)
     for field, allowed in given.problems(self.model_config.vocab_size):
-      raise ConfigError(f"{field} must be {allowed}, got "
+      raise ConfigError(f"{validation.setting(field)} must be {allowed}, got "
                         f"{getattr(given, field)!r}.")
     return dataclasses.replace(  # NumPy scalars as Python numbers
         given, beam_size=int(given.beam_size), alpha=float(given.alpha),
@@ -238,10 +243,12 @@ class Translator:
     search = self._search(beam_size=beam_size, alpha=alpha,
                           max_decode_extra=max_decode_extra,
                           beam_stop=beam_stop, matmul_dtype=matmul_dtype)
-    n = _check_int("n", n, 1)
+    n = _check_int("n", n, 1, flag="nbest")
     if n > search.beam_size:
-      raise ConfigError(f"n = {n} hypotheses asked of a beam of "
-                        f"{search.beam_size}: give beam_size >= {n}.")
+      raise ConfigError(
+          f"{validation.setting('n', 'nbest')}={n} hypotheses asked of a "
+          f"beam of {search.beam_size}: give {validation.setting('beam_size')}"
+          f" >= {n}.")
     keep, texts = self._nonempty(sentences, batch_size)
     out: list[list[Hypothesis]] = [[] for _ in sentences]
     for i, found in zip(keep, translate.nbest_ids(

@@ -10,6 +10,10 @@ into the one-line message every check gives:
     config.beam_size must be >= 1, got 0.
     --alpha must be a finite number >= 0 (the length penalty; ...), got nan.
 
+A setting is named as the user gave it (`setting`): `--alpha` in a command
+(inside `as_flags()`, which `mha.cli.startup.guarded` enters), `alpha`, the
+keyword argument, in the Python API.
+
 The training config's checks (`mha.config_check`), the model config's
 (`TransformerConfig`), the modules that act on a choice (`mha.attention`,
 `mha.positional`), the evaluation's flags (`mha.evaluator.check_flags`),
@@ -21,9 +25,11 @@ lengths) stay with the code that knows them.
 This module imports nothing but the errors (no JAX), so every layer may
 read it.
 """
+import contextlib
+import contextvars
 import math
 import numbers
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from mha.errors import ConfigError
 
@@ -44,6 +50,25 @@ BEAM_STOPS = ("exact", "early")  # mha.decoding.beam_search's stopping rules
 # The searches' weight products (mha.attention.weight_product).
 MATMUL_DTYPES = ("float32", "bfloat16")
 _SPECIAL_PIECES = 3  # PAD, EOS, UNK (mha.token_ids)
+# True inside a command's main (`as_flags`): messages name its flags.
+_AS_FLAGS = contextvars.ContextVar("mha_settings_as_flags", default=False)
+
+
+def setting(name: str, flag: str | None = None) -> str:
+  """How a message names a setting: `name`, the Python API's keyword
+  argument, or inside `as_flags()` the command's flag, `--<flag>` (`flag`
+  defaults to `name`)."""
+  return f"--{flag or name}" if _AS_FLAGS.get() else name
+
+
+@contextlib.contextmanager
+def as_flags() -> Iterator[None]:
+  """Messages raised inside name settings as flags (`setting`)."""
+  token = _AS_FLAGS.set(True)
+  try:
+    yield
+  finally:
+    _AS_FLAGS.reset(token)
 
 
 def is_int(value: Any) -> bool:
@@ -176,12 +201,16 @@ def check_field(field: str, value: Any) -> None:
 
 
 def check_flag(name: str, value: Any,
-               error: type[Exception] = ConfigError) -> None:
-  """Refuses `value` for flag `--name` (a `FLAGS` or `FIELDS` name).
+               error: type[Exception] = ConfigError,
+               keyword: str | None = None) -> None:
+  """Refuses `value` for the setting `name` (a `FLAGS` or `FIELDS` name):
+  a command's flag `--name` or an API's keyword argument (`setting`;
+  `keyword` where the argument has another name than the flag).
 
   Raises:
-    error: '--<name> must be <allowed>, got <value>.'
+    error: '--<name> must be <allowed>, got <value>.' (no '--' in the API)
   """
   allowed = FLAGS.get(name, FIELDS.get(name))(value)
   if allowed is not None:
-    raise error(f"--{name} must be {allowed}, got {value!r}.")
+    raise error(f"{setting(keyword or name, name)} must be {allowed}, got "
+                f"{value!r}.")

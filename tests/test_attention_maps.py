@@ -228,12 +228,12 @@ def test_bad_plot_flags_fail_before_any_work(workdir, tmp_path):
   w = str(workdir)
   out = tmp_path / "never"
   cases = [
-      (dict(plot_attention=-1), "--plot_attention must be >= 0, got -1"),
+      (dict(plot_attention=-1), "^plot_attention must be >= 0, got -1"),
       (dict(plot_attention=1, plot_layer=2),
-       r"--plot_layer=2 is out of range: the model has 2 encoder and 2 "
+       r"^plot_layer=2 is out of range: the model has 2 encoder and 2 "
        r"decoder layers \(use 0..1, or -2..-1"),
-      (dict(plot_attention=1, plot_layer=-3), "--plot_layer=-3 is out of"),
-      (dict(plot_attention=1, write=False), "give --output_dir"),
+      (dict(plot_attention=1, plot_layer=-3), "^plot_layer=-3 is out of"),
+      (dict(plot_attention=1, write=False), "give output_dir "),
   ]
   for kwargs, message in cases:
     with pytest.raises(evaluator.EvalError, match=message):

@@ -88,8 +88,8 @@ def test_after_jax_started_only_its_own_count_is_accepted():
     cpu_devices.use_cpu_cores(2)
   for bad, allowed in ((0, ">= 1"), (-1, ">= 1"), (True, "an integer >= 1"),
                       (2.0, "an integer >= 1"), ("2", "an integer >= 1")):
-    with pytest.raises(UserError, match=re.escape(
-        f"--cpu_devices must be {allowed}, got {bad!r}.")):
+    with pytest.raises(UserError, match="^" + re.escape(
+        f"cpu_devices must be {allowed}, got {bad!r}.")):
       cpu_devices.use_cpu_cores(bad)
   assert jax.local_device_count() == started
 

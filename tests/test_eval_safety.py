@@ -26,6 +26,7 @@ from mha import data
 from mha import eval_output
 from mha import evaluator
 from mha import translate
+from mha import validation
 from mha.data import parallel_text
 from mha.data import tokenized
 from mha.errors import CheckpointError
@@ -40,23 +41,24 @@ def test_bad_flags_are_refused_before_anything_is_read(copy, eval_py,
                                                       capsys):
   before = file_hashes(copy)
   cases = [
-      (dict(alpha=math.nan), r"--alpha must be a finite number >= 0 \(the "
+      (dict(alpha=math.nan), r"^alpha must be a finite number >= 0 \(the "
        r"length penalty; the paper: 0.6\), got nan"),
-      (dict(alpha=math.inf), "--alpha .* got inf"),
-      (dict(alpha=-5.0), "--alpha .* got -5.0"),
-      (dict(beam_size=0), "--beam_size must be >= 1, got 0"),
-      (dict(max_decode_extra=-1), "--max_decode_extra must be >= 0, got -1"),
-      (dict(batch_size=0), "--batch_size must be >= 1, got 0"),
-      (dict(checkpoint_step=-2), "--checkpoint_step must be >= 0, got -2"),
-      (dict(average_last=0), "--average_last must be >= 1, got 0"),
-      (dict(plot_attention=-1), "--plot_attention must be >= 0, got -1"),
-      (dict(beam_size=2.5), "--beam_size must be an integer >= 1, got 2.5"),
+      (dict(alpha=math.inf), "^alpha .* got inf"),
+      (dict(alpha=-5.0), "^alpha .* got -5.0"),
+      (dict(beam_size=0), "^beam_size must be >= 1, got 0"),
+      (dict(max_decode_extra=-1), "^max_decode_extra must be >= 0, got -1"),
+      (dict(batch_size=0), "^batch_size must be >= 1, got 0"),
+      (dict(checkpoint_step=-2), "^checkpoint_step must be >= 0, got -2"),
+      (dict(average_last=0), "^average_last must be >= 1, got 0"),
+      (dict(plot_attention=-1), "^plot_attention must be >= 0, got -1"),
+      (dict(beam_size=2.5), "^beam_size must be an integer >= 1, got 2.5"),
       (dict(beam_stop="fast"),
-       "--beam_stop must be one of exact, early, got 'fast'"),
+       "^beam_stop must be one of exact, early, got 'fast'"),
       (dict(matmul_dtype="float16"),
-       "--matmul_dtype must be one of float32, bfloat16, got 'float16'"),
+       "^matmul_dtype must be one of float32, bfloat16, got 'float16'"),
   ]
   for kwargs, message in cases:
+    # Named by their keyword arguments (their flags in eval.py, below).
     # Checked first: a workdir that does not exist is not even looked at.
     with pytest.raises(evaluator.EvalError, match=message):
       evaluator.evaluate(str(copy / "absent"), **kwargs)
@@ -88,11 +90,17 @@ def test_bad_config_defaults_name_config_json(copy):
   config["alpha"] = -1.0
   (copy / "config.json").write_text(json.dumps(config))
   before = file_hashes(copy)
+  # The API names the keyword argument; a command (eval.py) its flag.
+  with pytest.raises(evaluator.EvalError, match=re.escape(
+      f"{copy / 'config.json'}: alpha must be a finite number >= 0 (the "
+      "length penalty; the paper: 0.6), got -1.0. Give alpha.")):
+    evaluator.evaluate(str(copy), split=SPLIT)
   with pytest.raises(evaluator.EvalError, match=re.escape(
       f"{copy / 'config.json'}: alpha (the default of --alpha) must be a "
       "finite number >= 0 (the length penalty; the paper: 0.6), got -1.0. "
       "Give --alpha.")):
-    evaluator.evaluate(str(copy), split=SPLIT)
+    with validation.as_flags():
+      evaluator.evaluate(str(copy), split=SPLIT)
   assert file_hashes(copy) == before
 
 
@@ -112,7 +120,8 @@ def test_a_tokenized_reference_file_is_only_compound_split(
   assert tokenized["bleu_paper"] == pytest.approx(100.0)
   assert "|ref:tokenized|" in tokenized["bleu_paper_signature"]
   assert evaluator.evaluate(str(copy), **kwargs)["bleu_paper"] < 100.0
-  with pytest.raises(evaluator.EvalError, match="--reference_tokenized says"):
+  with pytest.raises(evaluator.EvalError, match=(
+      "^reference_tokenized says how paper_bleu reads reference_file")):
     evaluator.evaluate(str(copy), reference_tokenized=True,
                        **dict(kwargs, paper_bleu=False))
   capsys.readouterr()
@@ -468,7 +477,7 @@ def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
 
   monkeypatch.setattr(checkpoints, "_read_params", trainer_deletes)
   with pytest.raises(evaluator.EvalError, match=re.escape(
-      f"--average_last=3 but {tmp_path}/checkpoints holds 2 checkpoint(s) up "
+      f"average_last=3 but {tmp_path}/checkpoints holds 2 checkpoint(s) up "
       "to step 8: [6, 8].")):
     evaluator.load_params(str(tmp_path), average_last=3)
 

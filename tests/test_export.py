@@ -35,6 +35,7 @@ from mha import evaluator
 from mha import export
 from mha import files
 from mha import translate
+from mha import validation
 from mha import workdir as workdir_lib
 from mha.data import sources
 from mha.transformer import Transformer
@@ -467,15 +468,20 @@ def test_a_sigterm_during_the_export_leaves_nothing(tiny_workdir, tmp_path,
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(export_format="onnx"), "--format must be one of"),
-    (dict(quantization="int4"), "--quantization must be one of"),
-    (dict(step=-1), "--step must be >= 0, got -1"),
-    (dict(step="7"), "--step must be an integer >= 0, got '7'"),
-    (dict(average_last=0), "--average_last must be >= 1, got 0"),
+    (dict(export_format="onnx"), "^export_format must be one of"),
+    (dict(quantization="int4"), "^quantization must be one of"),
+    (dict(step=-1), "^step must be >= 0, got -1"),
+    (dict(step="7"), "^step must be an integer >= 0, got '7'"),
+    (dict(average_last=0), "^average_last must be >= 1, got 0"),
 ])
 def test_bad_flags_refused(kwargs, message, tiny_workdir, tmp_path):
+  """Named by the keyword argument (mha-export: by its flag)."""
   with pytest.raises(export.ExportError, match=message):
     export.export(str(tiny_workdir), str(tmp_path / "ct2"), **kwargs)
+  with pytest.raises(export.ExportError, match=message.replace(
+      "^", "^--").replace("export_format", "format")):
+    with validation.as_flags():
+      export.export(str(tiny_workdir), str(tmp_path / "ct2"), **kwargs)
   assert not (tmp_path / "ct2").exists()
 
 

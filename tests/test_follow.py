@@ -195,7 +195,8 @@ def test_a_second_follower_with_the_same_settings_is_refused(run):
 def test_bad_follow_flags_are_one_line_before_anything_is_read(
     run, eval_py, capsys):
   path, _ = run
-  with pytest.raises(evaluator.EvalError, match="--follow_interval must be"):
+  with pytest.raises(evaluator.EvalError, match=(
+      "^poll_seconds must be > 0 and timeout_seconds >= 0")):
     follow.follow(str(path), poll_seconds=0)
   capsys.readouterr()
   assert eval_py(f"--workdir={path}", "--follow",

@@ -29,6 +29,7 @@ from mha import evaluator
 from mha import batch_search
 from mha import translate
 from mha import translator as translator_lib
+from mha import validation
 from mha.errors import UserError
 from mha.transformer import Transformer
 
@@ -154,7 +155,7 @@ def test_average_last_loads_the_mean(tiny_workdir):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda t: t.nbest(["a"], 5), "n = 5 .* beam of 4"),
+    (lambda t: t.nbest(["a"], 5), "^n=5 .* beam of 4: give beam_size >= 5"),
     (lambda t: t.translate(["a"], beam_size=0), "beam_size must be"),
     (lambda t: t.nbest(["a"], 1, beam_size=t.model_config.vocab_size + 1),
      r"beam_size must be <= \d+, the vocabulary's size, got \d+\."),
@@ -190,6 +191,22 @@ def test_average_last_loads_the_mean(tiny_workdir):
 def test_bad_arguments_are_user_errors(translator, call, message):
   with pytest.raises(UserError, match=message):
     call(translator)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t: t.nbest(["a"], 5),
+     "^--nbest=5 hypotheses asked of a beam of 4: give --beam_size >= 5"),
+    (lambda t: t.nbest(["a"], 0), "^--nbest must be an integer >= 1, got 0"),
+    (lambda t: t.sample(["a"], temperature=-1), "^--temperature must be"),
+    (lambda t: t.translate(["a"], beam_size=0), "^--beam_size must be"),
+])
+def test_in_a_command_the_settings_are_named_by_their_flags(
+    translator, call, message):
+  """mha-translate's messages (inside `validation.as_flags`, which
+  `cli.startup.guarded` enters) name its flags, --nbest for `n`."""
+  with pytest.raises(UserError, match=message):
+    with validation.as_flags():
+      call(translator)
 
 
 def test_bad_workdirs_and_steps_are_user_errors(tiny_workdir, tmp_path):

@@ -42,6 +42,7 @@ from mha import compilation_cache
 from mha import host_memory
 from mha import library_logs
 from mha import sigterm
+from mha import validation
 from mha.errors import ConfigError
 from mha.errors import SigTerm
 from mha.errors import Terminated
@@ -197,7 +198,8 @@ def guarded(main: Callable[[list[str]], int | None]
     logging.info("%s", host_memory.status())
     try:
       compilation_cache.enable(FLAGS.compilation_cache_dir)
-      return main(argv)
+      with validation.as_flags():  # messages name settings as flags
+        return main(argv)
     except UserError as e:
       if FLAGS.traceback:
         raise
