@@ -125,12 +125,14 @@ def test_a_config_field_and_its_flag_are_refused_in_the_same_words(field,
   from mha import config_check  # pylint: disable=g-import-not-at-top
   from mha import evaluator  # pylint: disable=g-import-not-at-top
   from mha import errors  # pylint: disable=g-import-not-at-top
+  from mha import validation  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({**base.get_config().to_dict(),
                                       field: bad})  # any type
   with pytest.raises(errors.ConfigError) as as_field:
     config_check.validate(config)
   with pytest.raises(errors.EvalError) as as_flag:
-    evaluator.check_flags(**{field: bad})
+    with validation.as_flags():  # as in eval.py
+      evaluator.check_flags(**{field: bad})
   field_words = str(as_field.value)
   assert field_words.startswith(f"config.{field} must be ")
   assert "\n" not in field_words
