@@ -319,17 +319,40 @@ def load_results(results_dir: str) -> dict[tuple[str, int], dict[str, Any]]:
   return found
 
 
+# What the tables read of every run, done or failed (`_row_cells`,
+# `_run_cells`, the machines' note): (keys, type).
+RECORD_FIELDS = (
+    (("config",), dict), (("params",), int), (("steps",), int),
+    (("train",), dict), (("train", "seconds"), (int, float)),
+    (("load",), dict), (("measured", "finished"), str), (("code",), str),
+    (("machine", "cpu"), str), (("machine", "cores"), int))
+_KIND_NAMES = {dict: "an object", int: "an integer", str: "a string",
+               (int, float): "a number"}
+
+
 def check_figures(path: str, result: dict[str, Any]) -> None:
   """Raises Table3Error naming `path` and the field unless `result` has a
-  status ('done' or 'failed') and, if done, a finite number in each of
-  FIELDS: the seed rule and the table compute with them, so a hand-edited
-  or damaged file is named here rather than failing in the arithmetic."""
+  status ('done' or 'failed'), each of RECORD_FIELDS of its type and, if
+  done, a finite number in each of FIELDS: the seed rule and the tables
+  compute with them, so a hand-edited or damaged file is named here rather
+  than failing in the arithmetic (a KeyError, a TypeError)."""
   if "status" not in result:
     raise Table3Error(f"{path}: a run without \"status\".")
   if result["status"] not in ("done", "failed"):
     raise Table3Error(f"{path}: \"status\" is "
                       f"{json.dumps(result['status'])[:40]}, not \"done\" "
                       "or \"failed\".")
+  for keys, kind in RECORD_FIELDS:
+    value, where = result, []
+    for key in keys:
+      where.append(key)
+      named = ".".join(f'"{k}"' for k in where)
+      if not isinstance(value, dict) or key not in value:
+        raise Table3Error(f"{path}: a run without {named}.")
+      value = value[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+      raise Table3Error(f"{path}: {named} is {json.dumps(value)[:40]}, not "
+                        f"{_KIND_NAMES[kind]}.")
   if result["status"] != "done":
     return
   for field in FIELDS.values():
@@ -987,16 +1010,42 @@ def _notes(results, c: dict[str, Any], spread: float | None) -> list[str]:
   return notes
 
 
-def replace_section(text: str, table: str, path: str) -> str:
-  """`text` with the part between the table3 markers replaced by `table`."""
+def _section(text: str, path: str) -> tuple[int, int]:
+  """Where the part between the table3 markers begins and ends in `text`."""
   start, end = text.find(START_MARKER), text.find(END_MARKER)
   if start < 0 or end < start:
     raise Table3Error(f"{path} has no {START_MARKER} ... {END_MARKER} "
                       "section to rewrite.")
   if text.count(START_MARKER) != 1 or text.count(END_MARKER) != 1:
     raise Table3Error(f"{path} has more than one table3 marker pair.")
-  head = text[:start + len(START_MARKER)]
-  return head + "\n" + table + "\n" + text[end:]
+  return start + len(START_MARKER), end
+
+
+def replace_section(text: str, table: str, path: str) -> str:
+  """`text` with the part between the table3 markers replaced by `table`."""
+  start, end = _section(text, path)
+  return text[:start] + "\n" + table + "\n" + text[end:]
+
+
+# A run's line in the per-run table of a page's section.
+_PAGE_RUN = re.compile(r"^\| (\S+_seed\d+) \|", re.MULTILINE)
+
+
+def check_page(path: str, results_dir: str) -> None:
+  """Raises Table3Error, before anything runs or is written, if `path`'s
+  table lists runs that `results_dir` does not hold: the rebuilt page would
+  drop them (a mistyped --results_dir, which a run would create)."""
+  text = read_page(path)
+  start, end = _section(text, path)
+  held = {run_name(row, seed) for row, seed in load_results(results_dir)}
+  missing = sorted(set(_PAGE_RUN.findall(text[start:end])) - held)
+  if missing:
+    shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+    raise Table3Error(
+        f"--page={path} lists {len(missing)} run(s) that --results_dir="
+        f"{results_dir} does not hold ({shown}): the rebuilt page would "
+        "drop them. Give the folder of the page's runs, another --page, or "
+        "--page='' (no page).")
 
 
 def write_page(path: str, table: str) -> None:
@@ -1115,7 +1164,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     raise Table3Error("--workdir_root is required (one workdir per run "
                       "below it).")
   if args.page:
-    replace_section(read_page(args.page), "", args.page)  # fail now
+    check_page(args.page, setup.results_dir)  # fail now
   left = _next_runs(args, setup)
   code_version()  # the code the runs start with
   done: list[tuple[str, int]] = []

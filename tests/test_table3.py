@@ -363,6 +363,33 @@ def test_a_results_dir_that_is_not_a_folder_is_refused(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "table3.md"]
 
 
+def test_a_page_is_not_rebuilt_from_a_folder_without_its_runs(tmp_path):
+  # A mistyped --results_dir in training mode used to be created, and the
+  # page rebuilt from its one run.
+  results_dir, other = tmp_path / "results", tmp_path / "other"
+  write_results(results_dir, result("base", 0, 30.0), result("A1", 0, 29.0))
+  write_results(other, result("base", 0, 30.0))
+  page = tmp_path / "table3.md"
+  page.write_text(PAGE)
+  script.main(["--table_only", f"--results_dir={results_dir}",
+               f"--page={page}"])
+  built = page.read_text()
+  assert "| base_seed0 |" in built and "| A1_seed0 |" in built
+  typo = tmp_path / "resluts"
+  for mode, folder, missing in (("--table_only", other, "1 run(s)"),
+                                ("--rows=base", other, "1 run(s)"),
+                                ("--rows=base", typo, "2 run(s)")):
+    with pytest.raises(script.Table3Error) as error:
+      script.main([mode, f"--results_dir={folder}", f"--page={page}",
+                   f"--workdir_root={tmp_path / 'runs'}"])
+    assert str(error.value).startswith(
+        f"--page={page} lists {missing} that --results_dir={folder} does "
+        "not hold (A1_seed0")
+  assert page.read_text() == built
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+      "other", "results", "table3.md"]
+
+
 def test_a_missing_page_is_named_before_anything_runs(tmp_path):
   results_dir = tmp_path / "results"
   results_dir.mkdir()
@@ -382,16 +409,29 @@ def test_a_missing_page_is_named_before_anything_runs(tmp_path):
     ("dev_bleu_last", "delete", 'a done run without "dev_bleu_last".'),
     ("status", "delete", 'a run without "status".'),
     ("status", "ok", '"status" is "ok", not "done" or "failed".'),
-], ids=["null", "string", "boolean", "missing", "no_status", "bad_status"])
+    ("machine", "delete", 'a run without "machine".'),
+    ("train.seconds", "delete", 'a run without "train"."seconds".'),
+    ("train.seconds", "600", '"train"."seconds" is "600", not a number.'),
+    ("measured", [], 'a run without "measured"."finished".'),
+    ("params", 7.5, '"params" is 7.5, not an integer.'),
+    ("config", "base", '"config" is "base", not an object.'),
+], ids=["null", "string", "boolean", "missing", "no_status", "bad_status",
+        "no_machine", "no_seconds", "string_seconds", "measured_list",
+        "float_params", "string_config"])
 def test_a_run_file_with_a_bad_figure_is_named(tmp_path, field, value,
                                                message):
-  # Such files used to fail in the seed rule (KeyError, TypeError).
+  # Such files used to fail in the seed rule or the tables (KeyError,
+  # TypeError).
   results_dir = tmp_path / "results"
   bad = result("base", 1, 30.6)
+  *parents, key = field.split(".")
+  holder = bad
+  for parent in parents:
+    holder = holder[parent]
   if value == "delete":
-    del bad[field]
+    del holder[key]
   else:
-    bad[field] = value
+    holder[key] = value
   write_results(results_dir, result("base", 0, 30.0), bad,
                 result("base", 2, 30.3), result("A1", 0, 29.0))
   with pytest.raises(script.Table3Error) as error:
