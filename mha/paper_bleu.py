@@ -38,8 +38,6 @@ import re
 from typing import Sequence
 
 import sacrebleu
-from sacremoses import MosesPunctNormalizer
-from sacremoses import MosesTokenizer
 
 # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g': matches do not overlap, so
 # in "a-b-c" only the first hyphen is split, exactly as in Perl.
@@ -58,6 +56,10 @@ def tokenize(lines: Sequence[str], lang: str,
   """Steps 1-3 above (the translations' side), or 2-3 without
   `replace_punctuation` (a raw reference): the text multi-bleu.perl scores,
   one line per input."""
+  # Imported here: sacremoses compiles its rules at import (about 0.4 s),
+  # which every command that imports the evaluator would pay otherwise.
+  from sacremoses import MosesPunctNormalizer  # pylint: disable=import-outside-toplevel
+  from sacremoses import MosesTokenizer  # pylint: disable=import-outside-toplevel
   normalizer = MosesPunctNormalizer(lang)
   tokenizer = MosesTokenizer(lang)
   if replace_punctuation:

@@ -190,35 +190,46 @@ def copy(tiny_workdir, tmp_path) -> pathlib.Path:
   return path
 
 
-@pytest.fixture
-def eval_py(monkeypatch):
-  """eval.py's main, with its flags parsed in this process and reset after:
-  `eval_py('--workdir=...', ...)` returns its exit status (bad input: the
-  one-line message on stderr, exit status 1)."""
+def _command_main(monkeypatch, module_name: str, name: str):
+  """`module_name`'s main, with its flags parsed in this process and reset
+  after: `run('--workdir=...', ...)` returns its exit status (bad input:
+  the one-line message on stderr, exit status 1)."""
   import importlib  # pylint: disable=import-outside-toplevel
   import logging  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
   from absl import flags  # pylint: disable=import-outside-toplevel
-  module = importlib.import_module("mha.cli.eval")
-  monkeypatch.setattr(sys, "argv", ["eval.py"])  # messages' command name
+  module = importlib.import_module(module_name)
+  monkeypatch.setattr(sys, "argv", [name])  # messages' command name
   # Parsing absl's flags sets the absl logger's level (--verbosity): put it
   # back, or later tests' caplog would miss the library's INFO lines.
   level = logging.getLogger("absl").level
 
   def run(*args):
     flags.FLAGS.unparse_flags()
-    flags.FLAGS(["eval.py", *args])
+    flags.FLAGS([name, *args])
     try:
-      return module.main(["eval.py"])
+      return module.main([name])
     except SystemExit as e:
       return e.code
 
   yield run
   flags.FLAGS.unparse_flags()
   logging.getLogger("absl").setLevel(level)
-  # eval.py's main hides the libraries' INFO lines: show them again.
+  # The commands' main hides the libraries' INFO lines: show them again.
   from mha import library_logs  # pylint: disable=import-outside-toplevel
   library_logs.configure(verbose=True)
+
+
+@pytest.fixture
+def eval_py(monkeypatch):
+  """eval.py's main in this process (`_command_main`)."""
+  yield from _command_main(monkeypatch, "mha.cli.eval", "eval.py")
+
+
+@pytest.fixture
+def translate_main(monkeypatch):
+  """mha-translate's main in this process (`_command_main`)."""
+  yield from _command_main(monkeypatch, "mha.cli.translate", "mha-translate")
 
 
 # The tests marked `slow` (each half a minute to two minutes of subprocesses)

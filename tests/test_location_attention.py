@@ -107,10 +107,11 @@ def test_incremental_decoding_equals_full_pass(sizes):
   assert "previous_weights" in cache["decoder_layers_0"]["cross_attention"]
   encoded = decoder.apply({"params": params}, SRC, method="encode")
   previous = jnp.zeros((2, 1), jnp.int32)
+  step = jax.jit(lambda cache, token: decoder.apply(  # one compile, not
+      {"params": params, "cache": cache}, encoded, SRC, token,  # op by op
+      mutable=["cache"], method="decode"))
   for t in range(length):
-    logits, mutated = decoder.apply({"params": params, "cache": cache},
-                                    encoded, SRC, previous, mutable=["cache"],
-                                    method="decode")
+    logits, mutated = step(cache, previous)
     cache = mutated["cache"]
     real = np.asarray(TGT[:, t] > 0) | (t == 0)
     np.testing.assert_allclose(np.asarray(logits[:, 0])[real],
