@@ -78,3 +78,21 @@ def test_a_url_urllib_refuses_is_a_fetch_error(tmp_path):
                      match="^Cannot download notaurl/val.de.gz: unknown url"):
     fetch_multi30k.fetch_file("notaurl/val.de.gz", str(tmp_path / "v.gz"), 1)
   assert os.listdir(tmp_path) == []
+
+
+def test_a_folder_that_takes_no_file_is_named(tmp_path, monkeypatch):
+  # A read-only or full --out: the temporary file cannot be made (root
+  # ignores permission bits, so the refusal is made here).
+  out = tmp_path / "out"
+  out.mkdir()
+
+  def refused(**kwargs):
+    del kwargs
+    raise PermissionError(13, "Permission denied")
+
+  monkeypatch.setattr(fetch_multi30k.tempfile, "mkstemp", refused)
+  with pytest.raises(fetch_multi30k.FetchError) as error:
+    fetch_multi30k.fetch_file("file:///nowhere/val.de.gz",
+                              str(out / "val.de.gz"), 1014)
+  assert str(error.value) == f"Cannot write into {out}: Permission denied."
+  assert not os.listdir(out)
