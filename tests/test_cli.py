@@ -132,12 +132,22 @@ def test_xla_out_of_memory_is_one_line(tmp_path):
   assert code == 1 and "Traceback (most recent call last):" in err
 
 
-def test_a_sigterm_raised_where_python_ignores_exceptions_still_stops():
+def test_a_sigterm_raised_where_python_ignores_exceptions_still_stops(
+    monkeypatch):
   """The SIGTERM arrives while a gc callback runs (jax has one): Python
   prints its SigTerm as 'Exception ignored' and goes on; the command must
-  stop all the same, not finish its work (the signal is raised again at
-  the main thread's next step)."""
+  stop all the same, not finish its work. The signal is sent again to the
+  main thread as a real one (pthread_kill), which also ends a blocking
+  wait at once (`_thread.interrupt_main` would let it run its course)."""
   fired = []
+  sent = []
+  real_kill = signal.pthread_kill
+
+  def recording_kill(thread_id, signum):
+    sent.append((thread_id, signum))
+    real_kill(thread_id, signum)
+
+  monkeypatch.setattr(signal, "pthread_kill", recording_kill)
 
   def callback(phase, info):
     del info
@@ -160,6 +170,7 @@ def test_a_sigterm_raised_where_python_ignores_exceptions_still_stops():
   with pytest.raises(errors.Terminated, match="Stopped by SIGTERM"):
     startup.stops_on_sigterm(main)(["x"])
   assert fired
+  assert sent == [(threading.main_thread().ident, signal.SIGTERM)]
   assert (signal.getsignal(signal.SIGTERM), sys.unraisablehook) == (handler,
                                                                     hook)
 
