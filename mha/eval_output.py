@@ -29,6 +29,7 @@ import uuid
 from typing import Any, Callable, Iterator, Sequence
 
 from mha import files
+from mha import validation
 from mha import workdir as workdir_lib
 from mha.errors import EvalError
 from mha.errors import UserError
@@ -76,11 +77,13 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
   if not files.exists(path):
     if files.isdir(output_dir) and files.listdir(output_dir):
       raise EvalError(
-          f"--output_dir={output_dir} holds files that are not the results "
+          f"{validation.setting('output_dir')}={output_dir} holds files that "
+          "are not the results "
           "of an evaluation (it has no metrics.json); eval.py never writes "
           "over them: give a new or empty folder.")
     return
-  fix = f"give another --output_dir, or delete {output_dir} first"
+  fix = (f"give another {validation.setting('output_dir')}, or delete "
+         f"{output_dir} first")
   try:
     earlier = json.loads(files.read_bytes(path))
     if not isinstance(earlier, dict):
@@ -119,7 +122,8 @@ class OutputLock(workdir_lib.WorkdirLock):
     return EvalError(
         f"Another evaluation (process {holder.get('pid')}{where}, started "
         f"{holder.get('started')}) is writing {self.workdir} (lock "
-        f"{self.path}): wait for it, or give another --output_dir{gone}.")
+        f"{self.path}): wait for it, or give another "
+        f"{validation.setting('output_dir')}{gone}.")
 
 
 @contextlib.contextmanager
@@ -157,8 +161,10 @@ def claim(output_dir: str, workdir: str | None = None) -> Iterator[None]:
     if workdir is not None:
       raise EvalError(
           f"Workdir {workdir} cannot be written ({reason}: {parent}): give "
-          "--output_dir=<a folder you can write> for the results.") from None
-    raise EvalError(f"--output_dir={output_dir} cannot be written "
+          f"{validation.setting('output_dir')}=<a folder you can write> for "
+          "the results.") from None
+    raise EvalError(f"{validation.setting('output_dir')}={output_dir} cannot "
+                    "be written "
                     f"({reason}: {parent}).") from None
   try:
     if not files.is_gcs(output_dir):

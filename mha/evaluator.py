@@ -484,7 +484,7 @@ def _write_results(folder: str, result: dict[str, Any], draw) -> None:
     raise EvalError(
         f"The results could not be written into {folder} ({os_reason(e)}); "
         "earlier results there are as they were: free space, or give "
-        "another --output_dir.") from None
+        f"another {validation.setting('output_dir')}.") from None
   if draw is not None:
     result["attention_maps"] = maps
   logging.info("Wrote %s.", folder)

@@ -320,7 +320,8 @@ class _ExportLock(eval_output.OutputLock):
     return ExportError(
         f"Another export (process {holder.get('pid')}{where}, started "
         f"{holder.get('started')}) is writing {self.workdir} (lock "
-        f"{self.path}): wait for it, or give another --output_dir.")
+        f"{self.path}): wait for it, or give another "
+        f"{validation.setting('output_dir')}.")
 
 
 @contextlib.contextmanager
@@ -350,7 +351,8 @@ def _import_ctranslate2():
     import ctranslate2  # pylint: disable=import-outside-toplevel
   except ImportError:
     raise ExportError(
-        "--format=ctranslate2 needs the optional ctranslate2 package, which "
+        f"{validation.setting('export_format', 'format')}=ctranslate2 needs "
+        "the optional ctranslate2 package, which "
         "is not installed: pip install ctranslate2 (the project's export "
         "requirements).") from None
   return ctranslate2

@@ -230,7 +230,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   monkeypatch.setattr(evaluator, "load_params", no_reading)
   with pytest.raises(evaluator.EvalError, match=re.escape(
       f"{out} holds the results of another evaluation (beam_size 4, not 1); "
-      f"eval.py never replaces them: give another --output_dir, or delete "
+      f"eval.py never replaces them: give another output_dir, or delete "
       f"{out} first.")):
     evaluator.evaluate(str(copy), split=SPLIT, beam_size=1,
                        output_dir=str(out))

@@ -328,7 +328,7 @@ def test_a_users_folder_as_output_dir_is_refused_before_decoding(
   with pytest.raises(evaluator.EvalError) as refused:
     evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(mine))
   assert str(refused.value) == (
-      f"--output_dir={mine} holds files that are not the results of an "
+      f"output_dir={mine} holds files that are not the results of an "
       "evaluation (it has no metrics.json); eval.py never writes over them: "
       "give a new or empty folder.")
   assert file_hashes(tmp_path) == before
@@ -361,7 +361,7 @@ def test_two_evaluations_into_one_folder_one_is_refused(copy, tmp_path,
   assert message.startswith(f"Another evaluation (process {os.getpid()}, ")
   assert message.endswith(
       f") is writing {out} (lock {tmp_path}/.out.lock): wait for it, or give "
-      "another --output_dir.")
+      "another output_dir.")
   # The first one's results, whole; no lock or temporary folder left.
   assert json.loads((out / "metrics.json").read_text())["num_sentences"] == 4
   assert (out / "translations.txt").read_text().splitlines() == result[
@@ -423,7 +423,7 @@ def test_read_only_workdir_without_output_dir_is_refused_before_decoding(
             else "permission denied")
   assert str(refused.value) == (
       f"Workdir {copy} cannot be written ({reason}: {copy}/eval): give "
-      "--output_dir=<a folder you can write> for the results.")
+      "output_dir=<a folder you can write> for the results.")
   assert result["output_dir"] == str(tmp_path / "out")
   assert file_hashes(copy) == before
 
@@ -439,7 +439,7 @@ def test_full_output_disk_is_refused_before_decoding(copy, tmp_path,
                          output_dir=str(disk / "out"))
     assert sorted(p.name for p in disk.iterdir()) == ["earlier", "filler"]
   assert str(refused.value) == (
-      f"--output_dir={disk}/out cannot be written (the disk is full: "
+      f"output_dir={disk}/out cannot be written (the disk is full: "
       f"{disk}).")
 
 
@@ -518,4 +518,4 @@ def test_full_output_disk_after_decoding_keeps_earlier_results(
   assert str(refused.value) == (
       f"The results could not be written into {out} (the disk is full); "
       "earlier results there are as they were: free space, or give another "
-      "--output_dir.")
+      "output_dir.")
