@@ -85,8 +85,9 @@ def choose_steps(workdir: str, checkpoint_step: int | None = None,
                                      average_last or 1)
   except checkpoints.TooFewCheckpoints as e:
     raise EvalError(
-        f"{validation.setting('average_last')}={e.needed} but {e.directory} holds {len(e.steps)} "
-        f"checkpoint(s) up to step {e.step}: {e.steps}.") from None
+        f"{validation.setting('average_last')}={e.needed} but {e.directory} "
+        f"holds {len(e.steps)} checkpoint(s) up to step {e.step}: "
+        f"{e.steps}.") from None
 
 
 def load_params(workdir: str, checkpoint_step: int | None = None,

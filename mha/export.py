@@ -257,19 +257,21 @@ def _check_output_dir(output_dir: str) -> None:
   """
   if files.has_scheme(output_dir):
     raise ExportError(
-        f"{validation.setting('output_dir')}={output_dir}: CTranslate2 writes its model to a local "
-        "folder; export locally and copy the folder.")
+        f"{validation.setting('output_dir')}={output_dir}: CTranslate2 "
+        "writes its model to a local folder; export locally and copy the "
+        "folder.")
   if not os.path.lexists(output_dir):
     return
   if not os.path.isdir(output_dir):
-    raise ExportError(f"{validation.setting('output_dir')}={output_dir} is a file, not a folder.")
+    raise ExportError(f"{validation.setting('output_dir')}={output_dir} is a "
+                      "file, not a folder.")
   present = os.listdir(output_dir)
   manifest = os.path.join(output_dir, MANIFEST_FILE)
   if present and not os.path.isfile(manifest):
     raise ExportError(
-        f"{validation.setting('output_dir')}={output_dir} is a non-empty folder that is not an "
-        f"export of this project (no {MANIFEST_FILE}): choose an empty or "
-        "new folder.")
+        f"{validation.setting('output_dir')}={output_dir} is a non-empty "
+        f"folder that is not an export of this project (no {MANIFEST_FILE}): "
+        "choose an empty or new folder.")
   # An earlier export is replaced whole: files put there since would go.
   try:
     with open(manifest, encoding="utf-8") as f:
@@ -279,9 +281,10 @@ def _check_output_dir(output_dir: str) -> None:
   others = sorted(set(present) - written)
   if others:
     raise ExportError(
-        f"{validation.setting('output_dir')}={output_dir} is an earlier export that also holds "
-        f"files it did not write ({', '.join(others)}), which replacing it "
-        "would delete: move them, or choose another folder.")
+        f"{validation.setting('output_dir')}={output_dir} is an earlier "
+        f"export that also holds files it did not write ({', '.join(others)}),"
+        " which replacing it would delete: move them, or choose another "
+        "folder.")
 
 
 # What an export wrote before its manifest listed its files.
