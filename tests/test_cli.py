@@ -170,7 +170,10 @@ def test_a_sigterm_raised_where_python_ignores_exceptions_still_stops(
   with pytest.raises(errors.Terminated, match="Stopped by SIGTERM"):
     startup.stops_on_sigterm(main)(["x"])
   assert fired
-  assert sent == [(threading.main_thread().ident, signal.SIGTERM)]
+  # At least once: a signal sent again may itself land in a gc callback
+  # (a busy worker collects often), and is sent once more.
+  assert sent and set(sent) == {(threading.main_thread().ident,
+                                 signal.SIGTERM)}
   assert (signal.getsignal(signal.SIGTERM), sys.unraisablehook) == (handler,
                                                                     hook)
 
