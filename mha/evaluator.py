@@ -237,8 +237,7 @@ def _search_settings(config: Any, workdir: str, **given: Any
   for field, allowed in settings.problems(config.vocab_size):
     value = getattr(settings, field)
     if given.get(field) is not None:
-      raise EvalError(f"{validation.setting(field)} must be {allowed}, got "
-                      f"{value!r}.")
+      raise EvalError(validation.refusal(field, allowed, value))
     path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
     name = validation.setting(field)
     default_of = f" (the default of {name})" if name != field else ""

@@ -86,8 +86,8 @@ def _check_int(name: str, value: Any, low: int, high: int | None = None,
   if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
       or value < low or (high is not None and value > high)):
     bounds = f">= {low}" if high is None else f"in {low}..{high}"
-    raise ConfigError(f"{validation.setting(name, flag)} must be an integer "
-                      f"{bounds}, got {value!r}.")
+    raise ConfigError(validation.refusal(name, f"an integer {bounds}", value,
+                                         flag))
   return int(value)
 
 
@@ -101,9 +101,8 @@ def _check_batch_size(batch_size: Any) -> None:
 def _check_float(name: str, value: Any, low: float = 0.0) -> float:
   if (not isinstance(value, numbers.Real) or isinstance(value, bool)
       or not math.isfinite(value) or value < low):
-    raise ConfigError(f"{validation.setting(name)} must be a finite number "
-                      f">= {low}, got "
-                      f"{value!r}.")
+    raise ConfigError(validation.refusal(
+        name, f"a finite number >= {low}", value))
   return float(value)
 
 
@@ -165,8 +164,8 @@ class Translator:
     """`defaults` with the settings given (None: not given), checked."""
     given = self.defaults.given(**given)
     for field, allowed in given.problems(self.model_config.vocab_size):
-      raise ConfigError(f"{validation.setting(field)} must be {allowed}, got "
-                        f"{getattr(given, field)!r}.")
+      raise ConfigError(validation.refusal(field, allowed,
+                                           getattr(given, field)))
     return dataclasses.replace(  # NumPy scalars as Python numbers
         given, beam_size=int(given.beam_size), alpha=float(given.alpha),
         max_decode_extra=int(given.max_decode_extra))

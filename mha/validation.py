@@ -61,6 +61,13 @@ def setting(name: str, flag: str | None = None) -> str:
   return f"--{flag or name}" if _AS_FLAGS.get() else name
 
 
+def refusal(name: str, allowed: str, value: Any,
+            flag: str | None = None) -> str:
+  """The one line of every refused setting: '<setting> must be <allowed>,
+  got <value>.', the setting named by `setting(name, flag)`."""
+  return f"{setting(name, flag)} must be {allowed}, got {value!r}."
+
+
 @contextlib.contextmanager
 def as_flags() -> Iterator[None]:
   """Messages raised inside name settings as flags (`setting`)."""
@@ -212,5 +219,4 @@ def check_flag(name: str, value: Any,
   """
   allowed = FLAGS.get(name, FIELDS.get(name))(value)
   if allowed is not None:
-    raise error(f"{setting(keyword or name, name)} must be {allowed}, got "
-                f"{value!r}.")
+    raise error(refusal(keyword or name, allowed, value, name))

@@ -614,11 +614,19 @@ def test_a_run_stopped_in_its_set_up_leaves_the_workdir(
       json.loads((workdir / "config.json").read_bytes()))
   config.num_train_steps = 8
   _stopped_in_set_up(monkeypatch, signum)
-  with pytest.raises(error, match=message) as raised:
-    trainer.train_and_evaluate(config, str(workdir))
+
+  def handler(*args):  # the caller's, which the run must put back
+    del args
+
+  earlier = signal.signal(signal.SIGTERM, handler)
+  try:
+    with pytest.raises(error, match=message) as raised:
+      trainer.train_and_evaluate(config, str(workdir))
+    assert signal.getsignal(signal.SIGTERM) is handler
+  finally:
+    signal.signal(signal.SIGTERM, earlier)
   assert snapshot(workdir) == before
   assert raised.value.exit_code == (143 if signum else 130)
-  assert signal.getsignal(signal.SIGTERM) is not trainer.sigterm._raise
 
 
 def test_a_snapshot_puts_back_the_runs_lines_only(tmp_path):
