@@ -4,8 +4,6 @@ The workdir holds a freshly initialised tiny model (no training: the maps of
 random weights are as good a test as any, and it takes seconds).
 """
 import pathlib
-import subprocess
-import sys
 
 import jax
 import matplotlib.image
@@ -22,7 +20,6 @@ from mha import workdir as workdir_lib
 from mha.transformer import Transformer
 from mha.transformer import TransformerConfig
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -168,23 +165,22 @@ def test_figure_is_a_png_with_one_panel_per_head(model, tmp_path):
       assert (rows, cols) == (output_pieces, source_pieces)
 
 
-def test_eval_py_writes_three_maps_per_sentence(workdir, tmp_path):
+def test_eval_py_writes_three_maps_per_sentence(workdir, tmp_path, eval_py,
+                                                capsys):
   out = tmp_path / "out"
-  result = subprocess.run(
-      [sys.executable, "eval.py", f"--workdir={workdir}", "--split=test[:3]",
-       "--beam_size=1", "--plot_attention=2", "--plot_layer=0",
-       f"--output_dir={out}"],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
+  code = eval_py(f"--workdir={workdir}", "--split=test[:3]", "--beam_size=1",
+                 "--plot_attention=2", "--plot_layer=0", f"--output_dir={out}")
+  result = capsys.readouterr()
+  assert code == 0, result.err[-3000:]
   written = sorted(p.name for p in (out / "attention").iterdir())
   assert written == sorted(f"sentence_{i}_{kind}.png" for i in (1, 2)
                            for kind in attention_maps.KINDS)
   for name in written:
     assert (out / "attention" / name).read_bytes()[:8] == PNG_SIGNATURE
   assert (f"Wrote 6 attention maps (2 sentence(s), layer 0) to "
-          f"{out / 'attention'}") in result.stdout
+          f"{out / 'attention'}") in result.out
   # The maps show the translations the evaluation wrote.
-  assert "attention maps show the translation" not in result.stderr
+  assert "attention maps show the translation" not in result.err
 
 
 def test_maps_draw_the_evaluations_own_ids_without_a_second_search(
