@@ -125,6 +125,8 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   # (SIGTERM, Ctrl-C) before its loop can save.
   before = folder.snapshot() if jax.process_index() == 0 else None
   try:
+    # Everything up to the loop, whose StopSignal then takes the signals
+    # (a SIGTERM between the two would end the process: a few bytecodes).
     with sigterm.raised():
       run = train_setup.set_up(config, folder, inputs)
       manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
@@ -134,6 +136,18 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
                                           writer)
       batches = train_setup.train_batches(config, run.tokenizer, start)
       state = devices.pmap_replicate(start.state, jax.local_devices())
+      # Only the replicated copy lives on for the run: the set-up's step-0
+      # state and the start's (each one more copy of the parameters and
+      # Adam's moments) are let go.
+      run = dataclasses.replace(run, state=None)
+      start = dataclasses.replace(start, state=None)
+      window = MetricsWindow(config, writer, metrics_lib.Progress(
+          start.step, config.num_train_steps))
+      saver = Saver(manager, start.step, start.data_position,
+                    config.grad_accum_steps)
+      write_hparams(config, writer)
+      update = CompiledUpdate(run.model, run.tx, config)
+      profiler = Profiler(config, folder)
   except (errors.UserError, KeyboardInterrupt, errors.SigTerm) as e:
     if before is not None:
       before.restore()
@@ -142,23 +156,12 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
           "Stopped by SIGTERM during the set-up, before any step: the "
           "workdir is left as it was.") from None
     raise
-  # Only the replicated copy lives on for the run: the set-up's step-0
-  # state and the start's (each one more copy of the parameters and Adam's
-  # moments) are let go.
-  run = dataclasses.replace(run, state=None)
-  start = dataclasses.replace(start, state=None)
-  window = MetricsWindow(config, writer, metrics_lib.Progress(
-      start.step, config.num_train_steps))
-  saver = Saver(manager, start.step, start.data_position,
-                config.grad_accum_steps)
   stop_signal = StopSignal()
   diverged = None
   with checkpoints.quiet_save_errors():
     try:
-      write_hparams(config, writer)
-      step = _loop(config, state, start.step, batches,
-                   CompiledUpdate(run.model, run.tx, config), window, saver,
-                   run.evaluations, Profiler(config, folder), stop_signal)
+      step = _loop(config, state, start.step, batches, update, window, saver,
+                   run.evaluations, profiler, stop_signal)
     except errors.TrainingDiverged as e:
       if saver.pending is not None:  # a checkpoint of this run: kept
         raise errors.TrainingDiverged(

@@ -580,10 +580,12 @@ def test_a_run_that_diverges_after_saving_keeps_its_checkpoints(
       "learning_rate_scale"] == 1e12
 
 
-def _stopped_in_set_up(monkeypatch, signum: int | None) -> None:
-  """train_batches, the set-up's last step (after config.json, metrics.jsonl
-  and an event file were written), stopped by the signal `signum`, or by a
-  Ctrl-C (KeyboardInterrupt) if None."""
+def _stopped_in_set_up(monkeypatch, signum: int | None,
+                       where: str = "train_batches") -> None:
+  """The set-up stopped by the signal `signum`, or by a Ctrl-C
+  (KeyboardInterrupt) if None, in `where`: train_batches (after config.json,
+  metrics.jsonl and an event file were written), or write_hparams, the last
+  thing before the loop."""
   def stopped(*args):
     del args
     if signum is None:
@@ -592,20 +594,23 @@ def _stopped_in_set_up(monkeypatch, signum: int | None) -> None:
       raise AssertionError("the run's set-up does not handle the signal")
     os.kill(os.getpid(), signum)  # its handler runs before the next line
     raise AssertionError("the signal did not stop the set-up")
-  monkeypatch.setattr(trainer.train_setup, "train_batches", stopped)
+  monkeypatch.setattr(trainer.train_setup if where == "train_batches" else
+                      trainer, where, stopped)
 
 
+@pytest.mark.parametrize("where", ["train_batches", "write_hparams"])
 @pytest.mark.parametrize("signum,error,message", [
     (signal.SIGTERM, errors.Terminated, "Stopped by SIGTERM during the "
      "set-up, before any step: the workdir is left as it was"),
     (None, errors.Interrupted, "the last checkpoint is step 4")],
     ids=["SIGTERM", "ctrl_c"])
 def test_a_run_stopped_in_its_set_up_leaves_the_workdir(
-    tiny_workdir, tmp_path, monkeypatch, signum, error, message):
+    tiny_workdir, tmp_path, monkeypatch, signum, error, message, where):
   """A resume stopped before its first step (a preemption's SIGTERM, a
-  Ctrl-C): config.json, metrics.jsonl (with the lines the resume dropped)
-  and the folder's entries are as they were, and the lock is released.
-  SIGTERM exits with status 143."""
+  Ctrl-C), in its set-up or after it, before the loop: config.json,
+  metrics.jsonl (with the lines the resume dropped) and the folder's
+  entries are as they were, and the lock is released. SIGTERM exits with
+  status 143."""
   workdir = tmp_path / "run"
   shutil.copytree(tiny_workdir, workdir)
   shutil.rmtree(workdir / "checkpoints" / "6")  # the resume drops step 6
@@ -613,7 +618,7 @@ def test_a_run_stopped_in_its_set_up_leaves_the_workdir(
   config = ml_collections.ConfigDict(
       json.loads((workdir / "config.json").read_bytes()))
   config.num_train_steps = 8
-  _stopped_in_set_up(monkeypatch, signum)
+  _stopped_in_set_up(monkeypatch, signum, where)
 
   def handler(*args):  # the caller's, which the run must put back
     del args
