@@ -98,24 +98,31 @@ def _assert_trees_equal(a, b):
 
 
 @pytest.fixture(scope="module")
-def trained_workdir(tmp_path_factory):
-  """A tiny run of 12 steps, checkpoints every 4, steps 5 and 6 profiled:
-  shared, never modified.
+def trained_run(tmp_path_factory):
+  """(workdir, result, recorded) of a tiny run of 12 steps, checkpoints
+  every 4, steps 5 and 6 profiled: the workdir shared, never modified.
 
   The write of checkpoint 4 is held (its final rename waits) until the loop
-  has logged step 6: `OVERLAPPED` records whether it was, before the wait
-  timed out (a save that blocked training would never let it).
+  has logged step 6: recorded["OVERLAPPED"] holds whether it was, before
+  the wait timed out (a save that blocked training would never let it).
+  recorded["RELEASED"]: release_free_heap's results; ["LIVE_BYTES"]: the
+  bytes of all live jax arrays at each of those calls, and
+  ["LIVE_BYTES_BEFORE"] before the run started.
 
-  Trained once per session (built_once): what the run's process recorded
-  (the lists below, and the run's result) comes with it, in a file the
-  fixture reads and removes from its copy.
+  Trained once per session (built_once): what the run's process recorded,
+  and its result, come with it in a file that each worker's fixture reads
+  and removes from its copy.
   """
   path = built_once(tmp_path_factory, "trained_workdir", _train_recorded)
   records = json.loads((path / RECORDS).read_text())
   (path / RECORDS).unlink()
-  for name, values in records["lists"].items():
-    globals()[name][:] = values
-  return path, records["result"]
+  return path, records["result"], records["recorded"]
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(trained_run):
+  """trained_run's (workdir, result)."""
+  return trained_run[:2]
 
 
 RECORDS = "test_records.json"
@@ -155,7 +162,7 @@ def _train_recorded(workdir: pathlib.Path) -> None:
     patch.setattr(train_actions.Saver, "__call__", recording_save)
     result = trainer.train_and_evaluate(config, str(workdir))
   (workdir / RECORDS).write_text(json.dumps(
-      {"lists": recorded, "result": result}, default=float))
+      {"recorded": recorded, "result": result}, default=float))
 
 
 def _live_device_bytes() -> int:
@@ -167,13 +174,6 @@ def _live_device_bytes() -> int:
       buffers[(shard.device.id, shard.data.unsafe_buffer_pointer())] = (
           shard.data.nbytes)
   return sum(buffers.values())
-
-
-# What the trained_workdir run's process recorded:
-OVERLAPPED = []  # whether checkpoint 4's write waited for step 6's log
-RELEASED = []  # release_free_heap's results
-LIVE_BYTES = []  # the bytes of all live jax arrays at each of those calls
-LIVE_BYTES_BEFORE = []  # ... and before the run started
 
 
 def _hold_write_until_logged(patch, overlapped: list, save_step: int,
@@ -272,24 +272,24 @@ def test_hparams_and_profile_are_written_into_the_workdir(trained_workdir):
   assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
-def test_free_heap_is_released_after_each_compilation(trained_workdir):
+def test_free_heap_is_released_after_each_compilation(trained_run):
   # After the first update and after each of the two evaluations (steps 6
   # and 12), glibc's malloc_trim: True where libc has it (Linux).
-  del trained_workdir
-  assert RELEASED == [sys.platform.startswith("linux")] * 3
+  _, _, recorded = trained_run
+  assert recorded["RELEASED"] == [sys.platform.startswith("linux")] * 3
 
 
-def test_training_keeps_one_copy_of_the_state(trained_workdir):
+def test_training_keeps_one_copy_of_the_state(trained_run):
   # During the run the live arrays are the replicated state (a copy per
   # device) and a few scalars: the set-up's step-0 state is not kept too.
-  workdir, _ = trained_workdir
+  workdir, _, recorded = trained_run
   state_bytes = sum(np.asarray(x).nbytes for x in
                     jax.tree_util.tree_leaves(_state(workdir, 12)))
   replicated = jax.local_device_count() * state_bytes
-  (before,) = LIVE_BYTES_BEFORE
-  run = [live - before for live in LIVE_BYTES]
+  (before,) = recorded["LIVE_BYTES_BEFORE"]
+  run = [live - before for live in recorded["LIVE_BYTES"]]
   assert run and all(replicated <= live < replicated + state_bytes // 2
-                     for live in run), (LIVE_BYTES, before, state_bytes)
+                     for live in run), (recorded, state_bytes)
 
 
 def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
@@ -316,11 +316,11 @@ def test_resume_continues_from_latest_checkpoint(trained_workdir, tmp_path):
   assert steps[-2:] == [10, 12]
 
 
-def test_training_goes_on_while_a_checkpoint_is_written(trained_workdir):
+def test_training_goes_on_while_a_checkpoint_is_written(trained_run):
   # Checkpoint 4's write was held until step 6 was logged: training went on
   # meanwhile, and the run still waited for every write before returning.
-  workdir, result = trained_workdir
-  assert OVERLAPPED == [True]
+  workdir, result, recorded = trained_run
+  assert recorded["OVERLAPPED"] == [True]
   assert result["step"] == 12 and result["save_seconds"] >= 0
   assert checkpoints.all_steps(str(workdir)) == [4, 8, 12]
   assert not list((workdir / "checkpoints").glob("*tmp*"))
