@@ -62,7 +62,12 @@ def test_future_targets_do_not_change_earlier_logits():
     {}, {"layer_norm": "pre"}, {"position_encoding": "learned"},
     {"attention_type": "additive"}, {"share_embeddings": False},
     {"d_k": 4, "d_v": 12}, {"matmul_dtype": "bfloat16"},
-])
+    # location-aware attention carries the previous step's weights in
+    # the cache: one width, and one per head (multires).
+    {"attention_type": "location", "location_filter_sizes": (5,)},
+    {"attention_type": "location", "location_filter_sizes": (1, 3, 5, 7)},
+], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items())
+   or "base")
 def test_incremental_decoding_equals_full_pass(changes):
   # matmul_dtype is the searches' setting, not a config field of the model.
   search = {k: v for k, v in changes.items() if k == "matmul_dtype"}
