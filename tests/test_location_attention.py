@@ -94,22 +94,6 @@ def test_previous_weights_are_shifted_and_reset_at_sentence_starts():
   np.testing.assert_array_equal(got[1, 0, 1:], w[1, 0, :3])
 
 
-def test_packed_rows_equal_separate_rows():
-  model = mha.create_model(tiny(), deterministic=True)
-  params = model.init(jax.random.key(0), SRC, TGT)["params"]
-  separate = model.apply({"params": params}, SRC, TGT)
-  src = jnp.array([[5, 6, 7, 8, 1, 9, 10, 1, 0, 0, 0]], jnp.int32)
-  src_seg = jnp.array([[1, 1, 1, 1, 1, 2, 2, 2, 0, 0, 0]], jnp.int32)
-  src_pos = jnp.array([[0, 1, 2, 3, 4, 0, 1, 2, 0, 0, 0]], jnp.int32)
-  tgt = jnp.array([[11, 12, 13, 1, 14, 15, 16, 17, 1, 0]], jnp.int32)
-  tgt_seg = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2, 2, 0]], jnp.int32)
-  tgt_pos = jnp.array([[0, 1, 2, 3, 0, 1, 2, 3, 4, 0]], jnp.int32)
-  packed = model.apply({"params": params}, src, tgt, src_pos, tgt_pos,
-                       src_seg, tgt_seg)
-  np.testing.assert_allclose(packed[0, :4], separate[0, :4], atol=1e-5)
-  np.testing.assert_allclose(packed[0, 4:9], separate[1, :5], atol=1e-5)
-
-
 def test_only_encoder_decoder_attention_is_location_aware():
   model = mha.create_model(tiny(location_filter_sizes=(1, 3, 5, 7)))
   shapes = jax.eval_shape(model.init, jax.random.key(0), SRC, TGT)["params"]

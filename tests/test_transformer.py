@@ -95,8 +95,12 @@ def test_incremental_decoding_equals_full_pass(changes):
     previous = TGT[:, t:t + 1]
 
 
-def test_packed_rows_equal_separate_rows():
-  model = mha.create_model(tiny(), deterministic=True)
+@pytest.mark.parametrize("changes", [
+    {}, {"attention_type": "location"},  # its previous weights restart
+    {"attention_type": "location", "location_filter_sizes": (1, 3, 5, 7)},
+], ids=["base", "location", "multires"])
+def test_packed_rows_equal_separate_rows(changes):
+  model = mha.create_model(tiny(**changes), deterministic=True)
   params = init(model, SRC, TGT)
   separate = model.apply({"params": params}, SRC, TGT)
   # Sentence 0 then sentence 1 in one row of length 11 / 10.
