@@ -106,6 +106,12 @@ def test_only_encoder_decoder_attention_is_location_aware():
                    for k in shapes[layer]["self_attention"])
   assert not any(k.startswith("location")
                  for k in shapes["encoder_layers_0"]["self_attention"])
+  # In a search, the cache carries the previous step's weights there only.
+  decoder = mha.create_model(tiny(location_filter_sizes=(1, 3, 5, 7)),
+                             deterministic=True, decode=True)
+  cache = jax.eval_shape(decoder.init, jax.random.key(0), SRC, TGT)["cache"]
+  assert "previous_weights" in cache["decoder_layers_0"]["cross_attention"]
+  assert "previous_weights" not in cache["decoder_layers_0"]["self_attention"]
 
 
 def test_bad_filter_sizes_name_the_field():

@@ -43,7 +43,8 @@ def test_quickstart_command_reaches_the_readmes_bleu(tmp_path):
   assert steps[0][:3] == ["python3", "-m", "venv"]
   # Run from another folder, keeping the README's relative workdir (and so
   # checking relative paths), with the scripts and configs made absolute.
-  # The whole run, as a new user makes it: 1.1 to 2 minutes on 2 cores (docs/results.md).
+  # The whole run, as a new user makes it: 1.1 to 2 minutes on 2 cores
+  # (docs/results.md).
   # As a user's shell runs them, without the suite's settings (conftest.py):
   # the machine's one CPU device, XLA's default optimisation, and the huge
   # pages the commands turn on for themselves on CPU hosts.
