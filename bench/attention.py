@@ -5,7 +5,7 @@ r"""One MultiHeadAttention layer: `einsum` vs `xla` cost against length.
     python bench/attention.py --mask=causal --d_model=256 --num_heads=4
 
 For each sequence length L, and each `attention_impl` of
-`mha.attention.MultiHeadAttention` (`einsum`: the module's own masked softmax;
+`mha.model.attention.MultiHeadAttention` (`einsum`: the module's own masked softmax;
 `xla`: `jax.nn.dot_product_attention(implementation='xla')`), a self-attention
 layer (d_model 512, 8 heads by default) is jit-compiled alone and timed for
 the forward pass and for forward + backward (the gradient of a fixed linear
@@ -39,7 +39,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 
 from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.validation import ATTENTION_IMPLS  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.attention import MultiHeadAttention  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model.attention import MultiHeadAttention  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def layer_flops(batch: int, length: int, d_model: int) -> float:

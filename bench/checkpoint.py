@@ -43,16 +43,16 @@ import numpy as np  # noqa: E402
 
 from bench import common  # noqa: E402
 from configs import base as base_config  # noqa: E402
-from mha import checkpoints  # noqa: E402
-from mha import optim  # noqa: E402
-from mha.devices import checkpoint_arrays  # noqa: E402
-from mha.devices import pmap_replicate  # noqa: E402
-from mha.devices import pmap_unreplicate  # noqa: E402
-from mha.devices import shard  # noqa: E402
-from mha.train_actions import Saver  # noqa: E402
-from mha.train_step import CompiledUpdate  # noqa: E402
-from mha.train_step import init_state  # noqa: E402
-from mha.transformer import create_model  # noqa: E402
+from mha.store import checkpoints  # noqa: E402
+from mha.model import optim  # noqa: E402
+from mha.train.devices import checkpoint_arrays  # noqa: E402
+from mha.train.devices import pmap_replicate  # noqa: E402
+from mha.train.devices import pmap_unreplicate  # noqa: E402
+from mha.train.devices import shard  # noqa: E402
+from mha.train.actions import Saver  # noqa: E402
+from mha.train.step import CompiledUpdate  # noqa: E402
+from mha.train.step import init_state  # noqa: E402
+from mha.model.transformer import create_model  # noqa: E402
 
 
 def synchronous_save(manager, step: int, state) -> float:

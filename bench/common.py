@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha import flops
+from mha.model import flops
 
 
 def count_params(tree: Any, skip: str | None = None) -> int:

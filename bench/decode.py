@@ -26,7 +26,8 @@ Two modes, and the output says which one ran:
 Before and after, in one run: `--baseline=REV` (default: the commit
 before issue 20's decoding work) loads `mha/decoding.py`,
 `mha/batch_search.py` (where REV has it) and `mha/translate.py` as they
-were at REV (`git show`) beside the current ones,
+were at REV (`git show`: their paths before the folders of 2026-11) beside
+the current ones,
 both running on the current model code (attention, Transformer) with the
 same parameters, and times the two searches on the same sentences, taking
 turns chunk by chunk (a chunk: the batches the current search searches as
@@ -76,7 +77,7 @@ sentences/s and tokens/s of greedy and beam search for each path, the
 new/old speed ratios and how many sentences' outputs are identical.
 
 `--beam_stop=early`: the current search with the early stopping rule
-(`mha.decoding.beam_search`'s `stop`); the baseline keeps its default,
+(`mha.search.decoding.beam_search`'s `stop`); the baseline keeps its default,
 the exact rule, so `--baseline=HEAD --beam_stop=early` times the two rules
 of the same code side by side. `--matmul_dtype=bfloat16` likewise: the
 current search with its weight products in bfloat16 (float32 results), the
@@ -86,6 +87,7 @@ import argparse
 import collections
 import glob
 import gzip
+import importlib
 import inspect
 import io
 import json
@@ -109,16 +111,16 @@ import sentencepiece as spm
 from bench import common
 from configs import multi30k
 import mha
-from mha import batch_search
+from mha.search import batches as batch_search
 from mha import data
-from mha import evaluator
+from mha.evaluation import evaluator
 from mha import export
-from mha import scoring
-from mha import translate
+from mha.scoring import bleu as scoring
+from mha.search import texts as translate
 from mha import validation
 from mha.errors import UserError
-from mha.transformer import TransformerConfig
-from mha.transformer import create_model
+from mha.model.transformer import TransformerConfig
+from mha.model.transformer import create_model
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -161,12 +163,14 @@ def _train_tokenizer(folder: pathlib.Path, vocab_size: int) -> data.Tokenizer:
 
 
 def load_baseline(rev: str) -> types.ModuleType:
-  """`mha/translate.py` of commit `rev`, with the `mha/decoding.py` and (at
-  commits since it exists) the `mha/batch_search.py` it imports, loaded
-  from git as separate modules on the current model code."""
+  """`mha/translate.py` of commit `rev` (a commit before the folders of
+  2026-11), with the `mha/decoding.py` and (at commits since it exists)
+  the `mha/batch_search.py` it imports, loaded from git as separate
+  modules on the current model code (its `from mha import transformer`
+  finds the model's new home through `mha.MOVED`)."""
   modules = {}
   own = ("decoding", "batch_search")  # the modules translate imports
-  saved = {name: (sys.modules[f"mha.{name}"], getattr(mha, name))
+  saved = {name: (importlib.import_module(f"mha.{name}"), getattr(mha, name))
            for name in own}
   try:
     for name in own + ("translate",):

@@ -2,7 +2,7 @@ r"""The in-training BLEU's cost: its first call (compilation) and later ones.
 
     python bench/train_bleu.py --workdir=/tmp/m30k --sentences=100
 
-Runs a training run's BLEU evaluation (`mha.train_evals.BeamBleu`: the
+Runs a training run's BLEU evaluation (`mha.train.evals.BeamBleu`: the
 config's beam search on the first `--sentences` pairs of its `eval_split`)
 `--calls` times on the workdir's last checkpoint, in a fresh process per
 run with the compilation cache off (a training run's first evaluation on a
@@ -47,8 +47,8 @@ def run(args: argparse.Namespace, batching: str) -> dict:
           _EVENTS[event], seconds[_EVENTS[event]] + duration))
   import mha
   from mha import data
-  from mha import translate
-  from mha import train_evals
+  from mha.search import texts as translate
+  from mha.train import evals as train_evals
   translator = mha.load(args.workdir)
   config = translator.config
   sources, references = data.load_text_pairs(config, config.eval_split)

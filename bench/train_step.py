@@ -6,7 +6,7 @@ r"""Training speed: tokens/s, FLOP/s and MFU of the pmapped train step.
     python bench/train_step.py --baseline=HEAD~3     # that commit vs now
 
 The process restarts itself once with glibc's huge-page tunable
-(`mha/host_memory.py`; `--no-huge_pages` keeps 4 KiB pages). `--baseline=REV`
+(`mha/runtime/host_memory.py`; `--no-huge_pages` keeps 4 KiB pages). `--baseline=REV`
 imports REV's `mha/` under another name and times its train step and this
 tree's in turn, round by round, on the same batches (both under the same
 machine load), with XLA's temporary memory of each compiled step.
@@ -35,7 +35,7 @@ state donated), after a warm-up call that compiles each batch shape:
   50% model-FLOP utilisation (MFU).
 
 Model FLOPs per step are counted analytically from the padded shapes
-(`mha/flops.py: training_flops`). The figure is cross-checked against XLA's own count
+(`mha/model/flops.py: training_flops`). The figure is cross-checked against XLA's own count
 (`lower(...).cost_analysis()['flops']` of the pmapped step, which also counts
 element-wise work). Achieved FLOP/s = model FLOPs / median step time; MFU =
 achieved / the measured float32 peak of this process (a jitted 2048 x 2048
@@ -75,13 +75,13 @@ from bench import common  # pylint: disable=g-import-not-at-top,wrong-import-pos
 from configs import base as base_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import multi30k  # pylint: disable=g-import-not-at-top,wrong-import-position
 import mha  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import flops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.runtime import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model import flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha import data  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import devices  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import train_step  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.transformer import create_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.train import devices  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.train import step as train_step  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model.transformer import create_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 REFERENCE_TOKENS_PER_SEC = 1700   # flax examples/wmt, this machine
 REFERENCE_SECONDS_PER_STEP = 3.9  # flax examples/wmt, this machine
@@ -542,7 +542,7 @@ def main():
   parser.add_argument("--huge_pages", action=argparse.BooleanOptionalAction,
                       default=True,
                       help="restart with glibc.malloc.hugetlb=1 "
-                      "(mha/host_memory.py); --no-huge_pages keeps 4 KiB "
+                      "(mha/runtime/host_memory.py); --no-huge_pages keeps 4 KiB "
                       "pages")
   parser.add_argument("--baseline", default=None,
                       help="a git revision (e.g. HEAD~3): time its mha/ and "
@@ -550,7 +550,7 @@ def main():
                       "batches, and print both and their ratio")
   args = parser.parse_args()
   args.warmup = max(args.warmup, 1)
-  # The commands' rule (mha/host_memory.py), forced on or off by the flag.
+  # The commands' rule (mha/runtime/host_memory.py), forced on or off by the flag.
   os.environ[host_memory.ENV] = "1" if args.huge_pages else "0"
   host_memory.start()
 

@@ -98,7 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.attention_type = "scaled_dot"   # scaled_dot | dot | additive | location
   # attention_type='location' (encoder-decoder attention only; self-attention
   # stays scaled_dot): one odd filter width for all heads, or one per head
-  # (multi-resolution, e.g. (1, 3, 5, 7) for 4 heads); see mha/attention.py.
+  # (multi-resolution, e.g. (1, 3, 5, 7) for 4 heads); see mha/model/attention.py.
   c.location_filter_sizes = (7,)
   c.location_num_filters = 8
   c.attention_impl = "einsum"       # einsum | xla (jax.nn.dot_product_attention)
@@ -145,7 +145,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_bleu_sentences = 256
   c.log_every_steps = 100
   # Warm start: 'WORKDIR' or 'WORKDIR:STEP', whose parameters and vocabulary
-  # a new run starts from (not its optimizer state or step; mha/warm_start.py).
+  # a new run starts from (not its optimizer state or step; mha/train/warm_start.py).
   # A run that resumes from its own checkpoint ignores it.
   c.init_from = config_dict.placeholder(str)
   # A jax.profiler trace of `count` updates from the one that makes step

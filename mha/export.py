@@ -33,7 +33,7 @@ How the model maps onto `ctranslate2.specs.TransformerSpec`:
   the project's interleaved sinusoids or its learned table), so CTranslate2
   never makes its own (its sinusoids are laid out differently);
 * the decoder starts from token 0 (`decoder_start_token` = piece 0), and
-  the source ends with EOS (`add_source_eos`), as in `mha.translate`;
+  the source ends with EOS (`add_source_eos`), as in `mha.search.texts`;
 * post-LN (`pre_norm=False`, LayerNorm(x + Sublayer(x)), no final norm) or
   pre-LN (`pre_norm=True` with the final encoder and decoder norms); layer
   norm ε = flax's 1e-6;
@@ -58,17 +58,17 @@ from typing import Any, Iterator
 from absl import logging
 import numpy as np
 
-from mha import eval_output
-from mha import evaluator
-from mha import files
+from mha.evaluation import output as eval_output
+from mha.evaluation import evaluator
+from mha.runtime import files
 from mha import validation
-from mha import workdir as workdir_lib
+from mha.store import workdir as workdir_lib
 from mha.data import tokenizer as tokenizer_lib
 from mha.errors import ExportError
 from mha.errors import UserError
-from mha.positional import sinusoidal_encoding
-from mha.search_settings import SearchSettings
-from mha.transformer import TransformerConfig
+from mha.model.positional import sinusoidal_encoding
+from mha.search.settings import SearchSettings
+from mha.model.transformer import TransformerConfig
 
 # The formats, and CTranslate2's quantisations offered (its own, made at
 # conversion): the one table of rules holds them, beside the rules of the

@@ -10,8 +10,8 @@
 The model, its parameters and the vocabulary are loaded once (the
 evaluator's loading: `evaluator.load_workdir`, `evaluator.load_params`,
 checkpoint averaging included) and the parameters stay on the devices
-between calls (`mha.batch_search.PlacedParams`); every method goes through
-`mha.translate`, the translation layer of `eval.py` and the in-training
+between calls (`mha.search.batches.PlacedParams`); every method goes through
+`mha.search.texts`, the translation layer of `eval.py` and the in-training
 BLEU, so `translate` returns what `eval.py` writes for the same sentences
 and settings. The search settings default to the workdir's config (the
 paper: beam 4, alpha 0.6, outputs of at most input length + 50 tokens).
@@ -32,14 +32,14 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 from absl import logging
 import numpy as np
 
-from mha import batch_search
+from mha.search import batches as batch_search
 from mha import data
-from mha import files
-from mha import translate
+from mha.runtime import files
+from mha.search import texts as translate
 from mha import validation
 from mha.errors import ConfigError
-from mha.search_settings import SearchSettings
-from mha.transformer import TransformerConfig
+from mha.search.settings import SearchSettings
+from mha.model.transformer import TransformerConfig
 
 _INT32 = 2**31
 
@@ -194,7 +194,7 @@ class Translator:
         (>= 0); max_decode_extra: outputs of at most source tokens + this;
         beam_stop: when a sentence's search ends, "exact" (its result is
         that of a search run to the length limit) or "early" (sooner: may
-        miss a longer hypothesis; `mha.decoding.beam_search`);
+        miss a longer hypothesis; `mha.search.decoding.beam_search`);
         matmul_dtype: "float32", or "bfloat16" for the model's products
         with its weight matrices (faster on CPUs with bfloat16
         instructions, other outputs). None: `defaults` (the workdir's
@@ -366,7 +366,7 @@ def load(workdir: str, step: int | None = None,
       checkpoint, a step that does not exist, fewer than `average_last`
       checkpoints, or a bad argument; one line naming it.
   """
-  from mha import evaluator  # pylint: disable=import-outside-toplevel
+  from mha.evaluation import evaluator  # pylint: disable=import-outside-toplevel
   if not isinstance(workdir, (str, os.PathLike)):
     raise ConfigError(f"workdir must be a path (a string), got {workdir!r}.")
   workdir = os.fspath(workdir)

@@ -14,10 +14,10 @@ A setting is named as the user gave it (`setting`): `--alpha` in a command
 (inside `as_flags()`, which `mha.cli.startup.guarded` enters), `alpha`, the
 keyword argument, in the Python API.
 
-The training config's checks (`mha.config_check`), the model config's
-(`TransformerConfig`), the modules that act on a choice (`mha.attention`,
-`mha.positional`), the evaluation's flags (`mha.evaluator.check_flags`),
-the search settings (`mha.search_settings`) and the export's
+The training config's checks (`mha.train.config_check`), the model config's
+(`TransformerConfig`), the modules that act on a choice (`mha.model.attention`,
+`mha.model.positional`), the evaluation's flags (`mha.evaluation.evaluator.check_flags`),
+the search settings (`mha.search.settings`) and the export's
 (`mha.export.check_flags`, `mha.cli.export`) read this table. Rules that
 tie several fields together (d_model and num_heads, max_tokens and the
 lengths) stay with the code that knows them.
@@ -36,8 +36,8 @@ from mha.errors import ConfigError
 Rule = Callable[[Any], str | None]
 
 # The names a config may choose from; the modules that act on them import
-# them from here (mha.attention, mha.positional, mha.transformer,
-# mha.data.batching, mha.decoding).
+# them from here (mha.model.attention, mha.model.positional, mha.model.transformer,
+# mha.data.batching, mha.search.decoding).
 ATTENTION_TYPES = ("scaled_dot", "dot", "additive", "location")
 ATTENTION_IMPLS = ("einsum", "xla")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
@@ -46,10 +46,10 @@ DTYPES = ("float32", "bfloat16", "float16")  # jax.numpy's names
 TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
 EXPORT_FORMATS = ("ctranslate2",)  # mha-export --format
 QUANTIZATIONS = ("float32", "int8")  # mha-export --quantization
-BEAM_STOPS = ("exact", "early")  # mha.decoding.beam_search's stopping rules
-# The searches' weight products (mha.attention.weight_product).
+BEAM_STOPS = ("exact", "early")  # mha.search.decoding.beam_search's stopping rules
+# The searches' weight products (mha.model.attention.weight_product).
 MATMUL_DTYPES = ("float32", "bfloat16")
-_SPECIAL_PIECES = 3  # PAD, EOS, UNK (mha.token_ids)
+_SPECIAL_PIECES = 3  # PAD, EOS, UNK (mha.data.token_ids)
 # True inside a command's main (`as_flags`): messages name its flags.
 _AS_FLAGS = contextvars.ContextVar("mha_settings_as_flags", default=False)
 

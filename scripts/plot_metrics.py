@@ -12,9 +12,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mha import files  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.runtime import files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.store import metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.store import workdir as workdir_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def curves(records: list[dict]) -> dict[str, tuple[list, list]]:

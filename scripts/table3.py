@@ -8,7 +8,7 @@ r"""The paper's Table 3 at small scale, at convergence, with seeds.
 
 Each run (a row of configs/table3.py and a seed) trains the whole
 configs/multi30k.py recipe with the row's change into
-`<workdir_root>/<row>_seed<seed>` with `mha.trainer.train_and_evaluate`
+`<workdir_root>/<row>_seed<seed>` with `mha.train.trainer.train_and_evaluate`
 (a workdir with checkpoints resumes), then is measured:
 
 * dev perplexity: exp(per-token NLL of the dev split, SentencePiece
@@ -16,7 +16,7 @@ configs/multi30k.py recipe with the row's change into
   (metrics.jsonl);
 * dev BLEU of the last checkpoint (the paper's Table 3 protocol) and of
   the average of the last 5 checkpoints, and test_2016_flickr BLEU of the
-  average: `mha.evaluator.evaluate`, beam 4, α 0.6 (sacreBLEU, cased);
+  average: `mha.evaluation.evaluator.evaluate`, beam 4, α 0.6 (sacreBLEU, cased);
 * parameters, steps, training time (summed over the sessions that trained
   it), the machine and the load while it ran (`LoadSampler`).
 
@@ -66,16 +66,16 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import table3 as table3_config  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import flops  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import metrics as metrics_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import train_evals  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.store import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model import flops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.evaluation import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.store import metrics as metrics_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.train import evals as train_evals  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.train import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.errors import UserError  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.transformer import create_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model.transformer import create_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 START_MARKER = "<!-- table3:start -->"
 END_MARKER = "<!-- table3:end -->"

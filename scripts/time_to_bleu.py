@@ -33,12 +33,12 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha import checkpoints
-from mha import cpu_devices
-from mha import eval_output
-from mha import evaluator
-from mha import metrics
-from mha import workdir as workdir_lib
+from mha.store import checkpoints
+from mha.runtime import cpu_devices
+from mha.evaluation import output as eval_output
+from mha.evaluation import evaluator
+from mha.store import metrics
+from mha.store import workdir as workdir_lib
 from mha.errors import UserError
 
 

@@ -6,7 +6,7 @@ No accelerator is at hand in this project, so every figure is an ESTIMATE:
 
     hours = num_train_steps · FLOPs per step / (peak FLOP/s · MFU) / 3600
 
-* FLOPs per step: `mha/flops.py: training_flops` (every matrix product of
+* FLOPs per step: `mha/model/flops.py: training_flops` (every matrix product of
   the forward and backward pass; bench/train_step.py checks it against
   XLA's own count) for
   the paper's batch of 25,000 source + 25,000 target tokens, as rows of
@@ -27,9 +27,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from mha.flops import training_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model.flops import training_flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import wmt14  # pylint: disable=g-import-not-at-top,wrong-import-position
-from mha.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.model.transformer import TransformerConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TYPICAL_LENGTH = 32
 ASSUMED_MFU = 0.40

@@ -35,7 +35,7 @@ os.environ.setdefault("XLA_FLAGS", xla_flags(4))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The commands restart themselves once with huge pages on CPU hosts
-# (mha/host_memory.py); the subprocess tests that wrap them (runpy with
+# (mha/runtime/host_memory.py); the subprocess tests that wrap them (runpy with
 # patches) would lose their patches in the restart. test_host_memory.py
 # removes this to test the restart.
 os.environ.setdefault("MHA_HUGE_PAGES", "0")
@@ -145,7 +145,7 @@ def tiny_workdir(tmp_path_factory) -> pathlib.Path:
   Trained once per session: under xdist, each worker has its own copy
   (built_once).
   """
-  from mha import trainer  # pylint: disable=import-outside-toplevel
+  from mha.train import trainer  # pylint: disable=import-outside-toplevel
   return built_once(tmp_path_factory, "tiny_workdir", lambda path: (
       trainer.train_and_evaluate(tiny_config(**TINY_WORKDIR_LOOP),
                                  str(path))))
@@ -161,7 +161,7 @@ def random_tiny_transformer(vocab_size: int, max_len: int, seed: int):
   import numpy as np
   from configs import base
   import paper_reference
-  from mha import transformer
+  from mha.model import transformer
   model_config = transformer.TransformerConfig.from_config(
       base.get_config("tiny"), deterministic=True, num_encoder_layers=1,
       num_decoder_layers=1, vocab_size=vocab_size, max_len=max_len,
@@ -216,7 +216,7 @@ def _command_main(monkeypatch, module_name: str, name: str):
   flags.FLAGS.unparse_flags()
   logging.getLogger("absl").setLevel(level)
   # The commands' main hides the libraries' INFO lines: show them again.
-  from mha import library_logs  # pylint: disable=import-outside-toplevel
+  from mha.runtime import library_logs  # pylint: disable=import-outside-toplevel
   library_logs.configure(verbose=True)
 
 
@@ -255,9 +255,9 @@ def random_workdir(tiny_workdir, tmp_path_factory) -> pathlib.Path:
   import jax
   import numpy as np
   import paper_reference
-  from mha import checkpoints
-  from mha import workdir as workdir_lib
-  from mha.transformer import Transformer, TransformerConfig
+  from mha.store import checkpoints
+  from mha.store import workdir as workdir_lib
+  from mha.model.transformer import Transformer, TransformerConfig
   # pylint: enable=import-outside-toplevel
   path = tmp_path_factory.mktemp("random_workdir") / "run"
   path.mkdir()

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from mha import files
+from mha.runtime import files
 
 BUCKET = "mha-test"
 

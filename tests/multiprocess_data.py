@@ -3,7 +3,7 @@
     python tests/multiprocess_data.py OUT WORKDIR OVERRIDES_JSON
 
 Started twice by the test with a SLURM job's environment variables (two
-tasks on localhost), so that `mha.distributed.initialize('auto')` detects
+tasks on localhost), so that `mha.runtime.distributed.initialize('auto')` detects
 the cluster through JAX. It then does what train.py and the trainer do with
 the data (prepare the splits, get the vocabulary, read training and
 evaluation batches) and writes to OUT.npz what it saw: its batches, the
@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging
 from configs import quickstart
-from mha import distributed
+from mha.runtime import distributed
 from mha import data
-from mha import files
+from mha.runtime import files
 from mha.data import sources
 from mha.data import parallel_text
 from mha.data import tokenizer

@@ -7,7 +7,7 @@ import pytest
 
 from configs import base
 import mha
-from mha import attention
+from mha.model import attention
 
 
 def numpy_attention(q, k, v, mask=None, scale=None):
@@ -273,7 +273,7 @@ def test_the_layers_take_bfloat16_weight_products_where_asked():
   two with `matmul_dtype='bfloat16'`: each product of the NumPy layer on
   bfloat16-rounded operands, the rest (attention weights, ReLU, biases)
   in float64."""
-  from mha import transformer  # pylint: disable=import-outside-toplevel
+  from mha.model import transformer  # pylint: disable=import-outside-toplevel
   d_model, h = 16, 4
   rng = np.random.default_rng(3)
   x_q = jnp.asarray(rng.normal(size=(2, 5, d_model)), jnp.float32)

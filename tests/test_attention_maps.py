@@ -1,4 +1,4 @@
-"""Attention maps (mha.attention_maps, eval.py --plot_attention), tiny model.
+"""Attention maps (mha.evaluation.attention_maps, eval.py --plot_attention), tiny model.
 
 The workdir holds a freshly initialised tiny model (no training: the maps of
 random weights are as good a test as any, and it takes seconds).
@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from configs import quickstart
-from mha import attention_maps
-from mha import checkpoints
+from mha.evaluation import attention_maps
+from mha.store import checkpoints
 from mha import data
-from mha import evaluator
-from mha import translate
-from mha import workdir as workdir_lib
-from mha.transformer import Transformer
-from mha.transformer import TransformerConfig
+from mha.evaluation import evaluator
+from mha.search import texts as translate
+from mha.store import workdir as workdir_lib
+from mha.model.transformer import Transformer
+from mha.model.transformer import TransformerConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

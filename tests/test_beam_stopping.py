@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha import decoding
-from mha.decoding import CacheRows
+from mha.search import decoding
+from mha.search.decoding import CacheRows
 
 EOS = 1
 VOCAB = 6  # 0 = pad / start (logit -inf), 1 = EOS, 2..5 words

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from mha import checkpoints
+from mha.store import checkpoints
 from mha.errors import CheckpointError
 
 

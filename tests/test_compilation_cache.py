@@ -7,8 +7,8 @@ import sys
 import jax
 import pytest
 
-from mha import compilation_cache
-from mha import search_cache
+from mha.runtime import compilation_cache
+from mha.search import trace_cache as search_cache
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -17,7 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 PROBE = """\
 import sys, jax, jax.numpy as jnp
 from absl import flags
-from mha import compilation_cache
+from mha.runtime import compilation_cache
 compilation_cache.define_flag()
 flags.FLAGS(['probe', *sys.argv[1:]])
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)

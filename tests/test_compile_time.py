@@ -1,4 +1,4 @@
-"""mha.compile_time: the time a block spends preparing jax computations
+"""mha.runtime.compile_time: the time a block spends preparing jax computations
 (tracing, lowering, XLA's compilation, reading a kept search), apart from
 running them."""
 import threading
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mha import compile_time
+from mha.runtime import compile_time
 
 
 def test_overlapping_spans_count_once():

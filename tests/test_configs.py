@@ -10,7 +10,7 @@ from configs import base
 from configs import big
 from configs import multi30k
 from configs import quickstart
-from mha import workdir as workdir_lib
+from mha.store import workdir as workdir_lib
 
 
 @pytest.mark.parametrize("module,arg", [
@@ -122,8 +122,8 @@ def test_a_config_field_and_its_flag_are_refused_in_the_same_words(field,
                                                                    bad):
   # One rule in mha.validation serves config.beam_size (train.py) and
   # --beam_size (eval.py): the two messages differ in the name alone.
-  from mha import config_check  # pylint: disable=g-import-not-at-top
-  from mha import evaluator  # pylint: disable=g-import-not-at-top
+  from mha.train import config_check  # pylint: disable=g-import-not-at-top
+  from mha.evaluation import evaluator  # pylint: disable=g-import-not-at-top
   from mha import errors  # pylint: disable=g-import-not-at-top
   from mha import validation  # pylint: disable=g-import-not-at-top
   config = ml_collections.ConfigDict({**base.get_config().to_dict(),

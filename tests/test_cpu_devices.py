@@ -1,4 +1,4 @@
-"""mha.cpu_devices: the host's cores as JAX CPU devices for the searches,
+"""mha.runtime.cpu_devices: the host's cores as JAX CPU devices for the searches,
 left as they are where the user chose a number or the host has
 accelerators; set before JAX starts (a fresh process), refused after."""
 import os
@@ -10,7 +10,7 @@ import jax
 import pytest
 
 import mha
-from mha import cpu_devices
+from mha.runtime import cpu_devices
 from mha.errors import UserError
 
 CPU_HOST = {"JAX_PLATFORMS": "cpu"}

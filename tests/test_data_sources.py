@@ -273,8 +273,8 @@ def test_unknown_tfds_dataset():
   with pytest.raises(data.DataError, match="Unknown TFDS dataset 'nosuch"):
     data.load_text_pairs(config, "train")
   # Training names the field at fault, not the split it was opening.
-  from mha import train_setup  # pylint: disable=g-import-not-at-top
-  from mha import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from mha.train import setup as train_setup  # pylint: disable=g-import-not-at-top
+  from mha.store import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(data.DataError) as error:
     train_setup.check_inputs(config, workdir_lib.Workdir("/nonexistent/run"))
   assert re.fullmatch(

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from configs import base
-from mha import decoding
-from mha import transformer
-from mha import batch_search
-from mha.decoding import CacheRows
+from mha.search import decoding
+from mha.model import transformer
+from mha.search import batches as batch_search
+from mha.search.decoding import CacheRows
 
 EOS = 1
 VOCAB = 5  # 0 = pad / start (never generated: logit -inf), 1 = EOS, 2, 3, 4

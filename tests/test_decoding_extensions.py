@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha import decoding
+from mha.search import decoding
 
 
 def reference(logits, live, k):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha import decoding
+from mha.search import decoding
 
 from test_decoding import EOS, TableModel, brute_force, hypothesis, lp
 

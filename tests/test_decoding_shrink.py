@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha import decoding
-from mha import batch_search
-from mha.decoding import CacheRows
+from mha.search import decoding
+from mha.search import batches as batch_search
+from mha.search.decoding import CacheRows
 
 from test_decoding import EOS, GrowingHistoryModel, hypothesis
 

@@ -6,7 +6,7 @@ from jax import lax
 import numpy as np
 import pytest
 
-from mha import decoding
+from mha.search import decoding
 
 
 @pytest.mark.parametrize('vocab', [200, 64 * 5, 1000])

@@ -19,7 +19,7 @@ from conftest import TINY_OVERRIDES
 from conftest import tiny_config
 from conftest import xla_flags
 from mha import data
-from mha import distributed
+from mha.runtime import distributed
 from mha.data import multihost
 from mha.data import sources
 from mha.data import synthetic
@@ -344,8 +344,8 @@ def test_train_py_starts_the_processes_it_is_told_then_prepares(
   --process_id to jax.distributed as given, then prepares the splits (process
   0 first) before it trains."""
   from absl import flags  # pylint: disable=import-outside-toplevel
-  from mha import library_logs  # pylint: disable=import-outside-toplevel
-  from mha import trainer  # pylint: disable=import-outside-toplevel
+  from mha.runtime import library_logs  # pylint: disable=import-outside-toplevel
+  from mha.train import trainer  # pylint: disable=import-outside-toplevel
   from mha.cli import train as train_py  # pylint: disable=import-outside-toplevel
   _detected(monkeypatch, None)
   steps = []

@@ -1,4 +1,4 @@
-"""Dropout masks (mha/dropout.py): the keyed hash against a NumPy version of
+"""Dropout masks (mha/model/dropout.py): the keyed hash against a NumPy version of
 its definition, P_drop to the config's value, and masks without visible
 structure: neighbours, entries a row apart and masks of other keys are
 dropped together as often as independent draws would be."""
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha import dropout
+from mha.model import dropout
 
 P_DROP = 0.1
 SIZE = 1 << 22

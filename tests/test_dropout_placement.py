@@ -1,7 +1,7 @@
 """Dropout where the paper puts it (§5.4), observed in training mode.
 
 The model runs with dropout on; every Bernoulli mask it draws is recorded
-(`mha.dropout.keep_mask` is wrapped, the one source of masks for the
+(`mha.model.dropout.keep_mask` is wrapped, the one source of masks for the
 residual, embedding and attention-weight dropouts) and the same masks, in the
 same order, are applied by the hand-written Transformer of
 `paper_reference.py` at the paper's places:
@@ -26,7 +26,7 @@ import pytest
 
 import mha
 from configs import base
-from mha import dropout
+from mha.model import dropout
 import paper_reference as ref
 
 P_DROP = 0.3
@@ -47,7 +47,7 @@ def _config(**changes):
 
 
 class RecordedMasks:
-  """The masks drawn by `mha.dropout.keep_mask`, replayed in order."""
+  """The masks drawn by `mha.model.dropout.keep_mask`, replayed in order."""
 
   def __init__(self, records, rates):
     self.records = list(records)

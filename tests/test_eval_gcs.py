@@ -1,12 +1,12 @@
-"""An evaluation's output folder on gs:// (mha.eval_output through the file
+"""An evaluation's output folder on gs:// (mha.evaluation.output through the file
 layer), against the Cloud Storage emulator of tests/test_gcs.py."""
 import json
 import pathlib
 
 import pytest
 
-from mha import eval_output
-from mha import files
+from mha.evaluation import output as eval_output
+from mha.runtime import files
 
 
 def test_outputs_in_a_bucket(gcs_dir, tmp_path, monkeypatch):

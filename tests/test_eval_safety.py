@@ -21,11 +21,11 @@ import pytest
 
 from conftest import file_hashes
 from configs import quickstart
-from mha import checkpoints
+from mha.store import checkpoints
 from mha import data
-from mha import eval_output
-from mha import evaluator
-from mha import translate
+from mha.evaluation import output as eval_output
+from mha.evaluation import evaluator
+from mha.search import texts as translate
 from mha import validation
 from mha.data import parallel_text
 from mha.data import tokenized
@@ -428,8 +428,8 @@ def test_eval_py_damaged_checkpoint_and_vocabulary(copy, eval_py, capsys,
 
 
 def test_train_refuses_a_damaged_latest_step_before_writing(copy):
-  from mha import trainer
-  from mha import workdir as workdir_lib
+  from mha.train import trainer
+  from mha.store import workdir as workdir_lib
   from mha.errors import CheckpointError
   config = workdir_lib.load_config(str(copy))
   config.num_train_steps = 8
@@ -575,7 +575,7 @@ def test_damaged_tokenized_cache_is_made_again(copy, caplog):
 def test_a_config_json_that_does_not_describe_the_checkpoint_is_refused(
     copy, eval_py, capsys, tmp_path):
   import mha  # pylint: disable=import-outside-toplevel
-  from mha import trainer  # pylint: disable=import-outside-toplevel
+  from mha.train import trainer  # pylint: disable=import-outside-toplevel
   from mha.errors import EvalError, WorkdirError  # pylint: disable=import-outside-toplevel
   from conftest import tiny_config  # pylint: disable=import-outside-toplevel
   config_path = copy / "config.json"

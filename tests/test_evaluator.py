@@ -1,4 +1,4 @@
-"""eval.py and mha.evaluator on a workdir trained for a few steps."""
+"""eval.py and mha.evaluation.evaluator on a workdir trained for a few steps."""
 import hashlib
 import json
 import logging
@@ -14,14 +14,14 @@ import pytest
 import sacrebleu
 
 from configs import quickstart
-from mha import checkpoints
+from mha.store import checkpoints
 from mha import data
-from mha import evaluator
-from mha import scoring
-from mha import batch_search
-from mha import translate
+from mha.evaluation import evaluator
+from mha.scoring import bleu as scoring
+from mha.search import batches as batch_search
+from mha.search import texts as translate
 from mha.errors import UserError
-from mha.transformer import TransformerConfig
+from mha.model.transformer import TransformerConfig
 from test_packaging import outside_the_core
 from test_packaging import with_imports_recorded
 

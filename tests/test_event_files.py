@@ -11,8 +11,8 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from mha import event_files
-from mha import metrics as metrics_lib
+from mha.store import event_files
+from mha.store import metrics as metrics_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def test_the_training_modules_do_not_import_tensorflow(tmp_path):
 def test_event_files_on_a_bucket(gcs_dir, tmp_path, monkeypatch):
   """gs://: the file's bytes are uploaded whole at a write UPLOAD_SECONDS
   after the last upload, at flush and at close."""
-  from mha import files  # pylint: disable=g-import-not-at-top
+  from mha.runtime import files  # pylint: disable=g-import-not-at-top
   clock = [1000.0]
   monkeypatch.setattr(event_files.time, "monotonic", lambda: clock[0])
   writer = metrics_lib.MetricsWriter(gcs_dir)

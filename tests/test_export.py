@@ -30,16 +30,16 @@ from conftest import REPO_ROOT
 from conftest import tiny_config
 # gcsfs to the emulator (the fixture of the gs:// training test).
 from test_gcs import gcsfs_on_emulator  # noqa: F401  pylint: disable=unused-import
-from mha import checkpoints
-from mha import evaluator
+from mha.store import checkpoints
+from mha.evaluation import evaluator
 from mha import export
-from mha import files
-from mha import translate
+from mha.runtime import files
+from mha.search import texts as translate
 from mha import validation
-from mha import workdir as workdir_lib
+from mha.store import workdir as workdir_lib
 from mha.data import sources
-from mha.transformer import Transformer
-from mha.transformer import TransformerConfig
+from mha.model.transformer import Transformer
+from mha.model.transformer import TransformerConfig
 
 ctranslate2 = pytest.importorskip(
     "ctranslate2", reason="ctranslate2 is not installed (the optional export "
@@ -438,7 +438,7 @@ def test_a_sigterm_during_the_export_leaves_nothing(tiny_workdir, tmp_path,
   SIGTERM handler is the one it had."""
   import logging  # pylint: disable=import-outside-toplevel
   from absl import flags  # pylint: disable=import-outside-toplevel
-  from mha import library_logs  # pylint: disable=import-outside-toplevel
+  from mha.runtime import library_logs  # pylint: disable=import-outside-toplevel
   from mha.cli import export as cli_export  # pylint: disable=import-outside-toplevel
   move = export._move_into_place  # pylint: disable=protected-access
 

@@ -29,14 +29,14 @@ from conftest import TINY_WORKDIR_LOOP
 from conftest import file_hashes
 from conftest import tiny_config
 from conftest import xla_flags
-from mha import checkpoints
+from mha.store import checkpoints
 from mha import errors
-from mha import evaluator
-from mha import files
-from mha import metrics as metrics_lib
-from mha import trainer
-from mha import translate
-from mha import workdir as workdir_lib
+from mha.evaluation import evaluator
+from mha.runtime import files
+from mha.store import metrics as metrics_lib
+from mha.train import trainer
+from mha.search import texts as translate
+from mha.store import workdir as workdir_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The parts of a failed save that Orbax never ran: their coroutines are

@@ -1,12 +1,12 @@
-"""mha.flops.training_flops against the model's own parameter tree."""
+"""mha.model.flops.training_flops against the model's own parameter tree."""
 import jax
 import jax.numpy as jnp
 import pytest
 
 import mha
 from conftest import tiny_config
-from mha import flops
-from mha.transformer import TransformerConfig
+from mha.model import flops
+from mha.model.transformer import TransformerConfig
 
 
 def _kernel_flops(params, n_source: int, n_target: int) -> int:

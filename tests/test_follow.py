@@ -1,4 +1,4 @@
-"""eval.py --follow (mha/follow.py): checkpoints evaluated as they appear.
+"""eval.py --follow (mha/evaluation/follow.py): checkpoints evaluated as they appear.
 
 In process, on a copy of tiny_workdir (checkpoints 2, 4, 6 of a 6-step run)
 whose checkpoints are taken away and put back one by one between polls,
@@ -17,10 +17,10 @@ import threading
 import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
-from mha import evaluator
-from mha import follow
-from mha import metrics as metrics_lib
-from mha import files
+from mha.evaluation import evaluator
+from mha.evaluation import follow
+from mha.store import metrics as metrics_lib
+from mha.runtime import files
 
 SPLIT = "test[:4]"  # the split (and settings) of test_eval_safety.py
 NAME = "test_4"

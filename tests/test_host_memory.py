@@ -1,4 +1,4 @@
-"""mha.host_memory: the process restarts once with glibc's huge-page tunable
+"""mha.runtime.host_memory: the process restarts once with glibc's huge-page tunable
 on CPU hosts, says so, and never where the restart cannot be made."""
 import os
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mha import host_memory
+from mha.runtime import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A script file of its own: the restart runs the command line again, which a

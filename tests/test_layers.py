@@ -1,9 +1,10 @@
 """The import layers, read from the source (no module is imported here).
 
-Imports point down (DESIGN.md, "Layering"): the file layer, the errors and
-the vocabulary's ids at the bottom; `mha/data/` above them and below
-everything that consumes batches; tools (`scripts/`, `bench/`) at the top,
-side by side.
+Imports point down (the README's Layout): the errors and the validation
+rules at the bottom, then the process (`mha/runtime/`), the data and the
+model, the search, the workdir's store and the scores, training and
+evaluation side by side, the public API and the commands; tools
+(`scripts/`, `bench/`) at the top, side by side.
 """
 import ast
 import pathlib
@@ -11,16 +12,21 @@ import pathlib
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MHA = REPO / "mha"
 
-# What mha/data/ may import of the rest of mha: the layers below it.
-BELOW_DATA = {"mha.errors", "mha.files", "mha.tensorflow_loader",
-              "mha.token_ids", "mha.validation"}
-# The modules outside mha/data/ that may import it: the data pipeline's
-# consumers (training, evaluation, translation set-up) and their checks.
-DATA_CONSUMERS = {
-    "mha.trainer", "mha.evaluator", "mha.attention_maps",
-    "mha.translate", "mha.translator", "mha.export", "mha.workdir",
-    "mha.warm_start", "mha.config_check", "mha.cli.train", "mha.train_setup",
-    "mha.train_evals"}
+# mha's folders and top-level modules, from the bottom layer up. A module
+# imports only modules of the layers below its own, and of its own folder:
+# folders of one layer do not import each other (training and evaluation
+# among them: the in-training evaluation is the trainer's own plug-in,
+# over the scores of mha/scoring/).
+LAYERS = (
+    ("mha.errors",),
+    ("mha.validation",),
+    ("mha.runtime",),
+    ("mha.data", "mha.model"),
+    ("mha.search", "mha.store", "mha.scoring"),
+    ("mha.train", "mha.evaluation"),
+    ("mha.translator", "mha.export"),
+    ("mha.cli",),
+)
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -56,26 +62,62 @@ def _mha_modules():
   return sorted(MHA.rglob("*.py"))
 
 
-def test_the_data_package_imports_only_the_layers_below_it():
-  for path in sorted((MHA / "data").glob("*.py")):
-    outside = {name for name in _imports(path)
-               if name.startswith("mha.") and not name.startswith("mha.data")
-               and not any(name == m or name.startswith(f"{m}.")
-                           for m in BELOW_DATA)}
-    assert not outside, f"{path.name} imports {sorted(outside)}"
+def _unit(module: str) -> str | None:
+  """The folder or top-level module of LAYERS that `module` belongs to."""
+  for layer in LAYERS:
+    for unit in layer:
+      if module == unit or module.startswith(f"{unit}."):
+        return unit
+  return None
 
 
-def test_only_the_pipelines_consumers_import_the_data_package():
-  importers = {
-      _module_name(path) for path in _mha_modules()
-      if "data" not in path.relative_to(MHA).parts[:-1]
-      and any(name == "mha.data" or name.startswith("mha.data.")
-              for name in _imports(path))}
-  assert importers <= DATA_CONSUMERS, sorted(importers - DATA_CONSUMERS)
-  # The layers below the translate layer import nothing of data either
-  # (the searches read PAD_ID from mha.token_ids).
-  assert "mha.decoding" not in importers
-  assert "mha.batch_search" not in importers
+def _layer(unit: str) -> int:
+  return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def test_every_module_of_mha_has_a_layer():
+  units = {_unit(_module_name(path)) for path in _mha_modules()
+           if path != MHA / "__init__.py"}
+  assert None not in units
+  tops = sorted(p.stem for p in MHA.glob("*.py") if p.stem != "__init__")
+  assert tops == ["errors", "export", "translator", "validation"]
+
+
+def test_imports_point_down_the_layers():
+  upward = []
+  for path in _mha_modules():
+    own = _unit(_module_name(path))
+    if own is None:  # mha/__init__.py: the public face, lazily
+      continue
+    for name in _imports(path):
+      other = _unit(name)
+      if other is None or other == own:
+        continue
+      if _layer(other) >= _layer(own):
+        upward.append(f"{_module_name(path)} imports {name}")
+  assert not upward, upward
+
+
+def test_the_search_takes_only_the_token_ids_of_the_data_package():
+  """The search algorithm and the batch runner know the vocabulary's ids,
+  not the data pipeline."""
+  for name in ("decoding", "batches"):
+    taken = {i for i in _imports(MHA / "search" / f"{name}.py")
+             if i == "mha.data" or i.startswith("mha.data.")}
+    assert all(i == "mha.data" or i.startswith("mha.data.token_ids")
+               for i in taken), (name, taken)
+
+
+def test_the_package_faces_import_no_jax():
+  """Importing a folder (as `python -m mha.cli.translate` and the
+  commands' start-up do) loads none of JAX, flax or the data libraries."""
+  heavy = {"jax", "flax", "numpy", "sentencepiece", "tensorflow_datasets"}
+  for path in [MHA / "__init__.py", *MHA.glob("*/__init__.py")]:
+    imported = {name.split(".")[0] for name in _imports(path)}
+    assert not imported & heavy, (path, imported & heavy)
+    inside = {name for name in _imports(path)
+              if name.startswith("mha.")}
+    assert not inside, (path, inside)
 
 
 def test_no_module_of_mha_imports_matplotlib_when_imported():

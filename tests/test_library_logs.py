@@ -9,9 +9,9 @@ import pathlib
 import numpy as np
 import pytest
 
-from mha import checkpoints
-from mha import library_logs
-from mha import tensorflow_loader
+from mha.store import checkpoints
+from mha.runtime import library_logs
+from mha.runtime import tensorflow_loader
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,9 @@ import pytest
 
 import mha
 from configs import base
-from mha import attention
-from mha import decoding
-from mha import batch_search
+from mha.model import attention
+from mha.search import decoding
+from mha.search import batches as batch_search
 
 
 def tiny(**changes):

@@ -1,4 +1,4 @@
-"""mha/metrics.py's metrics.jsonl (write, read, resume truncation, bad
+"""mha/store/metrics.py's metrics.jsonl (write, read, resume truncation, bad
 lines) and scripts/plot_metrics.py (its curves and the PNG it writes)."""
 import json
 import time
@@ -6,7 +6,7 @@ import time
 import matplotlib.image
 import pytest
 
-from mha import metrics as metrics_lib
+from mha.store import metrics as metrics_lib
 from scripts import plot_metrics
 
 

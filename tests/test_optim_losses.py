@@ -7,7 +7,7 @@ import pytest
 
 import mha
 from configs import base
-from mha import losses
+from mha.model import losses
 
 
 def formula(k, d_model=512, warmup=4000, scale=1.0):

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from mha import paper_bleu
+from mha.scoring import paper_bleu
 
 
 def test_compound_split_follows_perls_non_overlapping_matches():

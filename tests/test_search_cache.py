@@ -1,4 +1,4 @@
-"""The traced searches kept on disk (`mha.search_cache`): a later process
+"""The traced searches kept on disk (`mha.search.trace_cache`): a later process
 gets the same outputs without tracing the search again, also for a search
 sharded over several devices (one file for any devices of that number);
 anything the trace depends on names another file; a bad file is replaced;
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import random_tiny_transformer
-from mha import batch_search
-from mha import compile_time
-from mha import decoding
-from mha import search_cache
+from mha.search import batches as batch_search
+from mha.runtime import compile_time
+from mha.search import decoding
+from mha.search import trace_cache as search_cache
 
 EOS = 1
 SEARCH = dict(beam_size=3, alpha=0.6, max_decode_extra=6, eos_id=EOS)
@@ -268,20 +268,21 @@ def test_source_hash_covers_every_module_of_the_package(tmp_path,
                                                         monkeypatch):
   """A changed line in any module of mha, in a subpackage too (mha/data,
   mha/cli), changes the hash that names the files."""
-  root = pathlib.Path(search_cache.__file__).resolve().parent
+  root = pathlib.Path(search_cache.__file__).resolve().parents[1]
   copy = tmp_path / "mha"
   for path in root.rglob("*.py"):
     (copy / path.relative_to(root)).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(path, copy / path.relative_to(root))
   monkeypatch.setattr(search_cache, "__file__",
-                      str(copy / "search_cache.py"))
+                      str(copy / "search" / "trace_cache.py"))
   source_hash = search_cache.source_hash.__wrapped__
   hashes = [source_hash()]
-  for edited in ("decoding.py", "data/pipeline.py", "cli/eval.py"):
+  for edited in ("search/decoding.py", "data/pipeline.py", "cli/eval.py",
+                 "errors.py"):
     with open(copy / edited, "a") as f:
       f.write("# edited\n")
     hashes.append(source_hash())
-  assert len(set(hashes)) == 4
+  assert len(set(hashes)) == 5
 
 
 def test_file_key_names_the_tree_the_x64_option_and_the_backend(

@@ -1,9 +1,9 @@
-"""mha.search_settings: the settings from a config and a caller, their
+"""mha.search.settings: the settings from a config and a caller, their
 check by the table of rules, and the output folders' suffix."""
 import ml_collections
 import pytest
 
-from mha.search_settings import SearchSettings
+from mha.search.settings import SearchSettings
 
 
 def _config(**fields):

@@ -17,9 +17,9 @@ import paper_reference as ref
 from configs import multi30k
 from configs import table3
 from mha import data
-from mha import evaluator
-from mha.transformer import Transformer
-from mha.transformer import TransformerConfig
+from mha.evaluation import evaluator
+from mha.model.transformer import Transformer
+from mha.model.transformer import TransformerConfig
 from scripts import table3 as script
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -571,7 +571,7 @@ def test_one_run_end_to_end_its_json_and_resume(multi30k, tmp_path):
   args = slice_args(multi30k, tmp_path)
   # A run interrupted after step 3: its workdir resumes from there.
   workdir = tmp_path / "runs" / "base_seed0"
-  from mha import trainer  # pylint: disable=import-outside-toplevel
+  from mha.train import trainer  # pylint: disable=import-outside-toplevel
   setup = script._setup(script.parse_args(args))  # pylint: disable=protected-access
   config = setup.config("base", 0)
   config.num_train_steps = 3

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from mha import evaluator
+from mha.evaluation import evaluator
 from scripts import time_to_bleu
 
 SPLIT = "validation[:8]"

@@ -65,11 +65,11 @@ def test_tool_names_exist(path):
 def test_a_renamed_name_is_found():
   # What broke bench/attention.py and bench/train_step.py unseen.
   assert missing_names(
-      "from mha.attention import ATTENTION_IMPLS\n"
+      "from mha.model.attention import ATTENTION_IMPLS\n"
       "from mha import host_memory\n"
       "host_memory.reexec_with_huge_pages()\n"
       "host_memory.start()\n") == [
-          "mha.attention.ATTENTION_IMPLS",
-          "mha.host_memory.reexec_with_huge_pages"]
+          "mha.model.attention.ATTENTION_IMPLS",
+          "mha.runtime.host_memory.reexec_with_huge_pages"]
   assert not missing_names("from mha.validation import ATTENTION_IMPLS\n"
                            "import mha.data as data\ndata.load_text_pairs\n")

@@ -1,7 +1,7 @@
-"""The in-training BLEU (`mha.train_evals.BeamBleu`): its sentences are
+"""The in-training BLEU (`mha.train.evals.BeamBleu`): its sentences are
 searched as one search (batches of 64 sentences a device, each device's
 share refilled), with the translations that batches of 64 give
-(mha.evaluator's batching), and so the BLEU."""
+(mha.evaluation.evaluator's batching), and so the BLEU."""
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -11,10 +11,10 @@ import pytest
 import mha
 from configs import quickstart
 from mha import data
-from mha import devices
-from mha import scoring
-from mha import translate
-from mha import train_evals
+from mha.train import devices
+from mha.scoring import bleu as scoring
+from mha.search import texts as translate
+from mha.train import evals as train_evals
 
 
 @pytest.mark.parametrize("sentences, beam, devices, want", [

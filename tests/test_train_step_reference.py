@@ -21,11 +21,11 @@ import numpy as np
 
 import mha
 from configs import base
-from mha import train_step
-from mha.devices import AXIS
-from mha.devices import pmap_replicate
-from mha.devices import pmap_unreplicate
-from mha.devices import shard
+from mha.train import step as train_step
+from mha.train.devices import AXIS
+from mha.train.devices import pmap_replicate
+from mha.train.devices import pmap_unreplicate
+from mha.train.devices import shard
 import paper_reference as ref
 
 NUM_DEVICES = 2

@@ -22,15 +22,15 @@ import pytest
 from tensorboard.plugins.hparams import plugin_data_pb2 as hparams_plugin_data_pb2
 import tensorflow as tf
 
-from mha import checkpoints
+from mha.store import checkpoints
 from mha import data
 from mha import errors
-from mha import metrics as metrics_lib
-from mha import train_actions
-from mha import train_setup
-from mha import train_step
-from mha import trainer
-from mha import workdir as workdir_lib
+from mha.store import metrics as metrics_lib
+from mha.train import actions as train_actions
+from mha.train import setup as train_setup
+from mha.train import step as train_step
+from mha.train import trainer
+from mha.store import workdir as workdir_lib
 from conftest import TINY_OVERRIDES
 from conftest import built_once
 from conftest import file_hashes

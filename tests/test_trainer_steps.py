@@ -9,13 +9,13 @@ import pytest
 
 import mha
 from configs import base
-from mha import dropout
-from mha import losses as losses_lib
-from mha import train_step
-from mha.devices import AXIS
-from mha.devices import pmap_replicate
-from mha.devices import pmap_unreplicate
-from mha.devices import shard
+from mha.model import dropout
+from mha.model import losses as losses_lib
+from mha.train import step as train_step
+from mha.train.devices import AXIS
+from mha.train.devices import pmap_replicate
+from mha.train.devices import pmap_unreplicate
+from mha.train.devices import shard
 
 
 def _config(**changes):

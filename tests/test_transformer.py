@@ -7,8 +7,8 @@ import pytest
 import mha
 from configs import base
 from mha.errors import ConfigError
-from mha.transformer import Dropout
-from mha.transformer import EncoderLayer
+from mha.model.transformer import Dropout
+from mha.model.transformer import EncoderLayer
 
 
 def tiny(**changes):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import random_tiny_transformer
-from mha import batch_search
-from mha import translate
+from mha.search import batches as batch_search
+from mha.search import texts as translate
 
 EOS = 1
 

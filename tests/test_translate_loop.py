@@ -1,11 +1,11 @@
-"""What the compiled search of `mha.translate` does inside its loop: loop
+"""What the compiled search of `mha.search.texts` does inside its loop: loop
 invariants stay out of it (the optimized HLO of a tiny search, not timings)."""
 import re
 
 import numpy as np
 import pytest
 
-from mha import batch_search
+from mha.search import batches as batch_search
 
 from test_decoding import EOS
 from test_decoding import tiny_transformer  # noqa: F401  pylint: disable=unused-import

@@ -1,5 +1,5 @@
 """n-best lists, sampling and forced scores of the Transformer's translation
-layer (`mha.translate`), against independent computations: the teacher-forced
+layer (`mha.search.texts`), against independent computations: the teacher-forced
 full forward pass of the model (no cache), the search's own log-probabilities,
 the exact next-token distribution, and the outputs on one device."""
 import jax
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha import batch_search
+from mha.search import batches as batch_search
 
 from test_decoding import EOS, hypothesis, lp
 from test_decoding import tiny_transformer  # noqa: F401  pylint: disable=unused-import

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import random_tiny_transformer
-from mha import decoding
-from mha import batch_search
-from mha import translate
+from mha.search import decoding
+from mha.search import batches as batch_search
+from mha.search import texts as translate
 
 EOS = 1
 VOCAB = 6

@@ -22,16 +22,16 @@ import pytest
 
 import mha
 from configs import quickstart
-from mha import checkpoints
+from mha.store import checkpoints
 from mha import data
-from mha import decoding
-from mha import evaluator
-from mha import batch_search
-from mha import translate
+from mha.search import decoding
+from mha.evaluation import evaluator
+from mha.search import batches as batch_search
+from mha.search import texts as translate
 from mha import translator as translator_lib
 from mha import validation
 from mha.errors import UserError
-from mha.transformer import Transformer
+from mha.model.transformer import Transformer
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import pytest
 
 from conftest import TINY_WORKDIR_LOOP
 from conftest import tiny_config
-from mha import checkpoints
-from mha import train_step
-from mha import warm_start
+from mha.store import checkpoints
+from mha.train import step as train_step
+from mha.train import warm_start
 from mha.errors import ConfigError
-from mha.transformer import TransformerConfig
+from mha.model.transformer import TransformerConfig
 
 
 def _params(seed, hidden=8):
@@ -121,8 +121,8 @@ def _count_reads(monkeypatch, module, name, calls: list) -> None:
 
 def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path,
                                                        monkeypatch):
-  from mha import trainer
-  from mha import workdir as workdir_lib
+  from mha.train import trainer
+  from mha.store import workdir as workdir_lib
   from mha.data import tokenizer
   source, _ = checkpoints.restore_params(str(tiny_workdir), 4)
   new = tmp_path / "warm"
@@ -175,7 +175,7 @@ def test_train_starts_from_another_workdirs_parameters(tiny_workdir, tmp_path,
 
 
 def test_a_mismatched_warm_start_writes_nothing(tiny_workdir, tmp_path):
-  from mha import trainer
+  from mha.train import trainer
   new = tmp_path / "other_shape"
   with pytest.raises(ConfigError, match=r"init_from=.*shape"):
     trainer.train_and_evaluate(

@@ -62,7 +62,7 @@ def test_cost_estimate_flops_match_six_times_parameters_times_tokens():
   import jax
   import jax.numpy as jnp
   from scripts import wmt14_cost
-  from mha.transformer import create_model
+  from mha.model.transformer import create_model
 
   config = wmt14.get_config("base")
   flops, steps = wmt14_cost.step_flops("base")
@@ -89,8 +89,8 @@ def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path, eval_py,
   newstest2014's with sacreBLEU and the paper's BLEU."""
   import json
   import tensorflow_datasets as tfds
-  from mha import checkpoints
-  from mha import trainer
+  from mha.store import checkpoints
+  from mha.train import trainer
 
   # TFDS's mock replaces the whole process's file system while a split is
   # opened (test_utils.MockFs in builder.as_dataset): a checkpoint written in
@@ -118,7 +118,7 @@ def test_wmt14_recipe_trains_and_evaluates_on_mock_data(tmp_path, eval_py,
     assert eval_py(f"--workdir={workdir}", "--paper_bleu") == 0
     # The real tokens of each update are logged: those of its batch.
     from mha import data
-    from mha import metrics as metrics_lib
+    from mha.store import metrics as metrics_lib
     batches = data.train_batches(config, data.get_tokenizer(config, workdir))
     logged = {r["step"]: r for r in metrics_lib.read_metrics(workdir)
               if "source_tokens_per_update" in r}

@@ -21,15 +21,15 @@ import numpy as np
 import pytest
 
 from configs import base
-from mha import config_check
+from mha.train import config_check
 from mha import data
 from mha import errors
-from mha import metrics as metrics_lib
+from mha.store import metrics as metrics_lib
 from mha.data import batching
-from mha import train_actions
-from mha import trainer
+from mha.train import actions as train_actions
+from mha.train import trainer
 from mha import validation
-from mha import workdir as workdir_lib
+from mha.store import workdir as workdir_lib
 from conftest import TINY_OVERRIDES
 from conftest import tiny_config
 from conftest import xla_flags

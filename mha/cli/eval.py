@@ -42,7 +42,7 @@ run it once, on one host that reads the workdir.
 
 --paper_bleu also scores the BLEU the paper reports (Table 2): Moses
 tokenization with compound splitting, as tensor2tensor's get_ende_bleu.sh
-(mha/paper_bleu.py), written as bleu_paper beside sacreBLEU's bleu. It reads
+(mha/scoring/paper_bleu.py), written as bleu_paper beside sacreBLEU's bleu. It reads
 higher than sacreBLEU; quote sacreBLEU, with its signature, to compare with
 other work. As the script does, only the translations get Moses' Unicode
 punctuation replacement; a raw reference is Moses-tokenized without it, and
@@ -67,7 +67,7 @@ without a new checkpoint, listing the checkpoints every --follow_interval
 seconds; each step alone and, with --average_last=N, the average of the
 last N up to it. Each evaluation writes its usual folder and its BLEU and
 chrF into the run's TensorBoard and metrics.jsonl at the checkpoint's step,
-as <split>/bleu, <split>_avg<N>/bleu, ... (mha/follow.py). It never takes
+as <split>/bleu, <split>_avg<N>/bleu, ... (mha/evaluation/follow.py). It never takes
 the trainer's lock; a checkpoint the trainer deletes before or while it is
 read is skipped with one log line; what was evaluated is recorded in
 <workdir>/eval/follow_<split>.json, so a follower started again goes on
@@ -108,7 +108,7 @@ flags.DEFINE_bool("paper_bleu", False,
 flags.DEFINE_bool("follow", False,
                   "Evaluate each new checkpoint of --workdir as it appears "
                   "(beside a running trainer), writing BLEU and chrF into "
-                  "its TensorBoard and metrics.jsonl; see mha/follow.py.")
+                  "its TensorBoard and metrics.jsonl; see mha/evaluation/follow.py.")
 flags.DEFINE_float("follow_interval", 60.0,
                    "With --follow: seconds between two listings of the "
                    "checkpoints.")
@@ -133,8 +133,8 @@ def main(argv: list[str]) -> int:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   startup.use_search_devices()
   # pylint: disable=g-import-not-at-top  (JAX: after the restart)
-  from mha import distributed
-  from mha import evaluator
+  from mha.runtime import distributed
+  from mha.evaluation import evaluator
   piped = FLAGS.source_file == "-"
   distributed.check_single_process(startup.command_name())
   if FLAGS.follow:
@@ -167,10 +167,10 @@ NOT_WITH_FOLLOW = ("checkpoint_step", "source_file", "reference_file",
 
 
 def _follow() -> int:
-  """--follow: evaluates each checkpoint as it appears (`mha.follow`)."""
+  """--follow: evaluates each checkpoint as it appears (`mha.evaluation.follow`)."""
   # pylint: disable=g-import-not-at-top  (JAX: after the restart)
-  from mha import follow
-  from mha.eval_output import EvalError
+  from mha.evaluation import follow
+  from mha.evaluation.output import EvalError
   for name in NOT_WITH_FOLLOW:
     if FLAGS[name].value:
       raise EvalError(f"--{name} is not taken with --follow, which "

@@ -1,10 +1,10 @@
 """What every command does first, the same way: `run(main)`.
 
 1. Huge pages: the process restarts once with glibc's huge-page tunable
-   where it helps (`mha.host_memory.start`: CPU hosts; `MHA_HUGE_PAGES=0/1`
+   where it helps (`mha.runtime.host_memory.start`: CPU hosts; `MHA_HUGE_PAGES=0/1`
    decides otherwise), before JAX is imported.
 2. The libraries' INFO lines hidden unless `--verbose_libraries`
-   (`mha.library_logs`).
+   (`mha.runtime.library_logs`).
 3. absl parses the flags; a bad flag, config file or config override is one
    line (`parse_flags`).
 4. In `main`: one log line saying whether huge pages are on, XLA's
@@ -38,10 +38,10 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from mha import compilation_cache
-from mha import host_memory
-from mha import library_logs
-from mha import sigterm
+from mha.runtime import compilation_cache
+from mha.runtime import host_memory
+from mha.runtime import library_logs
+from mha.runtime import sigterm
 from mha import validation
 from mha.errors import ConfigError
 from mha.errors import SigTerm
@@ -120,9 +120,9 @@ def define_search_flags() -> None:
 
 def use_search_devices() -> None:
   """First thing in a searching command's `main`, before JAX starts: the
-  host's cores as CPU devices (`mha.cpu_devices.use_cpu_cores`,
+  host's cores as CPU devices (`mha.runtime.cpu_devices.use_cpu_cores`,
   --cpu_devices), with one log line saying so."""
-  from mha import cpu_devices  # pylint: disable=g-import-not-at-top
+  from mha.runtime import cpu_devices  # pylint: disable=g-import-not-at-top
   count = cpu_devices.use_cpu_cores(FLAGS.cpu_devices)
   if count is not None:
     logging.info("Searching on %d CPU device(s) (--cpu_devices).", count)
@@ -378,7 +378,7 @@ def run(main: Callable[[list[str]], int | None],
   tests call it directly)."""
   host_memory.start()
   # TensorFlow's start-up lines are hidden unless --verbose_libraries, if a
-  # dataset imports it (a TFDS dataset by name; mha/library_logs.py).
+  # dataset imports it (a TFDS dataset by name; mha/runtime/library_logs.py).
   library_logs.quiet_native(sys.argv)
   if not getattr(main, "guarded", False):
     main = guarded(main)

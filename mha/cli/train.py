@@ -26,7 +26,7 @@ Either signal during the set-up (the vocabulary, the tokenized cache), before
 the first step, leaves the workdir as it was (SIGTERM: status 143).
 
 On a CPU host the process restarts once with huge pages for XLA's host
-buffers; `MHA_HUGE_PAGES=0/1` decides otherwise (mha/host_memory.py).
+buffers; `MHA_HUGE_PAGES=0/1` decides otherwise (mha/runtime/host_memory.py).
 """
 from absl import app
 from absl import flags
@@ -39,7 +39,7 @@ config_flags.DEFINE_config_file("config", None, "Training config file.",
                                 lock_config=True)
 startup.define_once(flags.DEFINE_string, "workdir", None,
                     "Checkpoints, metrics and vocabulary.")
-# mha.distributed.MODES (that module imports JAX: not before the restart).
+# mha.runtime.distributed.MODES (that module imports JAX: not before the restart).
 flags.DEFINE_enum("distributed", "auto", ("auto", "on", "off"),
                   "Multi-process start-up: auto = when JAX detects a cluster "
                   "(TPU pod slice, SLURM, Open MPI, Kubernetes), on = always "
@@ -70,8 +70,8 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # pylint: disable=g-import-not-at-top  (JAX: after the restart)
-  from mha import distributed
-  from mha import trainer
+  from mha.runtime import distributed
+  from mha.train import trainer
   from mha.data import sources
   config = startup.loaded_config()  # loaded by parse_flags
   distributed.initialize(FLAGS.distributed, FLAGS.coordinator_address,

@@ -95,9 +95,9 @@ def _translate(write) -> int:
   """Loads the model and translates the input with `write`; returns the
   number of lines."""
   import mha  # pylint: disable=import-outside-toplevel
-  from mha import evaluator  # pylint: disable=import-outside-toplevel
+  from mha.evaluation import evaluator  # pylint: disable=import-outside-toplevel
   from mha import translator as translator_lib  # pylint: disable=import-outside-toplevel
-  from mha import translate  # pylint: disable=import-outside-toplevel
+  from mha.search import texts as translate  # pylint: disable=import-outside-toplevel
   translator = mha.load(FLAGS.workdir, step=FLAGS.step,
                         average_last=FLAGS.average_last)
   function = translator_lib.line_translator(

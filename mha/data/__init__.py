@@ -10,18 +10,32 @@ Modules: `sources` (which dataset a config names), `parallel_text` (the TFDS
 builder of local text folders), `synthetic` (the made-up language pair),
 `tokenizer` (SentencePiece), `tokenized` (encoded splits and their cache),
 `batching` (token-budget and packed batch plans), `pipeline` (the batch
-iterators).
+iterators), `multihost` (process 0 prepares, the others wait), `token_ids`
+(PAD 0, EOS 1, UNK 2).
 """
-from mha.data.pipeline import eval_batches
-from mha.data.pipeline import train_batches
-from mha.data.sources import load_text_pairs
-from mha.data.tokenizer import get_tokenizer
-from mha.data.tokenizer import Tokenizer
-from mha.errors import DataError
-from mha.token_ids import EOS_ID
-from mha.token_ids import PAD_ID
+import importlib
 
-__all__ = [
-    "DataError", "EOS_ID", "PAD_ID", "Tokenizer", "eval_batches",
-    "get_tokenizer", "load_text_pairs", "train_batches",
-]
+_EXPORTS = {
+    "DataError": "mha.errors", "EOS_ID": "mha.data.token_ids",
+    "PAD_ID": "mha.data.token_ids", "Tokenizer": "mha.data.tokenizer",
+    "eval_batches": "mha.data.pipeline", "get_tokenizer": "mha.data.tokenizer",
+    "load_text_pairs": "mha.data.sources",
+    "train_batches": "mha.data.pipeline",
+}
+
+_MODULES = ("batching", "multihost", "parallel_text", "pipeline", "sources",
+            "synthetic", "token_ids", "tokenized", "tokenizer")
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  """The names above, imported on first use: importing the package (and
+  `mha.data.token_ids` with it, as the search does) loads nothing else."""
+  if name in _MODULES:  # `data.tokenizer` after `from mha import data`
+    return importlib.import_module(f"{__name__}.{name}")
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'mha.data' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  globals()[name] = value
+  return value

@@ -33,7 +33,7 @@ import tensorflow_datasets as tfds
 from mha.data import multihost
 from mha.errors import DataError
 from mha.errors import LanguageNotFound
-from mha.files import read_lines
+from mha.runtime.files import read_lines
 
 _FILE_RE = re.compile(r"^(?P<split>.+?)\.(?P<lang>[A-Za-z][A-Za-z0-9_-]{0,15})"
                       r"(?P<gz>\.gz)?$")

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping
 from absl import logging
 import ml_collections
 
-from mha import tensorflow_loader
+from mha.runtime import tensorflow_loader
 from mha.data import multihost
 from mha.data import synthetic
 from mha.errors import DataError

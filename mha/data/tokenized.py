@@ -19,14 +19,14 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from mha import files
+from mha.runtime import files
 from mha.data import multihost
 from mha.data import sources
 from mha.data.tokenizer import Tokenizer
 from mha.errors import DataError
-from mha.token_ids import EOS_ID
+from mha.data.token_ids import EOS_ID
 
-# The cache folder beside the vocabulary (mha.workdir.Workdir's layout).
+# The cache folder beside the vocabulary (mha.store.workdir.Workdir's layout).
 TOKENIZED_DIR = "tokenized"
 
 _CACHE_VERSION = "1"

@@ -24,15 +24,15 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from mha import files
+from mha.runtime import files
 from mha.data import multihost
 from mha.data import sources
 from mha.errors import DataError
-from mha.token_ids import EOS_ID
-from mha.token_ids import PAD_ID
-from mha.token_ids import UNK_ID
+from mha.data.token_ids import EOS_ID
+from mha.data.token_ids import PAD_ID
+from mha.data.token_ids import UNK_ID
 
-MODEL_FILENAME = "spm.model"  # in the workdir (mha.workdir.Workdir's layout)
+MODEL_FILENAME = "spm.model"  # in the workdir (mha.store.workdir.Workdir's layout)
 # Fixed so that training gives the same model on every machine.
 _TRAIN_THREADS = 4
 _TRAIN_SEED = 0

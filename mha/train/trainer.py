@@ -1,0 +1,271 @@
+"""Training loop: `train_and_evaluate(config, workdir)`.
+
+Read top to bottom: the inputs are checked and loaded before anything is
+written (`train_setup.check_inputs`); under the workdir's lock the set-up
+builds the vocabulary, models, optimizer and the in-training evaluations
+(`train_setup.set_up`) and resumes the latest checkpoint or starts at step 0
+(`train_setup.resume_or_start`); then `_loop` runs the `pmap`ped update
+(`train_step.CompiledUpdate`) and its periodic actions (`train_actions`):
+log the metrics, save, evaluate, profile, stop on a signal.
+
+A run resumes exactly from the workdir's latest checkpoint: the step,
+parameters, optimizer state and RNG are restored, and the input pipeline
+restarts at the saved position. Checkpoints are saved asynchronously
+(`train_actions.Saver`): training goes on while Orbax writes a step, and
+waits for that write at the next save and at the end. Evaluations are
+plug-ins (`Evaluation`): the loop runs those the set-up hands over
+(`train_evals.from_config`) and imports none. Evaluation and save times,
+the config as TensorBoard hparams and an optional `jax.profiler` trace
+(`config.profile_steps`) are written into the workdir.
+"""
+import contextlib
+import dataclasses
+import errno
+import time
+from typing import Iterator, Protocol
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+
+from mha.store import checkpoints
+from mha.train import devices
+from mha import errors
+from mha.runtime import host_memory
+from mha.store import metrics as metrics_lib
+from mha.runtime import sigterm
+from mha.train import setup as train_setup
+from mha.store import workdir as workdir_lib
+from mha.train.actions import MetricsWindow
+from mha.train.actions import Profiler
+from mha.train.actions import Saver
+from mha.train.actions import StopSignal
+from mha.train.actions import write_hparams
+from mha.train.step import CompiledUpdate
+from mha.train.step import State
+
+# The errnos of a write the machine refuses: the run stops with one line.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+               errno.EPERM)
+
+
+class Evaluation(Protocol):
+  """An evaluation during training, handed to the loop (`mha.train.evals`).
+
+  The loop calls it at the steps it is `due`, with the parameters
+  replicated over the local devices, and writes the metrics of all the
+  evaluations due at a step as one record (with `eval_seconds`).
+  """
+
+  def due(self, step: int) -> bool:
+    ...
+
+  def __call__(self, params) -> dict[str, float]:
+    ...
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: str) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint.
+
+  Every input is checked first (`train_setup.check_inputs`); only then is
+  the workdir created, locked (`<workdir>/lock`, one run per workdir) and
+  written. A SIGTERM (preemption) makes the run save a checkpoint at the
+  next step boundary and return; a Ctrl-C (SIGINT) too, and then it raises
+  `Interrupted` (a second Ctrl-C raises it at once, without saving). Either
+  signal during the set-up, before the loop, leaves the workdir as it was
+  (a SIGTERM raises `Terminated`, a Ctrl-C `Interrupted`). A
+  non-finite loss raises TrainingDiverged naming the step; checkpoints
+  saved before it are left as they are, and a run that saved none leaves
+  the workdir as it was (config.json, metrics.jsonl, no files of its own). A write the machine refuses (a
+  full disk, a read-only folder) raises a DiskError naming the file or
+  checkpoint and the last good checkpoint, with Orbax's threads ended.
+
+  Returns:
+    The metrics of the last logged step and evaluation, and `step`.
+
+  Raises:
+    UserError: bad input (nothing written), another run holding the
+      workdir, a diverged run, a refused write (DiskError), a Ctrl-C
+      (Interrupted).
+  """
+  folder = workdir_lib.Workdir(workdir)
+  inputs = train_setup.check_inputs(config, folder)
+  if inputs.latest is not None and inputs.latest >= config.num_train_steps:
+    # Nothing to train: nothing is restored, locked or written (not even an
+    # event file of this process).
+    logging.info("%s is at step %d >= num_train_steps=%d: nothing to train.",
+                 workdir, inputs.latest, config.num_train_steps)
+    return {"step": inputs.latest}
+  try:
+    with train_setup.workdir_lock(folder), _disk_errors(folder):
+      return _train(config, folder, inputs)
+  except KeyboardInterrupt:
+    # A Ctrl-C outside the loop (set-up, compilation) or a second one in it.
+    last = checkpoints.latest_step_or_none(
+        checkpoints.checkpoint_dir(folder.path))
+    raise errors.Interrupted(
+        "Interrupted (Ctrl-C) without saving: " +
+        (f"the last checkpoint is step {last}; run train.py again to resume "
+         "from it." if last is not None else "no checkpoint was written.")
+    ) from None
+
+
+def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
+           inputs: train_setup.Inputs) -> dict[str, float]:
+  """The run itself, under the workdir's lock: set-up, then the loop.
+
+  Bad data found during the set-up (a vocabulary that cannot be trained, no
+  example within the length limits), or a loss that diverges before the
+  run saves a checkpoint, leaves the workdir as it was.
+  """
+  # The workdir as it was: put back if this run stops on bad input (in the
+  # set-up, or a diverged loss) before it saves anything, or is stopped
+  # (SIGTERM, Ctrl-C) before its loop can save.
+  before = folder.snapshot() if jax.process_index() == 0 else None
+  try:
+    # Everything up to the loop, whose StopSignal then takes the signals
+    # (a SIGTERM between the two would end the process: a few bytecodes).
+    with sigterm.raised():
+      run = train_setup.set_up(config, folder, inputs)
+      manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
+      writer = metrics_lib.MetricsWriter(folder.path,
+                                         jax.process_index() == 0)
+      start = train_setup.resume_or_start(config, folder, run, manager,
+                                          writer)
+      batches = train_setup.train_batches(config, run.tokenizer, start)
+      state = devices.pmap_replicate(start.state, jax.local_devices())
+      # Only the replicated copy lives on for the run: the set-up's step-0
+      # state and the start's (each one more copy of the parameters and
+      # Adam's moments) are let go.
+      run = dataclasses.replace(run, state=None)
+      start = dataclasses.replace(start, state=None)
+      window = MetricsWindow(config, writer, metrics_lib.Progress(
+          start.step, config.num_train_steps))
+      saver = Saver(manager, start.step, start.data_position,
+                    config.grad_accum_steps)
+      write_hparams(config, writer)
+      update = CompiledUpdate(run.model, run.tx, config)
+      profiler = Profiler(config, folder)
+  except (errors.UserError, KeyboardInterrupt, errors.SigTerm) as e:
+    if before is not None:
+      before.restore()
+    if isinstance(e, errors.SigTerm):
+      raise errors.Terminated(
+          "Stopped by SIGTERM during the set-up, before any step: the "
+          "workdir is left as it was.") from None
+    raise
+  stop_signal = StopSignal()
+  diverged = None
+  with checkpoints.quiet_save_errors():
+    try:
+      step = _loop(config, state, start.step, batches, update, window, saver,
+                   run.evaluations, profiler, stop_signal)
+    except errors.TrainingDiverged as e:
+      if saver.pending is not None:  # a checkpoint of this run: kept
+        raise errors.TrainingDiverged(
+            f"{e} The checkpoints saved before this step are intact."
+        ) from None
+      diverged = e
+    finally:
+      # Also when the loop raises (a diverged run): the checkpoint being
+      # written is completed before the workdir's lock is released.
+      try:
+        saver.finish()
+      finally:
+        manager.close()
+  if diverged is not None:
+    writer.close()
+    if before is not None:
+      before.restore(writer.lines)
+    raise errors.TrainingDiverged(
+        f"{diverged} This run saved no checkpoint: the workdir is left as "
+        "it was before it.") from None
+  writer.flush()
+  if stop_signal.interrupted:
+    raise errors.Interrupted(
+        f"Interrupted (Ctrl-C): saved checkpoint {step} in "
+        f"{checkpoints.checkpoint_dir(folder.path)}; run train.py again to "
+        "resume from it.")
+  return dict(window.last, step=step)
+
+
+def _loop(config: ml_collections.ConfigDict, state: State, step: int,
+          batches: Iterator, update: CompiledUpdate, window: MetricsWindow,
+          save: Saver, evaluations: list[Evaluation], profiler: Profiler,
+          stop_signal: StopSignal) -> int:
+  """Updates from `step` to num_train_steps; returns the last step.
+
+  Preemption: a SIGTERM (or Ctrl-C) on any process sets the stop flag of
+  the next update; once fetched, the run saves that step and returns.
+
+  After the first update and after each evaluation (the compilations) the
+  heaps' free pages go back to the kernel (`host_memory.release_free_heap`),
+  so that they do not add to every later step's peak resident memory.
+  """
+  num_devices = jax.local_device_count()
+  pending = None  # (step, device metrics) of the update in flight
+  compiled = False
+  with stop_signal as sigterm, contextlib.closing(profiler):
+    while step < config.num_train_steps:
+      micro = [next(batches) for _ in range(config.grad_accum_steps)]
+      stop = np.full((num_devices,), int(sigterm.received), np.int32)
+      profiler.before_update(step + 1)
+      state, device_metrics = update(state, micro, stop)
+      if not compiled:
+        host_memory.release_free_heap()
+        compiled = True
+      if pending is not None:
+        window.add(*pending)  # overlaps with the update just dispatched
+      step += 1
+      profiler.after_update(step, state)
+      pending = (step, device_metrics)
+      need_save = (step % config.checkpoint_every_steps == 0 or
+                   step == config.num_train_steps)
+      due = [evaluation for evaluation in evaluations if evaluation.due(step)]
+      if need_save or due or window.stop:
+        window.add(*pending)
+        pending = None
+      if need_save or window.stop:
+        window.write(step, {"save_seconds": save(step, state, need_save)})
+        window.saved()
+      if due:
+        window.write(step, _evaluate(due, state["params"]))
+      if window.stop:
+        logging.warning("%s: saved step %d; exiting.", "Interrupted" if
+                        sigterm.interrupted else "Preempted", step)
+        break
+  return step
+
+
+def _evaluate(evaluations: list[Evaluation], params) -> dict[str, float]:
+  """The metrics of `evaluations` in turn, and the seconds they took; then
+  the heaps' free pages (of their compilations) go back to the kernel."""
+  begin = time.perf_counter()
+  metrics = {}
+  for evaluation in evaluations:
+    metrics.update(evaluation(params))
+  metrics["eval_seconds"] = time.perf_counter() - begin
+  host_memory.release_free_heap()
+  return metrics
+
+
+@contextlib.contextmanager
+def _disk_errors(folder: workdir_lib.Workdir) -> Iterator[None]:
+  """A file of the run that the machine refuses to write (metrics.jsonl or
+  an event file on a full disk, a read-only folder) as a DiskError naming
+  the file and the checkpoint to resume from; other OSErrors as they are."""
+  try:
+    yield
+  except OSError as e:
+    code = errors.os_errno(e)
+    if code not in DISK_ERRNOS:
+      raise
+    last = checkpoints.latest_step_or_none(
+        checkpoints.checkpoint_dir(folder.path))
+    where = e.filename or folder.path
+    raise errors.DiskError(
+        f"{where} could not be written: {errors.os_reason(e)}. Training "
+        f"stopped; {checkpoints.resume_advice(folder.path, last, code)}."
+    ) from None
