@@ -113,7 +113,7 @@ from configs import multi30k
 import mha
 from mha.search import batches as batch_search
 from mha import data
-from mha.evaluation import evaluator
+from mha.store import trained
 from mha import export
 from mha.scoring import bleu as scoring
 from mha.search import texts as translate
@@ -337,8 +337,8 @@ def _random_setup(args):
 def _workdir_setup(args):
   """A trained workdir's latest checkpoint on a split."""
   try:
-    config, tokenizer = evaluator.load_workdir(args.workdir)
-    params, step, _ = evaluator.load_params(args.workdir)
+    config, tokenizer = trained.load_workdir(args.workdir)
+    params, step, _ = trained.load_params(args.workdir)
   except UserError as e:
     sys.exit(f"bench/decode.py: {e}")
   split = args.split or config.test_split

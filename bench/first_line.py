@@ -4,7 +4,7 @@ r"""A line-by-line session's first line: how long its translation takes.
 
 Starts `mha-translate --workdir=WORKDIR` (`python -m mha.cli.translate`)
 with standard input a pseudo-terminal (as a user at a terminal: the search
-for typed lines is prepared in the background, `translator.WarmedUp`) or
+for typed lines is prepared in the background, `mha.cli.lines.WarmedUp`) or
 a pipe (no warm-up), the two alternating `--repeats` times. After the
 command's "Loaded" log line, it waits `--typing_seconds` (the user
 typing), sends `--line` and measures the time until its translation is

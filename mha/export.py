@@ -59,7 +59,7 @@ from absl import logging
 import numpy as np
 
 from mha.evaluation import output as eval_output
-from mha.evaluation import evaluator
+from mha.store import trained
 from mha.runtime import files
 from mha import validation
 from mha.store import workdir as workdir_lib
@@ -437,12 +437,12 @@ def export(workdir: str, output_dir: str, *,
               step=step, average_last=average_last)
   ctranslate2 = _import_ctranslate2()
   _check_output_dir(output_dir)
-  config, tokenizer = evaluator.load_workdir(workdir)
+  config, tokenizer = trained.load_workdir(workdir)
   model_config = TransformerConfig.from_config(config)
   check_exportable(model_config)
-  params, checkpoint_step, steps = evaluator.load_params(
+  params, checkpoint_step, steps = trained.load_params(
       workdir, step, average_last)
-  evaluator.check_fit(config, params, workdir, checkpoint_step)
+  trained.check_fit(config, params, workdir, checkpoint_step)
   pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
   spec = build_spec(model_config, params, pieces)
   spec.validate()

@@ -69,6 +69,7 @@ from configs import table3 as table3_config  # pylint: disable=g-import-not-at-t
 from mha.store import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.model import flops  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.evaluation import evaluator  # pylint: disable=g-import-not-at-top,wrong-import-position
+from mha.store import trained
 from mha.store import metrics as metrics_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.model import optim  # pylint: disable=g-import-not-at-top,wrong-import-position
 from mha.train import evals as train_evals  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -563,8 +564,8 @@ def computed_dev_loss(workdir: str, step: int | None = None
                       ) -> dict[str, float]:
   """The same evaluation recomputed from the checkpoint at `step`
   (`train_evals.DevLoss` on the stored config, vocabulary and parameters)."""
-  config, tokenizer = evaluator.load_workdir(workdir)
-  params, _, _ = evaluator.load_params(workdir, step)
+  config, tokenizer = trained.load_workdir(workdir)
+  params, _, _ = trained.load_params(workdir, step)
   return train_evals.DevLoss(config, tokenizer).evaluate_params(params)
 
 

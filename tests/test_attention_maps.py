@@ -15,6 +15,7 @@ from mha.evaluation import attention_maps
 from mha.store import checkpoints
 from mha import data
 from mha.evaluation import evaluator
+from mha.store import trained
 from mha.search import texts as translate
 from mha.store import workdir as workdir_lib
 from mha.model.transformer import Transformer
@@ -44,7 +45,7 @@ def workdir(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def model(workdir):
   """(config, tokenizer, model_config, params, [(source, output ids)] x 2)."""
-  config, tokenizer = evaluator.load_workdir(str(workdir))
+  config, tokenizer = trained.load_workdir(str(workdir))
   params, _ = checkpoints.restore_params(str(workdir))
   model_config = TransformerConfig.from_config(config, deterministic=True)
   sources, _ = data.load_text_pairs(config, "test[:2]")
@@ -188,7 +189,7 @@ def test_maps_draw_the_evaluations_own_ids_without_a_second_search(
   # A source file with a blank line: one search call for the evaluation,
   # and the maps are those of the ids it returned (the blank one has none).
   source = tmp_path / "src.txt"
-  config, tokenizer = evaluator.load_workdir(str(workdir))
+  config, tokenizer = trained.load_workdir(str(workdir))
   sentences, _ = data.load_text_pairs(config, "test[:2]")
   source.write_text(f"{sentences[0]}\n\n{sentences[1]}\n", encoding="utf-8")
   searches, drawn = [], []

@@ -25,6 +25,7 @@ from mha.store import checkpoints
 from mha import data
 from mha.evaluation import output as eval_output
 from mha.evaluation import evaluator
+from mha.store import trained
 from mha.search import texts as translate
 from mha import validation
 from mha.data import parallel_text
@@ -227,7 +228,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   def no_reading(*args, **kwargs):
     raise AssertionError("a checkpoint was read")
 
-  monkeypatch.setattr(evaluator, "load_params", no_reading)
+  monkeypatch.setattr(trained, "load_params", no_reading)
   with pytest.raises(evaluator.EvalError, match=re.escape(
       f"{out} holds the results of another evaluation (beam_size 4, not 1); "
       f"eval.py never replaces them: give another output_dir, or delete "
@@ -374,7 +375,7 @@ def test_damaged_checkpoint_names_path_and_intact_step(tmp_path, damage,
     with pytest.raises(CheckpointError, match=head + eval_fix):
       checkpoints.restore_params(tmp_path)
     with pytest.raises(CheckpointError, match=head + eval_fix):
-      evaluator.load_params(str(tmp_path))
+      trained.load_params(str(tmp_path))
   assert checkpoints.restore_params(tmp_path, 1)[1] == 1
   assert file_hashes(tmp_path) == before
   # No stack from Orbax's or asyncio's threads (they would print to fd 2).
@@ -463,7 +464,7 @@ def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
     return read(reader, step, purpose)
 
   monkeypatch.setattr(checkpoints, "_read_params", trainer_saves_meanwhile)
-  params, step, averaged = evaluator.load_params(str(tmp_path),
+  params, step, averaged = trained.load_params(str(tmp_path),
                                                  average_last=3)
   assert (step, averaged) == (8, [4, 6, 8])
   monkeypatch.undo()
@@ -479,7 +480,7 @@ def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
   with pytest.raises(evaluator.EvalError, match=re.escape(
       f"average_last=3 but {tmp_path}/checkpoints holds 2 checkpoint(s) up "
       "to step 8: [6, 8].")):
-    evaluator.load_params(str(tmp_path), average_last=3)
+    trained.load_params(str(tmp_path), average_last=3)
 
   # Deleted at every attempt: a bounded number of tries, then one line.
   def always_deleted(reader, step, purpose):
@@ -487,8 +488,8 @@ def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
 
   monkeypatch.setattr(checkpoints, "_read_params", always_deleted)
   with pytest.raises(evaluator.EvalError, match=(
-      f"deleted while they were read, {evaluator.READ_ATTEMPTS} times")):
-    evaluator.load_params(str(tmp_path), average_last=2)
+      f"deleted while they were read, {trained.READ_ATTEMPTS} times")):
+    trained.load_params(str(tmp_path), average_last=2)
 
 
 def test_a_step_deleted_under_orbax_is_not_called_damaged(tmp_path,
@@ -558,7 +559,7 @@ def test_damaged_gzip_directory_split_and_bom(tmp_path, monkeypatch):
 
 
 def test_damaged_tokenized_cache_is_made_again(copy, caplog):
-  config, tok = evaluator.load_workdir(str(copy))
+  config, tok = trained.load_workdir(str(copy))
   (cache,) = (copy / "tokenized").glob("validation_16_-*.npz")
   good = cache.read_bytes()
   expected = tokenized.tokenize_split(config, tok, "validation[:16]")

@@ -17,6 +17,7 @@ from configs import quickstart
 from mha.store import checkpoints
 from mha import data
 from mha.evaluation import evaluator
+from mha.store import trained as trained_lib
 from mha.scoring import bleu as scoring
 from mha.search import batches as batch_search
 from mha.search import texts as translate
@@ -63,7 +64,7 @@ def workdir(trained) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def model(workdir):
   """(config, tokenizer, model_config, params of the last step)."""
-  config, tokenizer = evaluator.load_workdir(str(workdir))
+  config, tokenizer = trained_lib.load_workdir(str(workdir))
   params, _ = checkpoints.restore_params(str(workdir))
   return (config, tokenizer,
           TransformerConfig.from_config(config, deterministic=True), params)
@@ -126,7 +127,7 @@ def test_eval_py_writes_metrics_and_bleu_recomputes(workdir, tmp_path):
 
 
 def test_average_last_is_the_mean_of_the_last_checkpoints(workdir):
-  params, step, averaged = evaluator.load_params(str(workdir), average_last=2)
+  params, step, averaged = trained_lib.load_params(str(workdir), average_last=2)
   assert (step, averaged) == (6, [4, 6])
   p4, _ = checkpoints.restore_params(str(workdir), 4)
   p6, _ = checkpoints.restore_params(str(workdir), 6)
@@ -135,7 +136,7 @@ def test_average_last_is_the_mean_of_the_last_checkpoints(workdir):
           got, (np.asarray(a, np.float32) + b) / 2, rtol=1e-6),
       params, p4, p6)
   # Up to a given step.
-  assert evaluator.choose_steps(str(workdir), 4, 2) == [2, 4]
+  assert trained_lib.choose_steps(str(workdir), 4, 2) == [2, 4]
   result = evaluator.evaluate(str(workdir), split=SPLIT, average_last=2)
   assert result["averaged_steps"] == [4, 6]
   assert result["checkpoint_step"] == 6

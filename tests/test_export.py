@@ -31,7 +31,7 @@ from conftest import tiny_config
 # gcsfs to the emulator (the fixture of the gs:// training test).
 from test_gcs import gcsfs_on_emulator  # noqa: F401  pylint: disable=unused-import
 from mha.store import checkpoints
-from mha.evaluation import evaluator
+from mha.store import trained
 from mha import export
 from mha.runtime import files
 from mha.search import texts as translate
@@ -154,8 +154,8 @@ def copy_workdir(tiny_workdir, tmp_path_factory):
   """tiny_workdir's model trained on to copy the source sentences of the
   synthetic training split, saved as checkpoint COPY_STEP of a new
   workdir."""
-  config, tokenizer = evaluator.load_workdir(str(tiny_workdir))
-  params, _, _ = evaluator.load_params(str(tiny_workdir))
+  config, tokenizer = trained.load_workdir(str(tiny_workdir))
+  params, _, _ = trained.load_params(str(tiny_workdir))
   model = Transformer(TransformerConfig.from_config(config,
                                                     deterministic=True))
   split = sources.open_split(config, config.train_split)
@@ -190,8 +190,8 @@ def copy_workdir(tiny_workdir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def copy_model(copy_workdir):
   """(config, model config, params, tokenizer) of copy_workdir."""
-  config, tokenizer = evaluator.load_workdir(str(copy_workdir))
-  params, step, _ = evaluator.load_params(str(copy_workdir))
+  config, tokenizer = trained.load_workdir(str(copy_workdir))
+  params, step, _ = trained.load_params(str(copy_workdir))
   assert step == COPY_STEP
   return (config, TransformerConfig.from_config(config, deterministic=True),
           params, tokenizer)
@@ -313,7 +313,7 @@ def test_variant_scores_equal_mha(name, tiny_workdir, tmp_path):
   workdir = write_workdir(tmp_path / "run", config, params,
                           tiny_workdir / "spm.model")
   export.export(str(workdir), str(tmp_path / "ct2"))
-  _, tokenizer = evaluator.load_workdir(str(workdir))
+  _, tokenizer = trained.load_workdir(str(workdir))
   assert_scores_equal(tmp_path / "ct2", model_config, params, tokenizer,
                       first_test_pairs(config, 8))
 
@@ -331,7 +331,7 @@ def test_export_from_a_bucket(gcsfs_on_emulator, gcs_dir, tiny_workdir,
   assert manifest["workdir"] == gcs_dir
   assert (tmp_path / "ct2" / "spm.model").read_bytes() == (
       tiny_workdir / "spm.model").read_bytes()
-  _, tokenizer = evaluator.load_workdir(gcs_dir)
+  _, tokenizer = trained.load_workdir(gcs_dir)
   assert_scores_equal(tmp_path / "ct2", model_config, params, tokenizer,
                       first_test_pairs(config, 8))
 
@@ -341,9 +341,9 @@ def test_average_of_last_checkpoints(tiny_workdir, tmp_path):
                            step=4, average_last=2)
   assert manifest["averaged_steps"] == [2, 4]
   assert manifest["checkpoint_step"] == 4
-  config, tokenizer = evaluator.load_workdir(str(tiny_workdir))
-  averaged, _, _ = evaluator.load_params(str(tiny_workdir), 4, 2)
-  latest, _, _ = evaluator.load_params(str(tiny_workdir))
+  config, tokenizer = trained.load_workdir(str(tiny_workdir))
+  averaged, _, _ = trained.load_params(str(tiny_workdir), 4, 2)
+  latest, _, _ = trained.load_params(str(tiny_workdir))
   model_config = TransformerConfig.from_config(config, deterministic=True)
   pairs = first_test_pairs(config, 8)
   assert_scores_equal(tmp_path / "ct2", model_config, averaged, tokenizer,
@@ -392,7 +392,7 @@ def test_output_folder_rules(tiny_workdir, tmp_path):
   manifest = json.loads((tmp_path / "out" / export.MANIFEST_FILE).read_text())
   assert manifest["checkpoint_step"] == 6
   # The workdir's search settings, the stopping rule included.
-  config, _ = evaluator.load_workdir(str(tiny_workdir))
+  config, _ = trained.load_workdir(str(tiny_workdir))
   assert [manifest[k] for k in ("beam_size", "alpha", "max_decode_extra",
                                 "beam_stop")] == [
       config.beam_size, config.alpha, config.max_decode_extra,

@@ -32,6 +32,7 @@ from conftest import xla_flags
 from mha.store import checkpoints
 from mha import errors
 from mha.evaluation import evaluator
+from mha.store import trained
 from mha.runtime import files
 from mha.store import metrics as metrics_lib
 from mha.train import trainer
@@ -324,7 +325,7 @@ def test_a_users_folder_as_output_dir_is_refused_before_decoding(
   (mine / "translations.txt").write_text("my own translations\n")
   (mine / "notes.txt").write_text("mine\n")
   before = file_hashes(tmp_path)
-  monkeypatch.setattr(evaluator, "load_params", _no_reading)
+  monkeypatch.setattr(trained, "load_params", _no_reading)
   with pytest.raises(evaluator.EvalError) as refused:
     evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(mine))
   assert str(refused.value) == (
@@ -413,7 +414,7 @@ def test_read_only_workdir_without_output_dir_is_refused_before_decoding(
   before = file_hashes(copy)
   with read_only(copy):
     with monkeypatch.context() as patch:
-      patch.setattr(evaluator, "load_params", _no_reading)
+      patch.setattr(trained, "load_params", _no_reading)
       with pytest.raises(evaluator.EvalError) as refused:
         evaluator.evaluate(str(copy), split=SPLIT)
     # Elsewhere, it evaluates the read-only workdir.
@@ -430,7 +431,7 @@ def test_read_only_workdir_without_output_dir_is_refused_before_decoding(
 
 def test_full_output_disk_is_refused_before_decoding(copy, tmp_path,
                                                      monkeypatch):
-  monkeypatch.setattr(evaluator, "load_params", _no_reading)
+  monkeypatch.setattr(trained, "load_params", _no_reading)
   with small_disk(tmp_path / "disk", 1) as disk:
     (disk / "earlier").mkdir()
     _fill(disk, leave=0)

@@ -18,6 +18,7 @@ import pytest
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
 from mha.evaluation import evaluator
+from mha.store import trained
 from mha.evaluation import follow
 from mha.store import metrics as metrics_lib
 from mha.runtime import files
@@ -149,14 +150,14 @@ def test_a_checkpoint_deleted_while_it_is_read_is_skipped(
   path, saved = run
   for step in (2, 4):
     save(path, saved, step)()
-  load_params = evaluator.load_params
+  load_params = trained.load_params
 
   def deleted_meanwhile(workdir, step=None, average_last=None):
     if step == 2:  # the trainer deletes step 2 as the follower reads it
       delete(path, 2)()
     return load_params(workdir, step, average_last)
 
-  monkeypatch.setattr(evaluator, "load_params", deleted_meanwhile)
+  monkeypatch.setattr(trained, "load_params", deleted_meanwhile)
   trainer = Trainer([save(path, saved, 6)])
   with caplog.at_level(logging.WARNING):
     results = _follow(path, trainer, timeout_seconds=0)

@@ -17,7 +17,7 @@ import paper_reference as ref
 from configs import multi30k
 from configs import table3
 from mha import data
-from mha.evaluation import evaluator
+from mha.store import trained
 from mha.model.transformer import Transformer
 from mha.model.transformer import TransformerConfig
 from scripts import table3 as script
@@ -544,8 +544,8 @@ def mean_nll_by_hand(workdir: pathlib.Path, data_dir: pathlib.Path,
   lines of val.{de,en}.gz, targets ending with EOS, one batch padded with 0
   (masked on the source side; after each target, so causal attention keeps
   it out of the real positions), log-softmax in float64."""
-  config, tokenizer = evaluator.load_workdir(str(workdir))
-  params, _, _ = evaluator.load_params(str(workdir))
+  config, tokenizer = trained.load_workdir(str(workdir))
+  params, _, _ = trained.load_params(str(workdir))
   model = Transformer(TransformerConfig.from_config(config,
                                                     deterministic=True))
   def ids(lang):
@@ -599,7 +599,7 @@ def test_one_run_end_to_end_its_json_and_resume(multi30k, tmp_path):
   assert record["test_bleu_avg5"] == scored[
       "test_2016_flickr_40_avg5_5"]["bleu"]
   assert scored["test_2016_flickr_40_avg5_5"]["num_sentences"] == 40
-  params, _, _ = evaluator.load_params(str(workdir))
+  params, _, _ = trained.load_params(str(workdir))
   assert record["params"] == sum(
       np.size(x) for x in jax.tree_util.tree_leaves(params))
   assert record["machine"]["cores"] > 0 and record["load"]["samples"] >= 2

@@ -29,6 +29,7 @@ from mha.evaluation import evaluator
 from mha.search import batches as batch_search
 from mha.search import texts as translate
 from mha import translator as translator_lib
+from mha.cli import lines as lines_lib
 from mha import validation
 from mha.errors import UserError
 from mha.model.transformer import Transformer
@@ -164,10 +165,10 @@ def test_average_last_loads_the_mean(tiny_workdir):
      "beam_stop must be one of exact, early, got 'fast'"),
     (lambda t: t.translate(["a"], matmul_dtype="float16"),
      "matmul_dtype must be one of float32, bfloat16, got 'float16'"),
-    (lambda t: translator_lib.line_translator(t, sample=True,
+    (lambda t: lines_lib.line_translator(t, sample=True,
                                               matmul_dtype="bfloat16"),
      "beam_size, alpha, beam_stop and matmul_dtype are beam search settings"),
-    (lambda t: translator_lib.line_translator(t, sample=True,
+    (lambda t: lines_lib.line_translator(t, sample=True,
                                               beam_stop="early"),
      "beam_size, alpha, beam_stop and matmul_dtype are beam search settings"),
     (lambda t: t.translate("a sentence"), "list of strings"),
@@ -231,7 +232,7 @@ def test_bad_workdirs_and_steps_are_user_errors(tiny_workdir, tmp_path):
 
 def test_read_batches_takes_only_lines_already_there():
   read, write = os.pipe()
-  batches = translator_lib.read_batches(read, max_lines=2)
+  batches = lines_lib.read_batches(read, max_lines=2)
   got = queue.Queue()
 
   def next_batch():
@@ -255,19 +256,19 @@ def test_read_batches_takes_only_lines_already_there():
   os.write(write, b"ok\n\xff\n")
   os.close(write)
   with pytest.raises(data.DataError, match="standard input, line 2: invalid"):
-    list(translator_lib.read_batches(read, 8))
+    list(lines_lib.read_batches(read, 8))
   os.close(read)
   read, write = os.pipe()
   os.write(write, "ok\n".encode("utf-16-le"))
   os.close(write)
   with pytest.raises(data.DataError, match="standard input, line 1: a NUL"):
-    list(translator_lib.read_batches(read, 8))
+    list(lines_lib.read_batches(read, 8))
   os.close(read)
 
 
 def test_line_translator_nbest_lines_and_samples(translator, sources):
   lines = with_blanks(sources)
-  nbest = translator_lib.line_translator(translator, nbest=2)
+  nbest = lines_lib.line_translator(translator, nbest=2)
   text = nbest(lines, 10)
   want = translator.nbest(lines, 2)
   # A blank line (13, 14) is not translated but keeps its block: n lines
@@ -285,14 +286,14 @@ def test_line_translator_nbest_lines_and_samples(translator, sources):
                                     "14\t2\t0.000000\t0.000000\t"]
   # Samples: a line's key is its position in the whole input, so the
   # batches the input arrives in do not matter.
-  sample = translator_lib.line_translator(translator, sample=True, seed=4,
+  sample = lines_lib.line_translator(translator, sample=True, seed=4,
                                           temperature=0.7)
   whole = []
-  translator_lib.translate_stream(sample, iter([lines]), whole.append)
+  lines_lib.translate_stream(sample, iter([lines]), whole.append)
   pieces = []
   # (The pieces' sentences are those of test_nbest_and_samples' calls: the
   # same compiled shapes.)
-  count = translator_lib.translate_stream(
+  count = lines_lib.translate_stream(
       sample, iter([lines[:5], lines[5:]]), pieces.append)
   assert count == 8 and len(pieces) == 2
   assert "".join(pieces) == whole[0] == "".join(
@@ -300,7 +301,7 @@ def test_line_translator_nbest_lines_and_samples(translator, sources):
   for bad in [dict(nbest=2, sample=True), dict(sample=True, beam_size=2),
               dict(nbest=5)]:
     with pytest.raises(UserError):
-      translator_lib.line_translator(translator, **bad)
+      lines_lib.line_translator(translator, **bad)
 
 
 def test_a_terminal_sessions_searches_are_prepared_before_the_first_line(
@@ -312,10 +313,10 @@ def test_a_terminal_sessions_searches_are_prepared_before_the_first_line(
   search = batch_search._translate_fn(translator.model_config,
                                    translator.defaults.beam_size, 0.37,
                                    data.EOS_ID, "exact")
-  function = translator_lib.line_translator(translator, alpha=0.37)
+  function = lines_lib.line_translator(translator, alpha=0.37)
   assert search._cache_size() == 0
   tokenizer = translator.tokenizer
-  warm = {b: translator_lib.warm_up_line(tokenizer, b) for b in (8, 16, 24)}
+  warm = {b: lines_lib.warm_up_line(tokenizer, b) for b in (8, 16, 24)}
   for bucket, line in warm.items():
     length = len(tokenizer.encode(line)) + 1
     assert translate.bucket_length(length, 64) == bucket
@@ -324,7 +325,7 @@ def test_a_terminal_sessions_searches_are_prepared_before_the_first_line(
   line = next(s for s in sources
               if translate.bucket_length(len(tokenizer.encode(s)) + 1,
                                          64) == 16)
-  warmed = translator_lib.WarmedUp(function, tokenizer, max_len=64)
+  warmed = lines_lib.WarmedUp(function, tokenizer, max_len=64)
   warmed.wait()
   assert search._cache_size() == 3
   assert warmed([line], 0) == translator.translate([line], alpha=0.37)[0] + (
@@ -349,7 +350,7 @@ def test_the_first_line_stops_the_warm_up_after_the_bucket_in_progress(
       assert release.wait(timeout=120)
     return "out\n"
 
-  warmed = translator_lib.WarmedUp(function, translator.tokenizer,
+  warmed = lines_lib.WarmedUp(function, translator.tokenizer,
                                    max_len=20)
   assert inside.wait(timeout=120)
   result = []
@@ -357,11 +358,11 @@ def test_the_first_line_stops_the_warm_up_after_the_bucket_in_progress(
   caller.start()
   # The call has stopped the warm-up; it waits for it.
   assert warmed._stop.wait(timeout=120)  # pylint: disable=protected-access
-  assert calls == [[translator_lib.warm_up_line(translator.tokenizer, 8)]]
+  assert calls == [[lines_lib.warm_up_line(translator.tokenizer, 8)]]
   release.set()
   caller.join(timeout=120)
   assert result == ["out\n"]
-  assert calls == [[translator_lib.warm_up_line(translator.tokenizer, 8)],
+  assert calls == [[lines_lib.warm_up_line(translator.tokenizer, 8)],
                    ["x"]]
 
 
@@ -374,12 +375,12 @@ class _WordTokenizer:
 
 def test_warm_up_lines_fill_their_buckets_up_to_max_len():
   # 15 words + EOS = 16 ids: the longest line of bucket 16.
-  assert translator_lib.warm_up_line(_WordTokenizer(), 16) == " ".join(
+  assert lines_lib.warm_up_line(_WordTokenizer(), 16) == " ".join(
       ["a"] * 15)
   # Buckets 8 and 16 are warmed with max_len 16 (the one of exactly max_len
   # too), 24 is not.
   calls = []
-  translator_lib.WarmedUp(lambda lines, first: calls.append(lines),
+  lines_lib.WarmedUp(lambda lines, first: calls.append(lines),
                           _WordTokenizer(), max_len=16).wait()
   assert [len(lines[0].split()) for lines in calls] == [7, 15]
 
@@ -405,7 +406,7 @@ def test_the_stopping_rule_reaches_the_searches(translator, sources,
       sources * 8, beam_size=4, alpha=0.41, max_decode_extra=8,
       batch_size=16, devices=jax.local_devices()[:1], beam_stop="early")
   assert traced == [("beam_refill", "early")]
-  translator_lib.line_translator(translator, alpha=0.41,
+  lines_lib.line_translator(translator, alpha=0.41,
                                  beam_stop="early")(sources, 0)
   assert traced[1:] == [("beam_search", "early")]
   # The workdir's rule where none is given.

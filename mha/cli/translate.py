@@ -96,11 +96,11 @@ def _translate(write) -> int:
   number of lines."""
   import mha  # pylint: disable=import-outside-toplevel
   from mha.evaluation import evaluator  # pylint: disable=import-outside-toplevel
-  from mha import translator as translator_lib  # pylint: disable=import-outside-toplevel
+  from mha.cli import lines as lines_lib  # pylint: disable=import-outside-toplevel
   from mha.search import texts as translate  # pylint: disable=import-outside-toplevel
   translator = mha.load(FLAGS.workdir, step=FLAGS.step,
                         average_last=FLAGS.average_last)
-  function = translator_lib.line_translator(
+  function = lines_lib.line_translator(
       translator, nbest=FLAGS.nbest, sample=FLAGS.sample,
       temperature=FLAGS.temperature, top_k=FLAGS.top_k, seed=FLAGS.seed,
       beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
@@ -111,15 +111,15 @@ def _translate(write) -> int:
                else translator.step)
   batch_size = translate.batch_size_for(FLAGS.batch_size)
   if FLAGS.input in (None, "-"):
-    batches = translator_lib.read_batches(sys.stdin.fileno(), batch_size)
+    batches = lines_lib.read_batches(sys.stdin.fileno(), batch_size)
     if os.isatty(sys.stdin.fileno()):  # typed: prepare while it is typed
-      function = translator_lib.WarmedUp(
+      function = lines_lib.WarmedUp(
           function, translator.tokenizer, translator.model_config.max_len)
   else:
     lines = evaluator.read_lines(FLAGS.input, "--input")
     batches = (lines[i:i + batch_size * 16]
                for i in range(0, len(lines), batch_size * 16))
-  return translator_lib.translate_stream(function, batches, write)
+  return lines_lib.translate_stream(function, batches, write)
 
 
 @startup.guarded

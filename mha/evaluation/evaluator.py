@@ -25,25 +25,22 @@ from typing import Any, Sequence
 from absl import logging
 
 from mha.evaluation import attention_maps
-from mha.store import checkpoints
 from mha import data
 from mha.evaluation import output as eval_output
 from mha.runtime import files
 from mha.scoring import paper_bleu as paper_bleu_lib
 from mha.search import texts as translate
 from mha import validation
+from mha.store import trained
 from mha.store import workdir as workdir_lib
 from mha.errors import EvalError
 from mha.errors import Interrupted
-from mha.errors import UserError
 from mha.errors import os_reason
 from mha.scoring.bleu import score
 from mha.search.settings import SearchSettings
 from mha.model.transformer import TransformerConfig
 
 EVAL_DIR = workdir_lib.EVAL_DIR  # the layout is the Workdir's
-# How often load_params chooses its steps again when one is deleted meanwhile.
-READ_ATTEMPTS = 3
 
 
 # ------------------------------------------------------------------- inputs
@@ -68,132 +65,6 @@ def read_lines(path: str, what: str = "File") -> list[str]:
   if not os.path.lexists(path):
     raise EvalError(f"{what} {path} does not exist.")
   return files.read_lines(path)
-
-
-def choose_steps(workdir: str, checkpoint_step: int | None = None,
-                 average_last: int | None = None) -> list[int]:
-  """The checkpoint steps an evaluation reads (ascending), without reading
-  them: `checkpoints.resolve_steps`, its shortfall named by the flag.
-
-  Raises:
-    CheckpointNotFound: no checkpoint, or no checkpoint `checkpoint_step`
-      (the message lists the available ones).
-    EvalError: fewer than `average_last` checkpoints up to the step.
-  """
-  try:
-    return checkpoints.resolve_steps(workdir, checkpoint_step,
-                                     average_last or 1)
-  except checkpoints.TooFewCheckpoints as e:
-    raise EvalError(
-        f"{validation.setting('average_last')}={e.needed} but {e.directory} "
-        f"holds {len(e.steps)} checkpoint(s) up to step {e.step}: "
-        f"{e.steps}.") from None
-
-
-def load_params(workdir: str, checkpoint_step: int | None = None,
-                average_last: int | None = None) -> tuple[Any, int, list[int]]:
-  """The parameters to evaluate: one checkpoint or the mean of the last N.
-
-  A running trainer deletes its oldest checkpoint after each save
-  (`keep_checkpoints`), possibly while they are read here. The steps are
-  chosen from those present; if one of them is deleted before or while it is
-  read, they are chosen again from those present then (at most
-  `READ_ATTEMPTS` times), and the steps returned are those actually read.
-
-  Args:
-    workdir: the training workdir.
-    checkpoint_step: None = the latest.
-    average_last: average the last N checkpoints up to `checkpoint_step`
-      (`checkpoints.average_checkpoints`: the element-wise mean).
-
-  Returns:
-    `(params, checkpoint step, averaged steps)`; params as NumPy arrays.
-
-  Raises:
-    CheckpointNotFound, EvalError: as `choose_steps`; EvalError: the steps
-      kept vanishing.
-    checkpoints.DamagedCheckpointError: a chosen step cannot be read (the
-      message names it and the newest intact step).
-  """
-  for attempt in range(READ_ATTEMPTS):
-    steps = choose_steps(workdir, checkpoint_step, average_last)
-    try:
-      if len(steps) > 1:
-        params, steps = checkpoints.average_checkpoints(workdir, steps=steps)
-      else:
-        params, _ = checkpoints.restore_params(workdir, steps[0])
-      return params, steps[-1], list(steps)
-    except checkpoints.CheckpointNotFound as e:
-      logging.warning("Attempt %d of %d: %s Choosing the steps again.",
-                      attempt + 1, READ_ATTEMPTS, e)
-  raise EvalError(
-      f"Checkpoints of {checkpoints.checkpoint_dir(workdir)} were deleted "
-      f"while they were read, {READ_ATTEMPTS} times: the trainer deletes "
-      "them faster than they can be read. Evaluate again with a larger "
-      "keep_checkpoints, or after training.")
-
-
-def check_fit(config: Any, params: Any, workdir: str, step: int) -> None:
-  """Refuses parameters that are not of the model `config` describes (a
-  config.json edited, or without a shape field, would otherwise give other
-  translations or a stack of Flax's): the model's parameter shapes,
-  traced without computing, against the checkpoint's.
-
-  Raises:
-    EvalError: naming config.json, the step and the first misfit array.
-  """
-  # pylint: disable=import-outside-toplevel  (JAX: after the command starts)
-  import jax
-  import numpy as np
-  from mha.model.transformer import Transformer
-  # pylint: enable=import-outside-toplevel
-  dummy = np.ones((1, 1), np.int32)
-  target = jax.eval_shape(
-      Transformer(TransformerConfig.from_config(config, deterministic=True)
-                  ).init, jax.random.PRNGKey(0), dummy, dummy)["params"]
-  mismatch = checkpoints.first_mismatch(params, target)
-  if mismatch:
-    raise EvalError(
-        f"{workdir_lib.Workdir(workdir).config_path} does not describe "
-        f"checkpoint {step}: {mismatch}. Was config.json edited?")
-
-
-def load_workdir(workdir: str) -> tuple[Any, data.Tokenizer]:
-  """(config, tokenizer) stored in a workdir, read without modifying it.
-
-  Never trains a vocabulary (`Workdir.load_tokenizer`): a workdir without
-  `spm.model` is refused.
-
-  Raises:
-    EvalError: the workdir or its config.json is missing, or a gs://
-      workdir cannot be read (credentials, bucket).
-    UserError: a URL of another scheme than gs://, or config.json or
-      spm.model missing or unreadable (the message names the file).
-  """
-  try:
-    present = files.exists(workdir)
-    folder = present and files.isdir(workdir)
-  except OSError as e:  # Cloud Storage: no credentials, access denied
-    raise EvalError(f"{validation.setting('workdir')}={workdir}: {e}"
-                    ) from None
-  if not present:
-    raise EvalError(f"Workdir {workdir} does not exist.")
-  if not folder:
-    raise EvalError(f"{validation.setting('workdir')}={workdir} is a file, "
-                    "not a workdir folder.")
-  workdir_lib.check_path_characters(workdir)
-  layout = workdir_lib.Workdir(workdir)
-  layout.check_not_export()
-  try:
-    config = layout.load_config()
-  except UserError:
-    raise
-  except (OSError, ValueError) as e:  # before workdir.load_config names it
-    raise EvalError(f"Workdir {workdir}: {e}") from None
-  # The model's fields by their rules (config.json edited: `num_heads:
-  # "four"` would be a TypeError in the model).
-  workdir_lib.check_saved_fields(config, layout.config_path, EvalError)
-  return config, layout.load_tokenizer(config)
 
 
 # ------------------------------------------------------------------ evaluate
@@ -343,12 +214,12 @@ def _plan(workdir: str, split: str | None, source_file: str | None,
           plot_attention: int, plot_layer: int,
           write: bool) -> _Plan:
   """Load: the workdir's config and vocabulary, the steps and the inputs."""
-  config, tokenizer = load_workdir(workdir)
+  config, tokenizer = trained.load_workdir(workdir)
   search = _search_settings(config, workdir, beam_size=beam_size,
                             alpha=alpha, max_decode_extra=max_decode_extra,
                             beam_stop=beam_stop, matmul_dtype=matmul_dtype)
   _check_plot_flags(config, plot_attention, plot_layer, write)
-  steps = choose_steps(workdir, checkpoint_step, average_last)
+  steps = trained.choose_steps(workdir, checkpoint_step, average_last)
   split_name, sources, references = _read_inputs(
       config, workdir, split, source_file, reference_file)
   settings = {"split": split_name, **search.as_dict()}
@@ -432,9 +303,9 @@ def _decode(workdir: str, plan: _Plan, folder, claim: _Claims, *,
     Interrupted: a Ctrl-C (nothing has been written).
   """
   try:
-    params, step, averaged = load_params(workdir, checkpoint_step,
+    params, step, averaged = trained.load_params(workdir, checkpoint_step,
                                          average_last)
-    check_fit(plan.config, params, workdir, step)
+    trained.check_fit(plan.config, params, workdir, step)
     output = folder(averaged)  # the steps may have changed meanwhile
     claim(output)
     model_config = TransformerConfig.from_config(plan.config,

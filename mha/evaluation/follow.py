@@ -45,6 +45,7 @@ from absl import logging
 from mha.store import checkpoints
 from mha.evaluation import output as eval_output
 from mha.evaluation import evaluator
+from mha.store import trained
 from mha.runtime import files
 from mha.store import metrics as metrics_lib
 from mha import validation
@@ -259,7 +260,7 @@ def follow(workdir: str, *, split: str | None = None,
                         alpha=alpha, max_decode_extra=max_decode_extra,
                         beam_stop=beam_stop, matmul_dtype=matmul_dtype,
                         batch_size=batch_size)
-  config, _ = evaluator.load_workdir(workdir)
+  config, _ = trained.load_workdir(workdir)
   single, average = names(config, split, average_last,
                           beam_size=beam_size, alpha=alpha,
                           max_decode_extra=max_decode_extra,
