@@ -76,6 +76,25 @@ search (the later loops take no step when the search is over), and the
 result is the single-stage result: the limits `max_lengths` and the
 stopping rule are the same, only the room in the arrays grows.
 
+Step hooks: what changes a step's scores (a ban, a penalty, a
+constraint) is a `StepHook`,
+
+  step_hook(log_probs, tokens, length) -> log_probs
+
+with `log_probs` float32 `[rows, V]` (the step's log-softmax), `tokens`
+int32 `[rows, room]` each row's output so far (0 from `length` on) and
+`length` int32 `[rows]` its number of tokens: rows in the step function's
+order, whatever the search. Every search (greedy, beam, their refilled
+forms, sampling) ranks and scores the hooked log-probabilities, in one
+place per step (`_hooked_log_probs`), so a hook's token choices and
+scores are the same in each. A hook may lower a log-probability (a ban:
+-inf; a penalty), never raise one above 0: the exact stopping rule
+bounds what a live hypothesis can still reach by its log P so far. The
+searches' fast paths (the best tokens of the raw logits, without a
+`[rows, V]` log-softmax: `_greedy_choice`, `_best_extensions`) are taken
+only without a hook. Hooks are built from the search's settings
+(`mha.search.hooks`).
+
 Refilled rows: `greedy_refill` and `beam_refill` search more sentences than
 they have rows; a row (a beam's slot of rows) whose sentence is done takes
 the next sentence, its position back to 0 (the step function keeps a
@@ -102,6 +121,8 @@ from mha import validation
 
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree], tuple[jax.Array, PyTree]]
+# (log_probs [rows, V], tokens [rows, room], length [rows]) -> log_probs
+StepHook = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 # Slots without a hypothesis have score -inf. Masking uses jnp.where, never
 # arithmetic with the infinity, so no NaN can appear.
@@ -309,6 +330,35 @@ def _step_logprobs(tokens_to_logits: TokensToLogits, tokens: jax.Array,
   return jax.nn.log_softmax(logits, axis=-1), new_cache  # [n, V]
 
 
+def _hooked_log_probs(logits: jax.Array, hook: StepHook | None,
+                      tokens: jax.Array, length: jax.Array) -> jax.Array:
+  """What every search ranks and scores at a step: the log-softmax of
+  `logits` `[rows, V]`, changed by `hook` (module docstring, "Step hooks")
+  given each row's `tokens` so far `[rows, room]` and their `length`
+  `[rows]`."""
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  if hook is None:
+    return log_probs
+  return jnp.asarray(hook(log_probs, tokens, length), jnp.float32)
+
+
+def _argmax_choice(log_probs: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The most probable token of each row `[rows, V]` and its
+  log-probability, `[rows]` each."""
+  token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+  return token, jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
+
+
+def _greedy_step(logits: jax.Array, hook: StepHook | None, tokens: jax.Array,
+                 length: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Greedy search's choice at a step and its log-probability, `[rows]`
+  each: without a hook `_greedy_choice`'s fast path, else the argmax of
+  the hooked log-probabilities."""
+  if hook is None:
+    return _greedy_choice(logits)
+  return _argmax_choice(_hooked_log_probs(logits, hook, tokens, length))
+
+
 # `_top_k`'s chunk of the vocabulary (64: the fastest of 16 to 256 for
 # [256, 8000] logits on bench/README.md's machine).
 _TOP_K_CHUNK = 64
@@ -370,10 +420,7 @@ def _greedy_choice(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     `(int32 [rows] tokens, float32 [rows] their log-probabilities)`.
   """
   def full():
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
-    return token, jnp.take_along_axis(log_probs, token[:, None],
-                                      axis=-1)[:, 0]
+    return _argmax_choice(jax.nn.log_softmax(logits, axis=-1))
 
   if logits.shape[-1] < 2:
     return full()
@@ -549,11 +596,12 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
             max_decode_len: int, eos_id: int, max_lengths: jax.Array | None,
             alpha: float, stage_lengths=(), grow_cache=None,
             cache_rows: PyTree | None = None,
-            choose: Callable[[jax.Array, jax.Array], jax.Array] = _argmax
+            choose: Callable[[jax.Array, jax.Array], jax.Array] = _argmax,
+            step_hook: StepHook | None = None
             ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """One token a step, `choose(log_probs [batch, V], step) -> [batch]`
-  (greedy: the argmax); returns (tokens [batch, len], scores [batch],
-  log P(Y | X) [batch])."""
+  (greedy: the argmax) of the log-probabilities `step_hook` changed;
+  returns (tokens [batch, len], scores [batch], log P(Y | X) [batch])."""
   limits = _max_lengths(max_lengths, batch_size, max_decode_len)  # [batch]
   lengths = all_stage_lengths(stage_lengths, max_decode_len)
   init = _GreedyState(
@@ -568,13 +616,14 @@ def _greedy(tokens_to_logits: TokensToLogits, cache: PyTree, batch_size: int,
   )
 
   def body(state: _GreedyState) -> _GreedyState:
-    if choose is _argmax:  # without the [batch, V] log-softmax
-      logits, cache = _step_logits(tokens_to_logits, state.last[:, None],
-                                   state.cache)  # [batch, V]
-      token, token_logprob = _greedy_choice(logits)  # [batch] each
+    logits, cache = _step_logits(tokens_to_logits, state.last[:, None],
+                                 state.cache)  # [batch, V]
+    length = jnp.full((batch_size,), state.step)
+    if choose is _argmax:
+      token, token_logprob = _greedy_step(logits, step_hook, state.seqs,
+                                          length)  # [batch] each
     else:
-      log_probs, cache = _step_logprobs(tokens_to_logits,
-                                        state.last[:, None], state.cache)
+      log_probs = _hooked_log_probs(logits, step_hook, state.seqs, length)
       token = choose(log_probs, state.step)  # [batch]
       token_logprob = jnp.take_along_axis(log_probs, token[:, None],
                                           axis=-1)[:, 0]  # [batch]
@@ -608,7 +657,8 @@ def greedy_search(tokens_to_logits: TokensToLogits,
                   max_lengths: jax.Array | None = None,
                   stage_lengths: tuple[int, ...] = (),
                   grow_cache: Callable[[PyTree, int], PyTree] | None = None,
-                  cache_rows: PyTree | None = None) -> jax.Array:
+                  cache_rows: PyTree | None = None,
+                  step_hook: StepHook | None = None) -> jax.Array:
   """Greedy decoding: the most probable next token at every step.
 
   Args:
@@ -626,6 +676,7 @@ def greedy_search(tokens_to_logits: TokensToLogits,
     grow_cache: `(cache, length) -> cache` padded for `length` outputs;
       needed with `stage_lengths`.
     cache_rows: the `CacheRows` of each cache leaf (module docstring).
+    step_hook: changes each step's log-probabilities (module docstring).
 
   Returns:
     int32 `[batch, max_decode_len]` tokens, EOS included, 0 after the end.
@@ -633,7 +684,7 @@ def greedy_search(tokens_to_logits: TokensToLogits,
   tokens, _, _ = _greedy(tokens_to_logits, cache, batch_size, max_decode_len,
                          eos_id, max_lengths, alpha=0.0,
                          stage_lengths=stage_lengths, grow_cache=grow_cache,
-                         cache_rows=cache_rows)
+                         cache_rows=cache_rows, step_hook=step_hook)
   return tokens
 
 
@@ -657,13 +708,14 @@ class _RefillState(NamedTuple):
 
 
 def _refill_step(state: _RefillState, logits: jax.Array, cache: PyTree,
-                 limits: jax.Array, eos_id: int,
-                 start_rows: StartRows) -> _RefillState:
+                 limits: jax.Array, eos_id: int, start_rows: StartRows,
+                 step_hook: StepHook | None) -> _RefillState:
   """One greedy step of every row (`logits` `[rows, V]`), the outputs of
   the sentences that end kept, and their rows given the next sentences."""
   num_rows, room = state.seqs.shape
   num_sentences = state.out_seqs.shape[0]
-  token, token_logprob = _greedy_choice(logits)  # [rows] each
+  token, token_logprob = _greedy_step(logits, step_hook, state.seqs,
+                                      state.pos)  # [rows] each
   token = jnp.where(state.live, token, PAD_ID)
   rows = jnp.arange(num_rows)
   seqs = state.seqs.at[rows, jnp.where(state.live, state.pos, room)].set(
@@ -723,7 +775,8 @@ def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
                   start_rows: StartRows, num_rows: int, max_decode_len: int,
                   eos_id: int, max_lengths: jax.Array, alpha: float = 0.0,
                   stage_lengths: tuple[int, ...] = (),
-                  grow_cache: Callable[[PyTree, int], PyTree] | None = None
+                  grow_cache: Callable[[PyTree, int], PyTree] | None = None,
+                  step_hook: StepHook | None = None
                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Greedy search of more sentences than rows: a row whose sentence is
   done takes the next one (continuous batching), so the step function
@@ -756,6 +809,7 @@ def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
       position (`_refill_stages`): the rows, at their own positions, climb
       to the next room when a live row reaches its room and come back
       down once no live row is past the room below.
+    step_hook: as in `greedy_search`.
 
   Returns:
     `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
@@ -783,7 +837,8 @@ def greedy_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
   def body(state: _RefillState) -> _RefillState:
     logits, cache = _step_logits(tokens_to_logits, state.last[:, None],
                                  state.cache)
-    return _refill_step(state, logits, cache, limits, eos_id, start_rows)
+    return _refill_step(state, logits, cache, limits, eos_id, start_rows,
+                        step_hook)
 
   _check_grow_cache(lengths, grow_cache)
   stages = functools.partial(
@@ -869,7 +924,10 @@ def _take(x: jax.Array, indices: jax.Array) -> jax.Array:
 
 
 def _candidates(logits: jax.Array, live_logprobs: jax.Array,
-                rows: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                rows: jax.Array, step_hook: StepHook | None = None,
+                live_seqs: jax.Array | None = None,
+                length: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The best `2 * beam` extensions of the live hypotheses: even if beam of
   them end, beam stay live.
 
@@ -878,13 +936,17 @@ def _candidates(logits: jax.Array, live_logprobs: jax.Array,
   all beam * V of them, ties included (both prefer the lower parent, then
   the lower token), at a fraction of the cost. The first round is top_k of
   live_logprobs + log_softmax(logits) per row, without the [rows, V]
-  log-softmax (`_best_extensions`).
+  log-softmax (`_best_extensions`), or, with a `step_hook`, top_k of
+  live_logprobs + the hooked log-probabilities (`_hooked_log_probs`).
 
   Args:
     logits: float32 `[b, beam, V]`.
     live_logprobs: `[b, beam]`.
     rows: `[b, beam]`: hypothesis k's logits are at `logits[:, rows[:, k]]`
       (rows in place, `_follow_parents`).
+    step_hook: changes the step's log-probabilities (module docstring),
+      given the hypotheses' `live_seqs` `[b, beam, room]` and their
+      `length` (`[]`, or `[b]`: each sentence or slot at its own).
 
   Returns:
     `(log-probabilities, parent slots, tokens)` of the candidates, `[b, c]`
@@ -895,8 +957,19 @@ def _candidates(logits: jax.Array, live_logprobs: jax.Array,
   per_row = min(num_candidates, vocab_size)
   # Row by row as the logits are ([b, beam, k]), then in the hypotheses'
   # order.
-  row_logprobs, row_token = _best_extensions(
-      logits, _take(live_logprobs, _hypothesis_of_row(rows)), per_row)
+  live_of_row = _take(live_logprobs, _hypothesis_of_row(rows))  # [b, beam]
+  if step_hook is None:
+    row_logprobs, row_token = _best_extensions(logits, live_of_row, per_row)
+  else:
+    seqs = _take(live_seqs, _hypothesis_of_row(rows))  # [b, beam, room]
+    log_probs = _hooked_log_probs(
+        logits.reshape(batch_size * beam_size, vocab_size), step_hook,
+        seqs.reshape(batch_size * beam_size, -1),
+        jnp.broadcast_to(jnp.reshape(length, (-1, 1)),
+                         (batch_size, beam_size)).reshape(-1))
+    row_logprobs, row_token = lax.top_k(
+        live_of_row[..., None]
+        + log_probs.reshape(batch_size, beam_size, vocab_size), per_row)
   row_logprobs, row_token = _take(row_logprobs, rows), _take(row_token, rows)
   cand_logprobs, cand_slot = lax.top_k(
       row_logprobs.reshape(batch_size, beam_size * per_row),
@@ -966,7 +1039,8 @@ def _beam_done(beams: _BeamState, step: jax.Array, alpha: float,
 
 def _beam_step(tokens_to_logits: TokensToLogits, kinds: PyTree,
                eos_id: int, alpha: float, beams: _BeamState, cache: PyTree,
-               step: jax.Array, active: jax.Array | None = None
+               step: jax.Array, active: jax.Array | None = None,
+               step_hook: StepHook | None = None
                ) -> tuple[_BeamState, PyTree]:
   """One step of beam search for every sentence (or slot) of `beams`, at
   `step` (`[]`, or `[slots]`: each slot at its own); slots whose `active`
@@ -980,7 +1054,7 @@ def _beam_step(tokens_to_logits: TokensToLogits, kinds: PyTree,
   logits, cache = tokens_to_logits(_row_tokens(beams), cache)
   cand_logprobs, cand_parent, cand_token = _candidates(
       jnp.asarray(logits, jnp.float32).reshape(n, beam_size, -1),
-      beams.live_logprobs, beams.rows)
+      beams.live_logprobs, beams.rows, step_hook, beams.live_seqs, step)
   cand_seqs = _take(beams.live_seqs, cand_parent)  # [n, c, len]
   length = step + 1  # of the candidates: [] or [slots]
   ends = (cand_logprobs > NEG_INF) & (
@@ -1022,7 +1096,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 num_best: int | None = None,
                 shrink_sizes: Sequence[int] = (),
                 with_log_probs: bool = False,
-                stop: str = 'exact'
+                stop: str = 'exact',
+                step_hook: StepHook | None = None
                ) -> tuple[jax.Array, ...]:
   """Beam search with the length penalty of Wu et al. (2016).
 
@@ -1103,6 +1178,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
     with_log_probs: also return each hypothesis's log P(Y | X) (its score
       without the length penalty: the sum of its tokens' log-probabilities).
     stop: the stopping rule, `'exact'` (default) or `'early'` (above).
+    step_hook: changes each step's log-probabilities (module docstring);
+      the scores and log-probabilities are then the hooked ones.
 
   Returns:
     `(tokens, scores)`: int32 `[batch, beam_size, max_decode_len]` and float32
@@ -1114,7 +1191,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
   if beam_size == 1:
     found = _greedy(tokens_to_logits, cache, batch_size, max_decode_len,
                     eos_id, max_lengths, alpha, stage_lengths, grow_cache,
-                    cache_rows)
+                    cache_rows, step_hook=step_hook)
     found = tuple(x[:, None] for x in found)
     return found if with_log_probs else found[:2]
 
@@ -1152,7 +1229,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
       state = state._replace(live_logprobs=jnp.where(
           sentence_done(state)[:, None], NEG_INF, state.live_logprobs))
     state, cache = _beam_step(tokens_to_logits, kinds, eos_id, alpha,
-                              state, state.cache, state.step)
+                              state, state.cache, state.step,
+                              step_hook=step_hook)
     return state._replace(step=state.step + 1, cache=cache)
 
   def grow(state: _BeamState, length: int) -> _BeamState:
@@ -1204,10 +1282,12 @@ class _BeamRefillState(NamedTuple):
 
 
 def _beam_refill_step(tokens_to_logits, kinds, eos_id: int, alpha: float,
-                      state: _BeamRefillState) -> _BeamRefillState:
+                      state: _BeamRefillState,
+                      step_hook: StepHook | None) -> _BeamRefillState:
   """`beam_search`'s step for every slot, each at its own step."""
   beams, cache = _beam_step(tokens_to_logits, kinds, eos_id, alpha,
-                            state.beam, state.cache, state.step, state.active)
+                            state.beam, state.cache, state.step, state.active,
+                            step_hook)
   return state._replace(
       step=jnp.where(state.active, state.step + 1, state.step),
       beam=beams, cache=cache)
@@ -1248,7 +1328,7 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
                 max_lengths: jax.Array, cache_rows: PyTree,
                 num_best: int = 1, stage_lengths: tuple[int, ...] = (),
                 grow_cache: Callable[[PyTree, int], PyTree] | None = None,
-                stop: str = 'exact'
+                stop: str = 'exact', step_hook: StepHook | None = None
                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Beam search of more sentences than slots: `num_slots` sentences are
   searched at a time (`num_slots * beam_size` rows), and a slot whose
@@ -1278,6 +1358,7 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
     num_best: as in `beam_search`; 1 for the best hypothesis alone.
     stage_lengths, grow_cache: as in `greedy_refill`.
     stop: the stopping rule, as in `beam_search`.
+    step_hook: as in `beam_search`.
 
   Returns:
     `(tokens [sentences, max_decode_len], scores [sentences], log P(Y | X)
@@ -1307,7 +1388,8 @@ def beam_refill(tokens_to_logits: TokensToLogits, cache: PyTree,
     return jnp.any(state.active) & jnp.all(room | ~state.active)
 
   def body(state):
-    state = _beam_refill_step(tokens_to_logits, kinds, eos_id, alpha, state)
+    state = _beam_refill_step(tokens_to_logits, kinds, eos_id, alpha, state,
+                              step_hook)
     return _beam_refill_next(state, limits, alpha, num_best, stop,
                              start_rows)
 
@@ -1359,7 +1441,8 @@ def sample(tokens_to_logits: TokensToLogits,
            max_lengths: jax.Array | None = None,
            stage_lengths: tuple[int, ...] = (),
            grow_cache: Callable[[PyTree, int], PyTree] | None = None,
-           cache_rows: PyTree | None = None) -> tuple[jax.Array, jax.Array]:
+           cache_rows: PyTree | None = None,
+           step_hook: StepHook | None = None) -> tuple[jax.Array, jax.Array]:
   """Ancestral sampling: each token drawn from the model's next-token
   distribution given the tokens drawn before.
 
@@ -1379,6 +1462,8 @@ def sample(tokens_to_logits: TokensToLogits,
     temperature: >= 0; below 1 sharpens the distribution, above 1 flattens.
       A traced value (one compilation for every temperature) must be > 0.
     top_k: draw from the k most probable tokens only; 0 = all.
+    step_hook: changes each step's log-probabilities before the draw
+      (module docstring).
 
   Returns:
     `(tokens, log_probs)`: int32 `[batch, max_decode_len]` (EOS included, 0
@@ -1397,7 +1482,7 @@ def sample(tokens_to_logits: TokensToLogits,
   tokens, _, log_probs = _greedy(tokens_to_logits, cache, batch_size,
                                  max_decode_len, eos_id, max_lengths, 0.0,
                                  stage_lengths, grow_cache, cache_rows,
-                                 choose)
+                                 choose, step_hook)
   return tokens, log_probs
 
 
