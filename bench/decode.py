@@ -117,6 +117,7 @@ from mha.store import trained
 from mha import export
 from mha.scoring import bleu as scoring
 from mha.search import texts as translate
+from mha.search.settings import SearchSettings
 from mha import validation
 from mha.errors import UserError
 from mha.model.transformer import TransformerConfig
@@ -205,18 +206,16 @@ class Path:
   """One search implementation (a translate module) on the sentences."""
 
   def __init__(self, name, module, model_config, encoded, batch_size,
-               cache_extra, options=None, matmul_dtype=None):
+               cache_extra, options=None):
     self.name, self.module, self.encoded = name, module, encoded
-    self.options = options or {}  # decode_batches' keywords of this path
-    self.matmul_dtype = matmul_dtype  # the model's weight products
+    # decode_batches' keywords of this path (the current one's: search
+    # settings, matmul_dtype among them).
+    self.options = options or {}
     self.batches = module.make_batches(
         encoded, batch_size=batch_size, max_len=model_config.max_len,
         max_decode_extra=cache_extra)
 
   def run(self, model_config, params, batches, **kwargs) -> list[np.ndarray]:
-    if self.matmul_dtype:
-      model_config = self.module.with_matmul_dtype(model_config,
-                                                   self.matmul_dtype)
     return self.module.decode_batches(model_config, params, batches,
                                       **kwargs, **self.options)
 
@@ -561,8 +560,12 @@ def profile(name, module, model_config, params, batch, *, beam_size, alpha,
   jax source of each op); `options`: more arguments of its `_translate_fn`
   (the current code's `beam_stop`)."""
   searches = _searches(module)
-  fn = searches._translate_fn(model_config, beam_size, float(alpha), eos_id,  # pylint: disable=protected-access
-                              **(options or {}))
+  if hasattr(searches, "translate_fn"):  # settings as one object
+    fn = searches.translate_fn(model_config, SearchSettings(
+        beam_size=beam_size, alpha=alpha, **(options or {})), eos_id)
+  else:  # a baseline of before (its settings one by one)
+    fn = searches._translate_fn(model_config, beam_size, float(alpha),  # pylint: disable=protected-access
+                                eos_id, **(options or {}))
   static, devices, rows = searches._search_inputs(  # pylint: disable=protected-access
       model_config, batch.inputs, max_decode_extra=extra,
       max_decode_len=batch.max_decode_len,
@@ -688,8 +691,8 @@ def main():
     paths.append(Path(f"old ({args.baseline})", load_baseline(args.baseline),
                       model_config, encoded, args.batch_size, cache_extra))
   paths.append(Path("new", translate, model_config, encoded, args.batch_size,
-                    cache_extra, dict(beam_stop=args.beam_stop),
-                    matmul_dtype=args.matmul_dtype))
+                    cache_extra, dict(beam_stop=args.beam_stop,
+                                      matmul_dtype=args.matmul_dtype)))
   print(f"{len(paths[-1].batches)} batches of up to {args.batch_size} "
         f"sentences; {jax.device_count()} {jax.default_backend()} device(s), "
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")

@@ -168,6 +168,9 @@ def base_config() -> ml_collections.ConfigDict:
   # other outputs: docs/evaluation.md). The training steps are not affected;
   # the in-training BLEU, a search, is.
   c.matmul_dtype = "float32"
+  # N > 0: no output repeats an n-gram of N tokens (fairseq's
+  # --no-repeat-ngram-size); 0: off, the paper's search.
+  c.no_repeat_ngram_size = 0
   return c
 
 

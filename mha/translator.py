@@ -157,8 +157,15 @@ class Translator:
     self.defaults = SearchSettings.of_config(config)
 
   def _search(self, **given) -> SearchSettings:
-    """`defaults` with the settings given (None: not given), checked."""
-    given = self.defaults.given(**given)
+    """`defaults` with the settings given (None: not given), checked.
+
+    Raises:
+      ConfigError: a setting out of range, or a keyword that is none.
+    """
+    try:
+      given = self.defaults.given(**given)
+    except TypeError as e:
+      raise ConfigError(str(e)) from None
     for field, allowed in given.problems(self.model_config.vocab_size):
       raise ConfigError(validation.refusal(field, allowed,
                                            getattr(given, field)))
@@ -176,27 +183,23 @@ class Translator:
     keep = [i for i, s in enumerate(sentences) if not translate.is_blank(s)]
     return keep, [sentences[i] for i in keep]
 
-  def translate(self, sentences: Sequence[str], beam_size: int | None = None,
-                alpha: float | None = None,
-                max_decode_extra: int | None = None,
-                batch_size: int | None = None,
-                beam_stop: str | None = None,
-                matmul_dtype: str | None = None) -> list[str]:
+  def translate(self, sentences: Sequence[str], *,
+                batch_size: int | None = None, **search: Any) -> list[str]:
     """The best translation of each sentence by beam search.
 
     Args:
       sentences: plain text, one sentence each.
-      beam_size: 1 = greedy search; alpha: the length penalty's exponent
-        (>= 0); max_decode_extra: outputs of at most source tokens + this;
-        beam_stop: when a sentence's search ends, "exact" (its result is
-        that of a search run to the length limit) or "early" (sooner: may
-        miss a longer hypothesis; `mha.search.decoding.beam_search`);
-        matmul_dtype: "float32", or "bfloat16" for the model's products
-        with its weight matrices (faster on CPUs with bfloat16
-        instructions, other outputs). None: `defaults` (the workdir's
-        config).
       batch_size: sentences per decoding batch (None:
         `translate.batch_size_for`, 64 for each accelerator).
+      **search: any field of `mha.SearchSettings` (None or not given:
+        `defaults`, the workdir's config): beam_size (1 = greedy search),
+        alpha (the length penalty's exponent, >= 0), max_decode_extra
+        (outputs of at most source tokens + this), beam_stop ("exact":
+        the result of a search run to the length limit; "early": sooner,
+        may miss a longer hypothesis), matmul_dtype ("float32", or
+        "bfloat16" for the model's products with its weight matrices:
+        faster on CPUs with bfloat16 instructions, other outputs),
+        no_repeat_ngram_size (n > 0: no output repeats an n-gram).
 
     Returns:
       One translation per sentence, without newlines ("" for a blank one).
@@ -205,27 +208,22 @@ class Translator:
       ConfigError: a setting out of range.
     """
     sentences = _check_sentences("sentences", sentences)
-    search = self._search(beam_size=beam_size, alpha=alpha,
-                          max_decode_extra=max_decode_extra,
-                          beam_stop=beam_stop, matmul_dtype=matmul_dtype)
+    settings = self._search(**search)
     _check_batch_size(batch_size)
     return translate.translate_texts(
-        self.model_config, self.params, self.tokenizer, sentences,
-        batch_size=batch_size, **search.as_dict())
+        self.model_config, self.params, self.tokenizer, sentences, settings,
+        batch_size=batch_size)
 
-  def nbest(self, sentences: Sequence[str], n: int,
-            beam_size: int | None = None, alpha: float | None = None,
-            max_decode_extra: int | None = None,
+  def nbest(self, sentences: Sequence[str], n: int, *,
             batch_size: int | None = None,
-            beam_stop: str | None = None,
-            matmul_dtype: str | None = None) -> list[list[Hypothesis]]:
+            **search: Any) -> list[list[Hypothesis]]:
     """The n best hypotheses of each sentence's beam search, best first.
 
     Args:
       n: 1..beam_size; the first is `translate`'s translation.
-      sentences, beam_size, alpha, max_decode_extra, batch_size, beam_stop,
-        matmul_dtype: as in `translate` ("early" ends a sentence's search when no live
-        hypothesis would beat its n-th best if it ended at the next step).
+      sentences, batch_size, search: as in `translate` (beam_stop="early"
+        ends a sentence's search when no live hypothesis would beat its
+        n-th best if it ended at the next step).
 
     Returns:
       Per sentence, up to n `Hypothesis(text, score, log_prob)` (fewer only
@@ -235,20 +233,18 @@ class Translator:
       ConfigError: n > beam_size, or a setting out of range.
     """
     sentences = _check_sentences("sentences", sentences)
-    search = self._search(beam_size=beam_size, alpha=alpha,
-                          max_decode_extra=max_decode_extra,
-                          beam_stop=beam_stop, matmul_dtype=matmul_dtype)
+    settings = self._search(**search)
     n = _check_int("n", n, 1, flag="nbest")
-    if n > search.beam_size:
+    if n > settings.beam_size:
       raise ConfigError(
           f"{validation.setting('n', 'nbest')}={n} hypotheses asked of a "
-          f"beam of {search.beam_size}: give {validation.setting('beam_size')}"
-          f" >= {n}.")
+          f"beam of {settings.beam_size}: give "
+          f"{validation.setting('beam_size')} >= {n}.")
     keep, texts = self._nonempty(sentences, batch_size)
     out: list[list[Hypothesis]] = [[] for _ in sentences]
     for i, found in zip(keep, translate.nbest_ids(
-        self.model_config, self.params, self.tokenizer, texts, num_best=n,
-        batch_size=batch_size, **search.as_dict())):
+        self.model_config, self.params, self.tokenizer, texts, settings,
+        num_best=n, batch_size=batch_size)):
       out[i] = [Hypothesis(self._text(ids), score, log_prob)
                 for ids, score, log_prob in found]
     return out

@@ -180,7 +180,7 @@ FIELDS: dict[str, Rule] = {
     "beam_size": integer(1),
     "alpha": real(0.0, note=" (the length penalty; the paper: 0.6)"),
     "max_decode_extra": integer(0), "beam_stop": one_of(BEAM_STOPS),
-    "matmul_dtype": one_of(MATMUL_DTYPES),
+    "matmul_dtype": one_of(MATMUL_DTYPES), "no_repeat_ngram_size": integer(0),
 }
 
 FLAGS: dict[str, Rule] = {

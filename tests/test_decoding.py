@@ -18,6 +18,7 @@ from configs import base
 from mha.search import decoding
 from mha.model import transformer
 from mha.search import batches as batch_search
+from mha.search.settings import SearchSettings
 from mha.search.decoding import CacheRows
 
 EOS = 1
@@ -405,7 +406,8 @@ def test_translate_beam_search_compiles_once_per_shape(tiny_transformer):
                                         **kwargs))
   # The second call (same shapes, same longest source) compiles nothing,
   # whatever other tests compiled before with the same search function.
-  search = batch_search._translate_fn(model_config, 3, 0.6, EOS, "exact")
+  search = batch_search.translate_fn(model_config, SearchSettings(beam_size=3),
+                                     EOS)
   compiled = search._cache_size()
   other = inputs[::-1].copy()
   second = np.asarray(batch_search.translate_batch(model_config, params, other,

@@ -150,3 +150,84 @@ def test_a_chain_applies_its_hooks_in_turn():
   assert hooks.chain([one]) is one
   # Equal settings, equal hooks: a compiled search is found again.
   assert hash(hooks.NoRepeatNGram(2, EOS)) == hash(one)
+
+
+def test_refilled_searches_under_a_ban_equal_the_whole_batchs():
+  """A hook sees each row's own tokens and length in the refilled searches
+  too (rows at their own positions, slots taking new sentences)."""
+  from test_translate_refill import (  # pylint: disable=import-outside-toplevel
+      EOS as TOY_EOS, ToyBeamModel, ToyModel)
+  num_sentences, max_len = 11, 9
+  hook = hooks.NoRepeatNGram(2, eos_id=TOY_EOS)
+  limits = jnp.asarray(np.random.default_rng(2).integers(
+      2, max_len + 1, num_sentences), jnp.int32)
+
+  greedy = ToyModel(num_sentences, max_len, seed=3)
+  unigrams = hooks.NoRepeatNGram(1, eos_id=TOY_EOS)
+  search = jax.jit(lambda cache, hook: decoding.greedy_search(
+      greedy.step, cache, num_sentences, max_len, TOY_EOS, limits,
+      step_hook=hook), static_argnums=1)
+  whole = np.asarray(search(greedy.init_cache(num_sentences, max_len),
+                            unigrams))
+  refilled = jax.jit(lambda cache: decoding.greedy_refill(
+      greedy.step, cache, greedy.start_rows, 4, max_len, TOY_EOS, limits,
+      step_hook=unigrams))(greedy.init_cache(4, max_len))
+  np.testing.assert_array_equal(np.asarray(refilled[0]), whole)
+  assert not any(_repeats(hypothesis(t), 1) for t in whole)
+  assert any(_repeats(hypothesis(t), 1) for t in np.asarray(
+      search(greedy.init_cache(num_sentences, max_len), None)))
+
+  beamy = ToyBeamModel(num_sentences, max_len, seed=4)
+  beam = beamy.beam_size
+  whole = jax.jit(lambda cache: decoding.beam_search(
+      beamy.step, cache, num_sentences, beam, 0.6, max_len, TOY_EOS, limits,
+      cache_rows=beamy.cache_rows(), num_best=1, with_log_probs=True,
+      step_hook=hook))(beamy.init_cache(num_sentences * beam, max_len))
+  found = jax.jit(lambda cache: decoding.beam_refill(
+      beamy.step, cache, beamy.start_rows, 3, beam, 0.6, max_len, TOY_EOS,
+      limits, beamy.cache_rows(), step_hook=hook))(
+          beamy.init_cache(3 * beam, max_len))
+  for ours, theirs in zip(found, whole):
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs[:, 0]))
+  best = np.asarray(whole[0][:, 0])
+  assert not any(_repeats(hypothesis(t), 2) for t in best)
+  unhooked = jax.jit(lambda cache: decoding.beam_search(
+      beamy.step, cache, num_sentences, beam, 0.6, max_len, TOY_EOS, limits,
+      cache_rows=beamy.cache_rows(), num_best=1))(
+          beamy.init_cache(num_sentences * beam, max_len))
+  assert any(_repeats(hypothesis(t), 2)
+             for t in np.asarray(unhooked[0][:, 0]))
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_the_transformers_searches_take_the_settings_hook(beam):
+  """`no_repeat_ngram_size` from the settings to the Transformer's search:
+  no output repeats a token, and the refilled search of two batches gives
+  each batch's own search's outputs under the hook too."""
+  from conftest import random_tiny_transformer  # pylint: disable=import-outside-toplevel
+  from mha.search import texts  # pylint: disable=import-outside-toplevel
+  from mha.search.settings import SearchSettings  # pylint: disable=import-outside-toplevel
+  model_config, params = random_tiny_transformer(16, 64, seed=5)
+  rng = np.random.default_rng(0)
+  encoded = [list(rng.integers(3, 16, n - 1)) + [EOS]
+             for n in rng.integers(5, 9, 2 * 64)]
+  batches = texts.make_batches(encoded, batch_size=64, max_len=64,
+                               max_decode_extra=12)
+  device = jax.local_devices()[:1]
+  assert texts._refill_groups(batches, tuple(device), beam) == [[0, 1]]  # pylint: disable=protected-access
+  settings = SearchSettings(beam_size=beam, max_decode_extra=12,
+                            no_repeat_ngram_size=1)
+
+  def outputs(settings, num_best=0):
+    found = texts.decode_batches(model_config, params, batches, settings,
+                                 devices=device, num_best=num_best)
+    return [np.asarray(f[0])[:, 0] if num_best else np.asarray(f)
+            for f in found]  # per batch, [rows, len]
+
+  refilled = outputs(settings)
+  for ours, alone in zip(refilled, outputs(settings, num_best=1)):
+    np.testing.assert_array_equal(ours, alone)
+  assert not any(_repeats(hypothesis(t), 1)
+                 for batch in refilled for t in batch)
+  plain = outputs(settings.given(no_repeat_ngram_size=0))
+  assert any(_repeats(hypothesis(t), 1) for batch in plain for t in batch)

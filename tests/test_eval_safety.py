@@ -137,40 +137,42 @@ def test_a_tokenized_reference_file_is_only_compound_split(
 # ------------------------------------------------------ never overwritten
 
 
-def _fake_search(model_config, params, tokenizer, sources, *, beam_size,
-                 alpha, max_decode_extra, batch_size, beam_stop, matmul_dtype):
+def _fake_search(model_config, params, tokenizer, sources, settings, *,
+                 batch_size):
   """Stands in for the beam search (tested in test_evaluator.py): output
-  that depends on the settings, without compiling a search per setting."""
+  that depends on the settings (each field's value in turn), without
+  compiling a search per setting."""
   del model_config, params, tokenizer, batch_size
   return translate.Translations(
-      [f"{s} {beam_size} {alpha} {max_decode_extra} {beam_stop} "
-       f"{matmul_dtype}" for s in sources],
+      [" ".join([s, *map(str, settings.as_dict().values())])
+       for s in sources],
       [None] * len(sources), [None] * len(sources), 2.0,
-      compile_seconds=0.5 if beam_stop == "early" else 0.0)
+      compile_seconds=0.5 if settings.beam_stop == "early" else 0.0)
 
 
 def test_eval_py_names_the_settings_it_was_given(copy, monkeypatch, eval_py,
                                                 capsys):
   monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
   assert eval_py(f"--workdir={copy}", f"--split={SPLIT}", "--beam_stop=early",
-                 "--matmul_dtype=bfloat16") == 0
+                 "--matmul_dtype=bfloat16", "--no_repeat_ngram_size=3") == 0
   out = capsys.readouterr().out.split("\n")
   # The time of compiling the searches apart (the fake's 0.5 s of 2 s).
   assert out[0] == (
-      f"{SPLIT}, step 6, beam 4, alpha 0.6, stop early, bfloat16 products: "
-      "4 sentences in 2.0 s, 0.5 s of it compiling (2.0 sentences/s)")
-  assert out[1] == f"Wrote {copy / 'eval' / 'test_4_6_early_bfloat16'}"
-  metrics = json.loads((copy / "eval" / "test_4_6_early_bfloat16" /
-                        "metrics.json").read_text())
+      f"{SPLIT}, step 6, beam 4, alpha 0.6, stop early, bfloat16 products, "
+      "no repeated 3-grams: 4 sentences in 2.0 s, 0.5 s of it compiling "
+      "(2.0 sentences/s)")
+  folder = "test_4_6_early_bfloat16_norepeat3"
+  assert out[1] == f"Wrote {copy / 'eval' / folder}"
+  metrics = json.loads((copy / "eval" / folder / "metrics.json").read_text())
+  assert metrics["no_repeat_ngram_size"] == 3
   assert (metrics["decode_seconds"], metrics["compile_seconds"]) == (2.0, 0.5)
   # Without compilation (searches compiled before): no such part.
   assert eval_py(f"--workdir={copy}", f"--split={SPLIT}") == 0
   assert capsys.readouterr().out.split("\n")[0] == (
       f"{SPLIT}, step 6, beam 4, alpha 0.6: 4 sentences in 2.0 s "
       "(2.0 sentences/s)")
-  translations = (copy / "eval" / "test_4_6_early_bfloat16" /
-                  "translations.txt").read_text()
-  assert translations.split("\n")[0].endswith(" 4 0.6 8 early bfloat16")
+  translations = (copy / "eval" / folder / "translations.txt").read_text()
+  assert translations.split("\n")[0].endswith(" 4 0.6 8 early bfloat16 3")
 
 
 def test_other_settings_never_replace_results(copy, monkeypatch):
@@ -184,24 +186,27 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   assert (metrics["beam_stop"], metrics["matmul_dtype"]) == ("exact",
                                                              "float32")
   assert (out / "translations.txt").read_text().split("\n")[0].endswith(
-      " 4 0.6 8 exact float32")  # what the search was given (extra 8)
+      " 4 0.6 8 exact float32 0")  # what the search was given (extra 8)
 
   # Other settings: another folder, named by what differs from the config.
   for kwargs, name in [(dict(beam_size=8, alpha=1.0), "test_4_6_beam8_alpha1.0"),
                        (dict(max_decode_extra=3), "test_4_6_extra3"),
                        (dict(average_last=2, alpha=0), "test_4_avg2_6_alpha0.0"),
                        (dict(beam_stop="early"), "test_4_6_early"),
-                       (dict(matmul_dtype="bfloat16"), "test_4_6_bfloat16")]:
+                       (dict(matmul_dtype="bfloat16"), "test_4_6_bfloat16"),
+                       (dict(no_repeat_ngram_size=2), "test_4_6_norepeat2")]:
     result = evaluator.evaluate(str(copy), split=SPLIT, **kwargs)
     assert result["output_dir"] == str(copy / "eval" / name)
     written = json.loads((copy / "eval" / name / "metrics.json").read_text())
     assert written["alpha"] == kwargs.get("alpha", 0.6)
     assert written["beam_stop"] == kwargs.get("beam_stop", "exact")
     assert written["matmul_dtype"] == kwargs.get("matmul_dtype", "float32")
+    assert written["no_repeat_ngram_size"] == kwargs.get(
+        "no_repeat_ngram_size", 0)
   assert (copy / "eval" / "test_4_6_early" / "translations.txt").read_text(
-      ).split("\n")[0].endswith(" 4 0.6 8 early float32")
+      ).split("\n")[0].endswith(" 4 0.6 8 early float32 0")
   assert (copy / "eval" / "test_4_6_bfloat16" / "translations.txt"
-          ).read_text().split("\n")[0].endswith(" 4 0.6 8 exact bfloat16")
+          ).read_text().split("\n")[0].endswith(" 4 0.6 8 exact bfloat16 0")
   assert file_hashes(out) == kept
 
   # The results of the code before beam_stop (no such field in their
@@ -210,7 +215,8 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   older = copy / "eval" / "older"
   evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older))
   recorded = json.loads((older / "metrics.json").read_text())
-  del recorded["beam_stop"], recorded["matmul_dtype"]
+  del (recorded["beam_stop"], recorded["matmul_dtype"],
+       recorded["no_repeat_ngram_size"])
   (older / "metrics.json").write_text(json.dumps(recorded))
   evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older))
   with pytest.raises(evaluator.EvalError,
@@ -221,6 +227,10 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
       "(matmul_dtype 'float32', not 'bfloat16')")):
     evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older),
                        matmul_dtype="bfloat16")
+  with pytest.raises(evaluator.EvalError, match=re.escape(
+      "(no_repeat_ngram_size 0, not 2)")):
+    evaluator.evaluate(str(copy), split=SPLIT, output_dir=str(older),
+                       no_repeat_ngram_size=2)
   shutil.rmtree(older)
 
   # A folder that records other settings is refused before any checkpoint
@@ -252,7 +262,8 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   assert file_hashes(out) == kept
   assert sorted(p.name for p in (copy / "eval").iterdir()) == [
       "test_4_6", "test_4_6_beam8_alpha1.0", "test_4_6_bfloat16",
-      "test_4_6_early", "test_4_6_extra3", "test_4_avg2_6_alpha0.0"]
+      "test_4_6_early", "test_4_6_extra3", "test_4_6_norepeat2",
+      "test_4_avg2_6_alpha0.0"]
 
 
 def test_a_source_file_of_other_lines_is_another_evaluation(
@@ -629,7 +640,8 @@ def test_piped_eval_py_writes_into_an_output_dir_only_when_given(
   monkeypatch.setattr(evaluator.files, "read_lines", lambda path: (
       ["ein Satz", "zwei"] if path == "/dev/stdin" else read_lines(path)))
   out = tmp_path / "out"
-  want = "ein Satz 4 0.6 8 exact float32\nzwei 4 0.6 8 exact float32\n"
+  want = ("ein Satz 4 0.6 8 exact float32 0\n"
+          "zwei 4 0.6 8 exact float32 0\n")
   assert eval_py(f"--workdir={copy}", "--source_file=-") == 0
   captured = capsys.readouterr()
   assert captured.out == want

@@ -20,6 +20,7 @@ from mha.evaluation import evaluator
 from mha.store import trained as trained_lib
 from mha.scoring import bleu as scoring
 from mha.search import batches as batch_search
+from mha.search.settings import SearchSettings
 from mha.search import texts as translate
 from mha.errors import UserError
 from mha.model.transformer import TransformerConfig
@@ -252,8 +253,8 @@ def test_batching_order_truncation_and_no_recompilation(workdir, model,
 
   # BLEU during training: repeated calls with new parameters compile nothing.
   # pylint: disable=protected-access
-  search = batch_search._translate_fn(model_config, 1, 0.6, data.EOS_ID,
-                                      "exact")
+  search = batch_search.translate_fn(model_config, SearchSettings(beam_size=1),
+                                     data.EOS_ID)
   p4, _ = checkpoints.restore_params(str(workdir), 4)
   translate.translate_texts(model_config, p4, tokenizer, sources, **kwargs)
   compiled = search._cache_size()

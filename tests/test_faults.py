@@ -306,9 +306,10 @@ def test_ctrl_c_saves_where_it_stopped_and_exits_130(tiny_workdir, tmp_path):
 SPLIT = "test[:4]"
 
 
-def _fake_search(model_config, params, tokenizer, sources, **kwargs):
+def _fake_search(model_config, params, tokenizer, sources, settings=None,
+                 **kwargs):
   """Stands in for the beam search (tested in test_evaluator.py)."""
-  del model_config, params, tokenizer, kwargs
+  del model_config, params, tokenizer, settings, kwargs
   return translate.Translations([s.upper() for s in sources],
                                 [None] * len(sources), [None] * len(sources),
                                 1.0)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mha.search import batches as batch_search
+from mha.search.settings import SearchSettings
 
 from test_decoding import EOS
 from test_decoding import tiny_transformer  # noqa: F401  pylint: disable=unused-import
@@ -50,7 +51,8 @@ def test_source_keys_and_values_are_not_transposed_in_the_loop(
   batch, length = inputs.shape
   heads = model_config.num_heads
   head = model_config.d_model // heads
-  fn = batch_search._translate_fn(model_config, beam, 0.6, EOS, "exact")  # pylint: disable=protected-access
+  fn = batch_search.translate_fn(model_config, SearchSettings(beam_size=beam),
+                                 EOS)
   static, devices, rows = batch_search._search_inputs(  # pylint: disable=protected-access
       model_config, inputs, max_decode_extra=4, max_decode_len=None,
       first_stage_extra=batch_search.FIRST_STAGE_EXTRA, devices=(),

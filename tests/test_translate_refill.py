@@ -15,6 +15,7 @@ import pytest
 from conftest import random_tiny_transformer
 from mha.search import decoding
 from mha.search import batches as batch_search
+from mha.search.settings import SearchSettings
 from mha.search import texts as translate
 
 EOS = 1
@@ -172,7 +173,8 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
                                         devices=device, **kwargs)
   finally:
     jax.monitoring.unregister_event_time_span_listener(listener)
-  assert batch_search._refill_fn(model_config, 1, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
+  assert batch_search.refill_fn(model_config, SearchSettings(beam_size=1),
+                                EOS)._cache_size() == 1  # pylint: disable=protected-access
   # The search is the one program compiled: its inputs are stacked and its
   # outputs cut on the host, with no small operation compiled around it
   # (which every new process would compile again).
@@ -295,7 +297,8 @@ def test_translate_refills_beam_slots_with_the_next_batches_sentences():
   kwargs = dict(beam_size=4, alpha=0.6, max_decode_extra=8, eos_id=EOS)
   refilled = translate.decode_batches(model_config, params, batches,
                                       devices=device, **kwargs)
-  assert batch_search._refill_fn(model_config, 4, 0.6, EOS, "exact")._cache_size() == 1  # pylint: disable=protected-access
+  assert batch_search.refill_fn(model_config, SearchSettings(beam_size=4),
+                                EOS)._cache_size() == 1  # pylint: disable=protected-access
   lengths = []
   for batch, tokens in zip(batches, refilled):
     alone = batch_search.translate_batch(
@@ -333,8 +336,8 @@ def test_a_refilled_search_over_two_devices_gives_each_batchs_outputs(
   assert translate._refill_groups(batches, two, beam_size) == [[0, 1, 2]]  # pylint: disable=protected-access
   kwargs = dict(beam_size=beam_size, alpha=0.6, max_decode_extra=8,
                 eos_id=EOS)
-  search = batch_search._refill_fn(model_config, beam_size, 0.6, EOS,  # pylint: disable=protected-access
-                                   "exact")
+  search = batch_search.refill_fn(
+      model_config, SearchSettings(beam_size=beam_size), EOS)
   compiled = search._cache_size()  # pylint: disable=protected-access
   refilled = translate.decode_batches(model_config, params, batches,
                                       devices=two, **kwargs)

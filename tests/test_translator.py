@@ -27,6 +27,7 @@ from mha import data
 from mha.search import decoding
 from mha.evaluation import evaluator
 from mha.search import batches as batch_search
+from mha.search.settings import SearchSettings
 from mha.search import texts as translate
 from mha import translator as translator_lib
 from mha.cli import lines as lines_lib
@@ -166,11 +167,15 @@ def test_average_last_loads_the_mean(tiny_workdir):
     (lambda t: t.translate(["a"], matmul_dtype="float16"),
      "matmul_dtype must be one of float32, bfloat16, got 'float16'"),
     (lambda t: lines_lib.line_translator(t, sample=True,
-                                              matmul_dtype="bfloat16"),
-     "beam_size, alpha, beam_stop and matmul_dtype are beam search settings"),
-    (lambda t: lines_lib.line_translator(t, sample=True,
-                                              beam_stop="early"),
-     "beam_size, alpha, beam_stop and matmul_dtype are beam search settings"),
+                                         matmul_dtype="bfloat16"),
+     "^matmul_dtype: beam search settings; sampling takes temperature"),
+    (lambda t: lines_lib.line_translator(t, sample=True, beam_stop="early",
+                                         no_repeat_ngram_size=2),
+     "^beam_stop, no_repeat_ngram_size: beam search settings"),
+    (lambda t: t.translate(["a"], beam_width=2),
+     "^Not a search setting: beam_width"),
+    (lambda t: t.translate(["a"], no_repeat_ngram_size=-1),
+     "no_repeat_ngram_size must be"),
     (lambda t: t.translate("a sentence"), "list of strings"),
     (lambda t: t.translate(7), "list of strings"),
     (lambda t: t.nbest(iter([b"bytes"]), 2), "list of strings"),
@@ -310,9 +315,9 @@ def test_a_terminal_sessions_searches_are_prepared_before_the_first_line(
   # for no shape. After the warm-up, a one-line input in a warmed bucket
   # compiles nothing more, and gets the translation it would get anyway.
   # pylint: disable=protected-access
-  search = batch_search._translate_fn(translator.model_config,
-                                   translator.defaults.beam_size, 0.37,
-                                   data.EOS_ID, "exact")
+  search = batch_search.translate_fn(
+      translator.model_config, translator.defaults.given(alpha=0.37),
+      data.EOS_ID)
   function = lines_lib.line_translator(translator, alpha=0.37)
   assert search._cache_size() == 0
   tokenizer = translator.tokenizer

@@ -82,6 +82,7 @@ from absl import app
 from absl import flags
 
 from mha.cli import startup
+from mha.search import settings as settings_lib
 
 startup.define_search_flags()
 flags.DEFINE_string("split", None, "Dataset split (default: test_split).")
@@ -142,15 +143,14 @@ def main(argv: list[str]) -> int:
   result = evaluator.evaluate(
       FLAGS.workdir, split=FLAGS.split,
       checkpoint_step=FLAGS.checkpoint_step,
-      average_last=FLAGS.average_last, beam_size=FLAGS.beam_size,
-      alpha=FLAGS.alpha, max_decode_extra=FLAGS.max_decode_extra,
-      beam_stop=FLAGS.beam_stop, matmul_dtype=FLAGS.matmul_dtype,
+      average_last=FLAGS.average_last,
       batch_size=FLAGS.batch_size, source_file=FLAGS.source_file,
       reference_file=FLAGS.reference_file, output_dir=FLAGS.output_dir,
       write=not piped or FLAGS.output_dir is not None,
       plot_attention=FLAGS.plot_attention, plot_layer=FLAGS.plot_layer,
       paper_bleu=FLAGS.paper_bleu,
-      reference_tokenized=FLAGS.reference_tokenized)
+      reference_tokenized=FLAGS.reference_tokenized,
+      **startup.search_flags())
   # With --source_file=- standard output holds the translations only.
   if piped:
     sys.stdout.buffer.write(
@@ -178,12 +178,11 @@ def _follow() -> int:
                       "into its default folder.")
   follow.follow(
       FLAGS.workdir, split=FLAGS.split, average_last=FLAGS.average_last,
-      beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
-      max_decode_extra=FLAGS.max_decode_extra, beam_stop=FLAGS.beam_stop,
-      matmul_dtype=FLAGS.matmul_dtype, batch_size=FLAGS.batch_size,
+      batch_size=FLAGS.batch_size,
       paper_bleu=FLAGS.paper_bleu, poll_seconds=FLAGS.follow_interval,
       timeout_seconds=FLAGS.follow_timeout,
-      report=lambda result: print_summary(result, sys.stdout, flush=True))
+      report=lambda result: print_summary(result, sys.stdout, flush=True),
+      **startup.search_flags())
   return 0
 
 
@@ -194,17 +193,11 @@ def print_summary(result: dict[str, Any], report, flush: bool = False
   steps = result["averaged_steps"]
   what = (f"average of steps {steps}" if len(steps) > 1
           else f"step {result['checkpoint_step']}")
-  # The stopping rule and the products' dtype, when not exact and float32.
-  others = ""
-  if result.get("beam_stop") == "early":
-    others += ", stop early"
-  if result.get("matmul_dtype", "float32") != "float32":
-    others += f", {result['matmul_dtype']} products"
+  search = settings_lib.of_record(result).describe()
   # The compilation apart, when it rounds to a tenth of a second or more.
   compiled = result.get("compile_seconds", 0.0)
   compiling = f", {compiled:.1f} s of it compiling" if compiled >= 0.05 else ""
-  print(f"{result['split']}, {what}, beam {result['beam_size']}, "
-        f"alpha {result['alpha']}{others}: {result['num_sentences']} "
+  print(f"{result['split']}, {what}, {search}: {result['num_sentences']} "
         f"sentences in {result['decode_seconds']:.1f} s{compiling} "
         f"({result['sentences_per_second']:.1f} sentences/s)", file=report)
   if "output_dir" in result:

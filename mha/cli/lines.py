@@ -13,7 +13,7 @@ import codecs
 import os
 import select
 import threading
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from absl import logging
 
@@ -51,11 +51,8 @@ def format_nbest(line_number: int, hypotheses: Sequence[Hypothesis]) -> str:
 def line_translator(translator: Translator, *, nbest: int = 0,
                     sample: bool = False, temperature: float = 1.0,
                     top_k: int = 0, seed: int = 0,
-                    beam_size: int | None = None, alpha: float | None = None,
-                    max_decode_extra: int | None = None,
                     batch_size: int | None = None,
-                    beam_stop: str | None = None,
-                    matmul_dtype: str | None = None) -> LineFunction:
+                    **search: Any) -> LineFunction:
   """The function that turns input lines into output lines.
 
   Beam search (`Translator.translate`) by default, a translation per line
@@ -64,27 +61,30 @@ def line_translator(translator: Translator, *, nbest: int = 0,
   its number, ranks 1..n, scores 0, an empty translation); `sample`: one
   sample of each line, the line's position in the whole input choosing its
   key (so the samples do not depend on how the input was cut into batches).
+  `search`: the search's settings (`Translator.translate`'s; sampling
+  takes max_decode_extra alone).
 
   Raises:
     ConfigError: sampling and n-best together, or a bad setting (checked
       now, on an empty input).
   """
-  search = dict(beam_size=beam_size, alpha=alpha,
-                max_decode_extra=max_decode_extra, batch_size=batch_size,
-                beam_stop=beam_stop, matmul_dtype=matmul_dtype)
   if sample and nbest:
     raise ConfigError("Sampling gives one output per line: give n-best or "
                       "sampling, not both.")
   if sample:
-    if (beam_size, alpha, beam_stop, matmul_dtype) != (None,) * 4:
-      raise ConfigError("beam_size, alpha, beam_stop and matmul_dtype are "
-                        "beam search settings: sampling takes temperature, "
-                        "top_k and seed.")
+    beam = sorted(k for k, v in search.items()
+                  if v is not None and k != "max_decode_extra")
+    if beam:
+      raise ConfigError(f"{', '.join(beam)}: beam search settings; sampling "
+                        "takes temperature, top_k, seed and "
+                        "max_decode_extra.")
     options = dict(temperature=temperature, top_k=top_k, seed=seed,
-                   max_decode_extra=max_decode_extra, batch_size=batch_size)
+                   max_decode_extra=search.get("max_decode_extra"),
+                   batch_size=batch_size)
     translator.sample([], **options)
     return lambda lines, first: _lines(translator.sample(
         lines, first_id=first, **options))
+  search["batch_size"] = batch_size
   if nbest:
     translator.nbest([], nbest, **search)
     blank = [BLANK_HYPOTHESIS] * nbest

@@ -42,6 +42,7 @@ from mha.runtime import compilation_cache
 from mha.runtime import host_memory
 from mha.runtime import library_logs
 from mha.runtime import sigterm
+from mha.search import settings as settings_lib
 from mha import validation
 from mha.errors import ConfigError
 from mha.errors import SigTerm
@@ -84,28 +85,22 @@ def define_once(define: Callable[..., Any], name: str, default: Any,
           "shell variable?).")
 
 
+_DEFINE = {int: flags.DEFINE_integer, float: flags.DEFINE_float,
+           str: flags.DEFINE_string}
+
+
 def define_search_flags() -> None:
   """Defines the flags of the commands that read a trained workdir and
-  search (mha-eval, mha-translate): --workdir, --average_last, --beam_size,
-  --alpha, --max_decode_extra, --beam_stop, --matmul_dtype, --batch_size,
-  --cpu_devices (`use_search_devices`); once, as `define_flags`."""
+  search (mha-eval, mha-translate): --workdir, --average_last, one flag
+  for each search setting (`mha.search.settings.flags`: --beam_size,
+  --alpha, ...), --batch_size, --cpu_devices (`use_search_devices`);
+  once, as `define_flags`."""
+  for name, kind, help_text in settings_lib.flags():
+    define_once(_DEFINE[kind], name, None, help_text)
   for define, name, default, help_text in (
       (flags.DEFINE_string, "workdir", None, "A training workdir."),
       (flags.DEFINE_integer, "average_last", None,
        "Average the last N checkpoints' parameters."),
-      (flags.DEFINE_integer, "beam_size", None,
-       "Beam size (default: config)."),
-      (flags.DEFINE_float, "alpha", None, "Length penalty (default: config)."),
-      (flags.DEFINE_integer, "max_decode_extra", None,
-       "Output length limit = input length + this (default: config)."),
-      (flags.DEFINE_string, "beam_stop", None,
-       "When a sentence's beam search ends: exact (its result is that of a "
-       "search run to the length limit) or early (faster; may miss a longer "
-       "hypothesis). Default: config (exact)."),
-      (flags.DEFINE_string, "matmul_dtype", None,
-       "The model's products with its weight matrices: float32, or bfloat16 "
-       "(float32 results; faster on CPUs with bfloat16 instructions, other "
-       "outputs). Default: config (float32)."),
       (flags.DEFINE_integer, "batch_size", None,
        "Sentences per decoding batch. Default: 64 for each accelerator; "
        "64 in all on CPU devices, more where a device would have fewer than "
@@ -116,6 +111,12 @@ def define_search_flags() -> None:
        "--xla_force_host_platform_device_count; 1: one device for all "
        "cores.")):
     define_once(define, name, default, help_text)
+
+
+def search_flags() -> dict[str, Any]:
+  """The search settings' flags as given ({field: value}; None: the
+  config's), the keywords of `evaluate`, `follow` and the Translator."""
+  return {name: flags.FLAGS[name].value for name in settings_lib.FIELDS}
 
 
 def use_search_devices() -> None:

@@ -103,9 +103,7 @@ def _translate(write) -> int:
   function = lines_lib.line_translator(
       translator, nbest=FLAGS.nbest, sample=FLAGS.sample,
       temperature=FLAGS.temperature, top_k=FLAGS.top_k, seed=FLAGS.seed,
-      beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
-      max_decode_extra=FLAGS.max_decode_extra, beam_stop=FLAGS.beam_stop,
-      matmul_dtype=FLAGS.matmul_dtype, batch_size=FLAGS.batch_size)
+      batch_size=FLAGS.batch_size, **startup.search_flags())
   logging.info("Loaded %s, step %s.", FLAGS.workdir,
                translator.steps if len(translator.steps) > 1
                else translator.step)

@@ -37,6 +37,7 @@ from mha.errors import EvalError
 from mha.errors import Interrupted
 from mha.errors import os_reason
 from mha.scoring.bleu import score
+from mha.search import settings as settings_lib
 from mha.search.settings import SearchSettings
 from mha.model.transformer import TransformerConfig
 
@@ -72,23 +73,23 @@ def read_lines(path: str, what: str = "File") -> list[str]:
 
 def check_flags(*, checkpoint_step: int | None = None,
                 average_last: int | None = None,
-                beam_size: int | None = None, alpha: float | None = None,
-                max_decode_extra: int | None = None,
                 batch_size: int | None = None,
-                plot_attention: int = 0, beam_stop: str | None = None,
-                matmul_dtype: str | None = None) -> None:
+                plot_attention: int = 0, **search: Any) -> None:
   """Checks the flags that need no workdir; None = the default.
 
-  Each by its rule in the one table of rules (`mha.validation`).
+  Each by its rule in the one table of rules (`mha.validation`);
+  `search`: fields of `SearchSettings`.
 
   Raises:
-    EvalError: naming the first flag out of range (α must be finite).
+    EvalError: naming the first flag out of range (α must be finite), or a
+      search setting that is none.
   """
+  unknown = sorted(set(search) - set(settings_lib.FIELDS))
+  if unknown:
+    raise EvalError(f"Not a search setting: {', '.join(unknown)}.")
   given = {"checkpoint_step": checkpoint_step, "average_last": average_last,
-           "beam_size": beam_size, "max_decode_extra": max_decode_extra,
            "batch_size": batch_size, "plot_attention": plot_attention,
-           "alpha": alpha, "beam_stop": beam_stop,
-           "matmul_dtype": matmul_dtype}
+           **search}
   for name, value in given.items():
     if value is not None:
       validation.check_flag(name, value, EvalError)
@@ -208,16 +209,12 @@ def _check_arguments(split: str | None, source_file: str | None,
 
 def _plan(workdir: str, split: str | None, source_file: str | None,
           reference_file: str | None, *, checkpoint_step: int | None,
-          average_last: int | None, beam_size: int | None,
-          alpha: float | None, max_decode_extra: int | None,
-          beam_stop: str | None, matmul_dtype: str | None,
-          plot_attention: int, plot_layer: int,
-          write: bool) -> _Plan:
-  """Load: the workdir's config and vocabulary, the steps and the inputs."""
+          average_last: int | None, plot_attention: int, plot_layer: int,
+          write: bool, **given: Any) -> _Plan:
+  """Load: the workdir's config and vocabulary, the steps and the inputs;
+  `given`: the search settings given."""
   config, tokenizer = trained.load_workdir(workdir)
-  search = _search_settings(config, workdir, beam_size=beam_size,
-                            alpha=alpha, max_decode_extra=max_decode_extra,
-                            beam_stop=beam_stop, matmul_dtype=matmul_dtype)
+  search = _search_settings(config, workdir, **given)
   _check_plot_flags(config, plot_attention, plot_layer, write)
   steps = trained.choose_steps(workdir, checkpoint_step, average_last)
   split_name, sources, references = _read_inputs(
@@ -363,15 +360,13 @@ def _write_results(folder: str, result: dict[str, Any], draw) -> None:
 
 def evaluate(workdir: str, *, split: str | None = None,
              checkpoint_step: int | None = None,
-             average_last: int | None = None, beam_size: int | None = None,
-             alpha: float | None = None, max_decode_extra: int | None = None,
+             average_last: int | None = None,
              batch_size: int | None = None, source_file: str | None = None,
              reference_file: str | None = None, output_dir: str | None = None,
              write: bool = True, plot_attention: int = 0,
              plot_layer: int = -1, paper_bleu: bool = False,
              reference_tokenized: bool = False,
-             beam_stop: str | None = None,
-             matmul_dtype: str | None = None) -> dict[str, Any]:
+             **search: Any) -> dict[str, Any]:
   """Translates a split (or a file) with a workdir's checkpoint and scores it.
 
   Checks the flags; loads the workdir, chooses the steps, reads the
@@ -384,24 +379,22 @@ def evaluate(workdir: str, *, split: str | None = None,
     split: dataset split (TFDS slicing allowed); default `test_split`.
     checkpoint_step: default the latest; average_last: average the last N
       checkpoints up to it.
-    beam_size, alpha, max_decode_extra: the search (1 = greedy; α finite,
-      >= 0; outputs up to input length + max_decode_extra); default the
-      config's (the paper: 4, 0.6, 50). batch_size: sentences per batch;
-      default `translate.batch_size_for` (64 for each accelerator).
-    beam_stop: the beam search's stopping rule, "exact" or "early"
-      (`mha.search.decoding.beam_search`); default the config's ("exact" for a
-      config without the field).
-    matmul_dtype: "float32" or "bfloat16", the model's products with its
-      weight matrices (`mha.model.attention.weight_product`); default the
-      config's ("float32" for a config without the field).
+    batch_size: sentences per batch; default `translate.batch_size_for`
+      (64 for each accelerator).
     source_file, reference_file: one sentence a line, instead of a split
       ('-' = stdin); without references, no scores.
     output_dir: default `eval_output.default_output_dir`; write: write
       translations.txt and metrics.json there.
     plot_attention, plot_layer: draw the first N sentences' attention maps
       of a layer (0 = first, -1 = last) into `<output_dir>/attention/`.
-    paper_bleu: also `bleu_paper` (`mha.scoring.paper_bleu`); reference_tokenized:
-      `reference_file` is Moses-tokenized already (only compound-split).
+    paper_bleu: also `bleu_paper` (`mha.scoring.paper_bleu`);
+      reference_tokenized: `reference_file` is Moses-tokenized already
+      (only compound-split).
+    **search: fields of `mha.SearchSettings` (None: the config's; the
+      paper: beam 4, alpha 0.6, outputs up to input + 50): beam_size (1 =
+      greedy), alpha (finite, >= 0), max_decode_extra, beam_stop ("exact"
+      or "early"), matmul_dtype ("float32" or "bfloat16"),
+      no_repeat_ngram_size (0: off).
 
   Returns:
     The metrics written to metrics.json (`_score`), plus `translations`,
@@ -413,9 +406,7 @@ def evaluate(workdir: str, *, split: str | None = None,
       Interrupted: a Ctrl-C before the results were written.
   """
   flags = dict(checkpoint_step=checkpoint_step, average_last=average_last,
-               beam_size=beam_size, alpha=alpha,
-               max_decode_extra=max_decode_extra, beam_stop=beam_stop,
-               matmul_dtype=matmul_dtype, plot_attention=plot_attention)
+               plot_attention=plot_attention, **search)
   _check_arguments(split, source_file, reference_file, paper_bleu,
                    reference_tokenized, batch_size=batch_size, **flags)
   plan = _plan(workdir, split, source_file, reference_file,
@@ -441,13 +432,12 @@ def _translate(model_config: TransformerConfig, params: Any, plan: _Plan,
   `settings["batch_size"]` (`translate.translate_with_ids`: the texts,
   their ids and the time taken, compilation included)."""
   search = plan.search
-  logging.info("Evaluating step(s) %s on %s (%d sentences), beam %d, "
-               "alpha %s, stop %s.", settings["averaged_steps"],
-               settings["split"], len(plan.sources), search.beam_size,
-               search.alpha, search.beam_stop)
+  logging.info("Evaluating step(s) %s on %s (%d sentences), %s.",
+               settings["averaged_steps"], settings["split"],
+               len(plan.sources), search.describe())
   return translate.translate_with_ids(
-      model_config, params, plan.tokenizer, plan.sources,
-      batch_size=settings["batch_size"], **search.as_dict())
+      model_config, params, plan.tokenizer, plan.sources, search,
+      batch_size=settings["batch_size"])
 
 
 def _score(plan: _Plan, translations: translate.Translations,
@@ -459,8 +449,7 @@ def _score(plan: _Plan, translations: translate.Translations,
     `bleu`, `chrf`, `sacrebleu_signature`, `chrf_signature`, `bleu_details`
     when there are references (and `bleu_paper`, `bleu_paper_signature`
     with `paper_bleu`); `split`, `checkpoint_step`, `averaged_steps`,
-    `beam_size`, `alpha`, `max_decode_extra`, `beam_stop`, `matmul_dtype`,
-    `batch_size`,
+    the search's settings (`SearchSettings`' fields), `batch_size`,
     `num_sentences`, `decode_seconds` (compilation included),
     `compile_seconds` (of it, preparing the searches:
     `translate.Translations`), `sentences_per_second` (and `source_file`,
@@ -475,8 +464,8 @@ def _score(plan: _Plan, translations: translate.Translations,
           hypotheses, plan.references, plan.config.target_lang,
           references_tokenized=reference_tokenized))
   result.update({k: settings[k] for k in (
-      "split", "checkpoint_step", "averaged_steps", "beam_size", "alpha",
-      "max_decode_extra", "beam_stop", "matmul_dtype", "batch_size")})
+      "split", "checkpoint_step", "averaged_steps", *settings_lib.FIELDS,
+      "batch_size")})
   n = len(hypotheses)
   result.update(num_sentences=n, decode_seconds=seconds,
                 compile_seconds=translations.compile_seconds,

@@ -221,23 +221,22 @@ def _lock(workdir: str, base: str) -> FollowLock:
 
 
 def follow(workdir: str, *, split: str | None = None,
-           average_last: int | None = None, beam_size: int | None = None,
-           alpha: float | None = None, max_decode_extra: int | None = None,
-           beam_stop: str | None = None, matmul_dtype: str | None = None,
+           average_last: int | None = None,
            batch_size: int | None = None, paper_bleu: bool = False,
            poll_seconds: float = 60.0, timeout_seconds: float = 3600.0,
            report: Callable[[dict[str, Any]], None] | None = None,
            clock: Callable[[], float] = time.monotonic,
-           sleep: Callable[[float], None] = time.sleep
-           ) -> list[dict[str, Any]]:
+           sleep: Callable[[float], None] = time.sleep,
+           **search: Any) -> list[dict[str, Any]]:
   """Evaluates a workdir's checkpoints as they appear (module docstring).
 
   Args:
     workdir: a training workdir, local or gs://, with or without a trainer
       running.
-    split, average_last, beam_size, alpha, max_decode_extra, beam_stop,
-      matmul_dtype, batch_size, paper_bleu: as `evaluator.evaluate`'s; `average_last=N` adds the
-      average of the last N checkpoints up to each step.
+    split, average_last, batch_size, paper_bleu, search: as
+      `evaluator.evaluate`'s (`search`: fields of `mha.SearchSettings`);
+      `average_last=N` adds the average of the last N checkpoints up to
+      each step.
     poll_seconds: the interval between two listings of the checkpoints.
     timeout_seconds: stop after this long without a new checkpoint
       (0: only when the run's last step is evaluated).
@@ -256,22 +255,15 @@ def follow(workdir: str, *, split: str | None = None,
         f"{validation.setting('poll_seconds', 'follow_interval')} must be > 0 "
         f"and {validation.setting('timeout_seconds', 'follow_timeout')} >= 0 "
         f"(seconds), got {poll_seconds} and {timeout_seconds}.")
-  evaluator.check_flags(average_last=average_last, beam_size=beam_size,
-                        alpha=alpha, max_decode_extra=max_decode_extra,
-                        beam_stop=beam_stop, matmul_dtype=matmul_dtype,
-                        batch_size=batch_size)
+  evaluator.check_flags(average_last=average_last, batch_size=batch_size,
+                        **search)
   config, _ = trained.load_workdir(workdir)
-  single, average = names(config, split, average_last,
-                          beam_size=beam_size, alpha=alpha,
-                          max_decode_extra=max_decode_extra,
-                          beam_stop=beam_stop, matmul_dtype=matmul_dtype)
+  single, average = names(config, split, average_last, **search)
   lock = _lock(workdir, single)
   try:
     follower = _Follower(
-        workdir, dict(split=split, beam_size=beam_size, alpha=alpha,
-                      max_decode_extra=max_decode_extra, beam_stop=beam_stop,
-                      matmul_dtype=matmul_dtype, batch_size=batch_size,
-                      paper_bleu=paper_bleu),
+        workdir, dict(split=split, batch_size=batch_size,
+                      paper_bleu=paper_bleu, **search),
         [(single, None)] + ([(average, average_last)] if average else []),
         Record.load(os.path.join(workdir, workdir_lib.EVAL_DIR,
                                  f"{RECORD_PREFIX}{single}.json")), report)

@@ -34,15 +34,14 @@ from mha.store import workdir as workdir_lib
 from mha.errors import EvalError
 from mha.errors import UserError
 from mha.errors import os_reason
-from mha.search.settings import OLDER_DEFAULTS
+from mha.search import settings as settings_lib
 
 TRANSLATIONS_FILE = "translations.txt"
 METRICS_FILE = "metrics.json"
 # metrics.json fields that say which results a folder holds.
-SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps", "beam_size",
-                   "alpha", "max_decode_extra", "beam_stop", "matmul_dtype",
-                   "source_file", "reference_file", "sources_sha256",
-                   "references_sha256")
+SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps",
+                   *settings_lib.FIELDS, "source_file", "reference_file",
+                   "sources_sha256", "references_sha256")
 # Fields metrics.json files written before them lack: not compared then.
 RECORDED_SINCE = ("sources_sha256", "references_sha256")
 
@@ -63,9 +62,9 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
 
   Args:
     output_dir: where the evaluation would write (a local path or gs://).
-    settings: the `SETTINGS_FIELDS` of this evaluation (a field it does
-      not give, or the metrics.json does not record, has its
-      `OLDER_DEFAULTS` value: a setting that came later).
+    settings: the `SETTINGS_FIELDS` of this evaluation (a search setting
+      it does not give, or the metrics.json does not record, has its
+      default, `settings_lib.DEFAULTS`: a setting that came later).
 
   Raises:
     EvalError: `output_dir` is a file, or holds a metrics.json that cannot be
@@ -91,7 +90,7 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
   except (OSError, ValueError) as e:
     raise EvalError(f"{path} cannot be read ({e}); eval.py does not replace "
                     f"it: {fix}.") from None
-  recorded, given = ({k: d.get(k, OLDER_DEFAULTS.get(k))
+  recorded, given = ({k: d.get(k, settings_lib.DEFAULTS.get(k))
                        for k in SETTINGS_FIELDS} for d in (earlier, settings))
   differ = [f"{k} {recorded[k]!r}, not {given[k]!r}"
             for k in SETTINGS_FIELDS if recorded[k] != given[k] and not (

@@ -43,8 +43,11 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
+from mha import validation
 from mha.search import decoding
+from mha.search import settings as settings_lib
 from mha.search import trace_cache as search_cache
+from mha.search.settings import SearchSettings
 from mha.data import token_ids
 from mha.model.transformer import Transformer
 from mha.model.transformer import TransformerConfig
@@ -346,8 +349,8 @@ def _start_rows_fn(queue: list[jax.Array], queue_inputs: jax.Array
 
 
 @functools.lru_cache(maxsize=32)
-def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
-               eos_id: int, beam_stop: str) -> Callable[..., Any]:
+def _refill_fn(model_config: TransformerConfig, settings: SearchSettings,
+               eos_id: int) -> Callable[..., Any]:
   """The jitted search of `inputs`, arrays `[k, slots, s]` (k batches of one
   source length each), with `slots` sentences searched at a time, a slot
   whose sentence is done taking the next one (`decoding.greedy_refill`,
@@ -359,8 +362,9 @@ def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
   split evenly over them (`_on_devices`), and each device runs its own
   search of its share of every batch, its slots taking its next
   sentences; `max_lengths` and the outputs in the devices' order
-  (`_device_major`)."""
-  model = create_model(model_config, decode=True, deterministic=True)
+  (`_device_major`). `settings`: their `search_key`."""
+  model = _search_model(model_config, settings)
+  beam_size, step_hook = settings.beam_size, settings.step_hook(eos_id)
 
   def local_search(params: Any, inputs: tuple[jax.Array, ...],
                    max_lengths: jax.Array, max_decode_len: int,
@@ -380,11 +384,13 @@ def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
     if beam_size == 1:
       return decoding.greedy_refill(
           _step_fn(model, params), cache, start_rows, num_slots,
-          max_decode_len, eos_id, max_lengths, **common)[0]
+          max_decode_len, eos_id, max_lengths, step_hook=step_hook,
+          **common)[0]
     return decoding.beam_refill(
         _step_fn(model, params), cache, start_rows, num_slots, beam_size,
-        alpha, max_decode_len, eos_id, max_lengths, cache_rows(cache),
-        stop=beam_stop, **common)[0]
+        settings.alpha, max_decode_len, eos_id, max_lengths,
+        cache_rows(cache), stop=settings.beam_stop, step_hook=step_hook,
+        **common)[0]
 
   @functools.partial(jax.jit, static_argnames=(
       "max_decode_len", "stage_lengths", "devices"))
@@ -397,8 +403,8 @@ def _refill_fn(model_config: TransformerConfig, beam_size: int, alpha: float,
     return _on_devices(local, devices, [params], [inputs, max_lengths],
                        split_axes=[1, 0])
 
-  return search_cache.cached(search, ("refill", model_config, beam_size,
-                                      alpha, eos_id, beam_stop))
+  return search_cache.cached(search, ("refill", model_config, settings,
+                                      eos_id))
 
 
 def shrink_sizes(batch_size: int, beam_size: int) -> tuple[int, ...]:
@@ -450,12 +456,20 @@ def _on_devices(local: Callable[..., Any], devices: tuple[jax.Device, ...],
       out_specs=_split_spec(0), check_vma=False)(*shared, *rows)
 
 
+def _search_model(model_config: TransformerConfig,
+                  settings: SearchSettings) -> Transformer:
+  """The model a search with `settings` runs: the eval variant with a
+  decode cache, its weight products in `settings.matmul_dtype`."""
+  return create_model(model_config.replace(
+      matmul_dtype=settings.matmul_dtype), decode=True, deterministic=True)
+
+
 @functools.lru_cache(maxsize=32)
-def _translate_fn(model_config: TransformerConfig, beam_size: int,
-                  alpha: float, eos_id: int,
-                  beam_stop: str) -> Callable[..., Any]:
-  """The jitted search for one model config; recompiles per input shape,
-  per tuple of devices and per `num_best`.
+def _translate_fn(model_config: TransformerConfig, settings: SearchSettings,
+                  eos_id: int) -> Callable[..., Any]:
+  """The jitted search for one model config and `settings` (their
+  `search_key`); recompiles per input shape, per tuple of devices and per
+  `num_best`.
 
   `devices=()`: the search on the default device. Two or more devices: the
   sentences (rows of `inputs` and `max_lengths`, a multiple of the number
@@ -465,7 +479,8 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
   the n best, `(tokens [batch, n, len], scores [batch, n], log_probs
   [batch, n])`.
   """
-  model = create_model(model_config, decode=True, deterministic=True)
+  model = _search_model(model_config, settings)
+  beam_size = settings.beam_size
 
   def local_search(params: Any, inputs: jax.Array, max_lengths: jax.Array,
                    max_decode_len: int, stage_lengths: tuple[int, ...],
@@ -478,12 +493,13 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
     # those returned, can no longer be beaten (the other slots, unread,
     # need not be complete); they are the full search's n best.
     tokens, scores, log_probs = decoding.beam_search(
-        tokens_to_logits, cache, batch_size, beam_size, alpha,
+        tokens_to_logits, cache, batch_size, beam_size, settings.alpha,
         max_decode_len, eos_id, max_lengths,
         stage_lengths=tuple(lengths[:-1]), grow_cache=grow_cache,
         cache_rows=cache_rows(cache), num_best=max(num_best, 1),
         shrink_sizes=shrink_sizes(batch_size, beam_size),
-        with_log_probs=True, stop=beam_stop)
+        with_log_probs=True, stop=settings.beam_stop,
+        step_hook=settings.step_hook(eos_id))
     if not num_best:
       return tokens[:, 0]  # [batch, max_decode_len]
     return (tokens[:, :num_best], scores[:, :num_best],
@@ -498,8 +514,8 @@ def _translate_fn(model_config: TransformerConfig, beam_size: int,
                               stage_lengths=stage_lengths, num_best=num_best)
     return _on_devices(local, devices, [params], [inputs, max_lengths])
 
-  return search_cache.cached(search, ("translate", model_config,
-                                      beam_size, alpha, eos_id, beam_stop))
+  return search_cache.cached(search, ("translate", model_config, settings,
+                                      eos_id))
 
 
 @functools.lru_cache(maxsize=32)
@@ -619,19 +635,19 @@ def replicate(params: Any, devices: tuple[jax.Device, ...]) -> Any:
 
 
 def translate_batch(model_config: TransformerConfig, params: Any,
-                    inputs: jax.Array | np.ndarray, *, beam_size: int,
-                    alpha: float, max_decode_extra: int, eos_id: int,
+                    inputs: jax.Array | np.ndarray,
+                    settings: SearchSettings | None = None, *, eos_id: int,
                     max_decode_len: int | None = None,
                     first_stage_extra: int | None = FIRST_STAGE_EXTRA,
                     devices: Sequence[jax.Device] | None = None,
-                    num_best: int = 0, beam_stop: str = "exact") -> Any:
+                    num_best: int = 0, **given: Any) -> Any:
   """One batch through the Transformer's search: the best hypotheses.
 
   Encodes once, makes the decode cache (the encoder-decoder keys and values
   once per sentence, the self-attention cache at `batch * beam_size` rows)
-  and runs the whole search (`mha.search.decoding.beam_search`, with the cache's
-  `cache_rows`) as one jitted function, cached per (config, beam_size,
-  alpha, eos_id, beam_stop) and
+  and runs the whole search (`mha.search.decoding.beam_search`, with the
+  cache's `cache_rows` and the settings' `step_hook`) as one jitted
+  function, cached per (config, the settings' `search_key`, eos_id) and
   compiled per input shape and `max_decode_len`. The search runs in two stages
   (`mha.search.decoding`): first with outputs and a self-attention cache of
   `inputs.shape[1] + first_stage_extra` positions, then, only if some
@@ -643,10 +659,10 @@ def translate_batch(model_config: TransformerConfig, params: Any,
       variant; `decode=True, deterministic=True` are set here).
     params: the model parameters.
     inputs: int32 `[batch, s]` source tokens, 0 = pad.
-    beam_size: beam width; 1 = greedy search.
-    alpha: length-penalty exponent.
-    max_decode_extra: per-sentence limit on the output length = number of
-      non-pad source tokens + max_decode_extra (the paper: 50).
+    settings: the search's `SearchSettings` (None: the paper's), or its
+      fields as keywords (`given`): beam_size (1 = greedy search), alpha,
+      max_decode_extra (each output at most its non-pad source tokens +
+      this), beam_stop, matmul_dtype, ...
     eos_id: end-of-sentence token id.
     max_decode_len: the static length of the outputs and of the cache;
       None: the longest limit rounded up to a multiple of 8. Capped at the
@@ -658,8 +674,6 @@ def translate_batch(model_config: TransformerConfig, params: Any,
       None: `jax.local_devices()`. The outputs are the same on any number.
     num_best: 0 (default): the best output of each sentence; n >= 1 (at
       most beam_size): its n best hypotheses with their scores.
-    beam_stop: the beam search's stopping rule (`mha.search.decoding.beam_search`'s
-      `stop`): "exact" (default) or "early".
 
   Returns:
     int32 `[batch, max_decode_len]` output tokens, EOS included, 0 after it;
@@ -667,18 +681,43 @@ def translate_batch(model_config: TransformerConfig, params: Any,
     n], log_probs [batch, n])`, best first: the length-penalised score and
     log P(Y | X) of each hypothesis.
   """
-  if not 0 <= num_best <= beam_size:
-    raise ValueError(f"num_best must be in 0..beam_size = {beam_size}, got "
-                     f"{num_best}.")
+  settings = settings_lib.resolve(settings, given)
+  if not 0 <= num_best <= settings.beam_size:
+    raise ValueError(f"num_best must be in 0..beam_size = "
+                     f"{settings.beam_size}, got {num_best}.")
   inputs_np = np.asarray(inputs)
   static, devices, rows = _search_inputs(
-      model_config, inputs_np, max_decode_extra=max_decode_extra,
+      model_config, inputs_np, max_decode_extra=settings.max_decode_extra,
       max_decode_len=max_decode_len, first_stage_extra=first_stage_extra,
       devices=devices, extra_rows=())
-  search = _translate_fn(model_config, int(beam_size), float(alpha),
-                         int(eos_id), decoding.check_beam_stop(beam_stop))
+  search = translate_fn(model_config, settings, eos_id)
   return search(replicate(params, devices), *rows, devices=devices,
                 num_best=int(num_best), **static)
+
+
+def translate_fn(model_config: TransformerConfig, settings: SearchSettings,
+                 eos_id: int) -> Callable[..., Any]:
+  """The jitted search of `translate_batch` for a model config, the
+  settings (checked; their `search_key`) and the EOS id: one per key, so
+  that its compiled programs serve every call with these."""
+  return _translate_fn(model_config, _checked(settings).search_key(),
+                       int(eos_id))
+
+
+def refill_fn(model_config: TransformerConfig, settings: SearchSettings,
+              eos_id: int) -> Callable[..., Any]:
+  """The jitted search of `refill_batches`, as `translate_fn`."""
+  return _refill_fn(model_config, _checked(settings).search_key(),
+                    int(eos_id))
+
+
+def _checked(settings: SearchSettings) -> SearchSettings:
+  """`settings`, each checked by its rule (`mha.validation.FIELDS`), with
+  ints and floats as such (a beam of 4.0 is the search of 4)."""
+  for name, value in settings.as_dict().items():
+    validation.check_flag(name, value)
+  return settings.given(beam_size=int(settings.beam_size),
+                        alpha=float(settings.alpha))
 
 
 def _limits(model_config: TransformerConfig, inputs_np: np.ndarray,
@@ -803,10 +842,11 @@ def score_batch(model_config: TransformerConfig, params: Any,
 
 def refill_batches(model_config: TransformerConfig, params: Any,
                    inputs: Sequence[np.ndarray],
-                   max_decode_lens: Sequence[int], *, beam_size: int,
-                   alpha: float, max_decode_extra: int, eos_id: int,
-                   first_stage_extra: int | None, beam_stop: str,
-                   devices: Sequence[jax.Device] = ()) -> jax.Array:
+                   max_decode_lens: Sequence[int],
+                   settings: SearchSettings | None = None, *, eos_id: int,
+                   first_stage_extra: int | None,
+                   devices: Sequence[jax.Device] = (),
+                   **given: Any) -> jax.Array:
   """The search of several batches (`inputs[i]`, int32 `[rows_i, s_i]`,
   with outputs of `max_decode_lens[i]`) as one search whose slots, as
   their sentences end, take the next ones (`_refill_fn`), on the default
@@ -824,7 +864,10 @@ def refill_batches(model_config: TransformerConfig, params: Any,
   read, write and copy the cache of a short room. The arguments are put
   together on the host and `refilled_outputs` cuts the outputs there, so
   that no small operation is compiled around the search (each would be
-  compiled again in every process: bench/README.md, issue 33)."""
+  compiled again in every process: bench/README.md, issue 33).
+  `settings`, `given`: as in `translate_batch`."""
+  settings = settings_lib.resolve(settings, given)
+  max_decode_extra = settings.max_decode_extra
   devices = tuple(devices) if len(devices) > 1 else ()
   rows = [x.shape[0] for x in inputs]
   if any(n % max(len(devices), 1) for n in rows):
@@ -847,8 +890,7 @@ def refill_batches(model_config: TransformerConfig, params: Any,
                       devices, axis=1)
   [max_lengths] = _put_rows(
       [jnp.asarray(np.concatenate(limits)[order], jnp.int32)], devices)
-  return _refill_fn(model_config, int(beam_size), float(alpha),
-                    int(eos_id), decoding.check_beam_stop(beam_stop))(
+  return refill_fn(model_config, settings, eos_id)(
       params, tuple(sources), max_lengths, devices=devices,
       **_static([x.shape[1] for x in inputs], max_decode_len,
                 first_stage_extra))

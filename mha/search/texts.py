@@ -2,8 +2,8 @@
 
     from mha.search import texts as translate
     translations = translate.translate_texts(
-        model_config, params, tokenizer, ["Ein Hund läuft."], beam_size=4,
-        alpha=0.6, max_decode_extra=50)
+        model_config, params, tokenizer, ["Ein Hund läuft."],
+        mha.SearchSettings(beam_size=4, alpha=0.6, max_decode_extra=50))
 
 text -> source ids (`encode_sources`: EOS appended, truncated to the model's
 `max_len` positions) -> length-bucketed batches (`make_batches`) -> search
@@ -56,9 +56,10 @@ import jax
 import numpy as np
 
 from mha.search import batches as batch_search
+from mha.search import settings as settings_lib
+from mha.search.settings import SearchSettings
 from mha.runtime import compile_time
 from mha import data
-from mha import validation
 from mha.data.batching import round_up
 from mha.model.transformer import TransformerConfig
 
@@ -204,13 +205,13 @@ def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
 
 
 def decode_batches(model_config: TransformerConfig, params: Any,
-                   batches: Sequence[DecodeBatch], *, beam_size: int,
-                   alpha: float, max_decode_extra: int,
+                   batches: Sequence[DecodeBatch],
+                   settings: SearchSettings | None = None, *,
                    eos_id: int = data.EOS_ID,
                    first_stage_extra: int | None = (
                        batch_search.FIRST_STAGE_EXTRA),
                    devices: Sequence[jax.Device] | None = None,
-                   num_best: int = 0, beam_stop: str = "exact") -> list[Any]:
+                   num_best: int = 0, **given: Any) -> list[Any]:
   """Output ids of each batch (`[rows, max_decode_len]`, EOS included);
   with `num_best=n`, `(tokens, scores, log_probs)` of its n best
   (`translate_batch`).
@@ -222,16 +223,16 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   output runs to its length limit: decoding benchmarks of random models).
   `first_stage_extra`: as in `translate_batch` (None: one stage). Without
   `num_best`, consecutive batches are searched as one with refilled rows
-  where `_refill_groups` allows it (the same outputs). `beam_stop`: as in
-  `translate_batch`.
+  where `_refill_groups` allows it (the same outputs). `settings`,
+  `given`: the search's (`translate_batch`).
   """
+  settings = settings_lib.resolve(settings, given)
+
   def run(batch, params, used):
     return batch_search.translate_batch(
-        model_config, params, batch.inputs, beam_size=beam_size, alpha=alpha,
-        max_decode_extra=max_decode_extra, eos_id=eos_id,
+        model_config, params, batch.inputs, settings, eos_id=eos_id,
         max_decode_len=batch.max_decode_len,
-        first_stage_extra=first_stage_extra, devices=used, num_best=num_best,
-        beam_stop=beam_stop)
+        first_stage_extra=first_stage_extra, devices=used, num_best=num_best)
 
   if num_best:
     return _run_batches(params, batches, devices, run)
@@ -239,12 +240,11 @@ def decode_batches(model_config: TransformerConfig, params: Any,
   def refill(group, params, used):
     return batch_search.refill_batches(
         model_config, params, [b.inputs for b in group],
-        [b.max_decode_len for b in group], beam_size=beam_size, alpha=alpha,
-        max_decode_extra=max_decode_extra, eos_id=eos_id,
-        first_stage_extra=first_stage_extra, beam_stop=beam_stop,
-        devices=used)
+        [b.max_decode_len for b in group], settings, eos_id=eos_id,
+        first_stage_extra=first_stage_extra, devices=used)
 
-  return _run_refilled(params, batches, devices, run, refill, beam_size)
+  return _run_refilled(params, batches, devices, run, refill,
+                       settings.beam_size)
 
 
 def _refill_groups(batches: Sequence[DecodeBatch],
@@ -344,20 +344,11 @@ def _run_batches(params: Any, batches: Sequence[DecodeBatch],
   return [jax.tree.map(np.asarray, o) for o in outputs]
 
 
-def with_matmul_dtype(model_config: TransformerConfig,
-                      matmul_dtype: str) -> TransformerConfig:
-  """`model_config` whose weight products are in `matmul_dtype` (a search
-  setting, checked by its rule in `mha.validation`)."""
-  validation.check_field("matmul_dtype", matmul_dtype)
-  return model_config.replace(matmul_dtype=matmul_dtype)
-
-
 def translate_ids(model_config: TransformerConfig, params: Any,
-                  tokenizer: data.Tokenizer, sources: Sequence[str], *,
-                  beam_size: int, alpha: float, max_decode_extra: int,
+                  tokenizer: data.Tokenizer, sources: Sequence[str],
+                  settings: SearchSettings | None = None, *,
                   batch_size: int | None = None,
-                  devices: Sequence[jax.Device] | None = None,
-                  beam_stop: str = "exact", matmul_dtype: str = "float32"
+                  devices: Sequence[jax.Device] | None = None, **given: Any
                   ) -> list[tuple[np.ndarray, np.ndarray]]:
   """(source ids, output ids) of each source, in the order of `sources`.
 
@@ -366,19 +357,13 @@ def translate_ids(model_config: TransformerConfig, params: Any,
     params: its parameters.
     tokenizer: the workdir's vocabulary.
     sources: plain sentences (an empty one gets a translation too).
-    beam_size: beam width; 1 = greedy search.
-    alpha: length-penalty exponent.
-    max_decode_extra: output limit = source tokens (EOS included) + this,
-      capped at the model's `max_len`.
+    settings: the search's `SearchSettings` (None: the paper's: beam 4,
+      alpha 0.6, outputs up to source tokens, EOS included, + 50, capped
+      at the model's `max_len`), or its fields as keywords (`given`).
     batch_size: sentences per decoding batch; None: `batch_size_for`'s
       (64 for each accelerator).
     devices: the devices each batch is split over (`decode_batches`;
       default: `jax.local_devices()`).
-    beam_stop: the beam search's stopping rule, "exact" or "early"
-      (`translate_batch`).
-    matmul_dtype: "float32", or "bfloat16" for the products with the
-      weight matrices (`mha.model.attention.weight_product`: faster on CPUs with
-      bfloat16 instructions, other outputs).
 
   Returns:
     Per source: int32 `[s]` source ids as encoded (EOS included, truncated
@@ -387,12 +372,12 @@ def translate_ids(model_config: TransformerConfig, params: Any,
   """
   if not sources:
     return []
-  model_config = with_matmul_dtype(model_config, matmul_dtype)
+  settings = settings_lib.resolve(settings, given)
   encoded, batches = _batches(model_config, tokenizer, sources, batch_size,
-                              max_decode_extra, devices, beam_size)
-  outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
-                           alpha=alpha, max_decode_extra=max_decode_extra,
-                           devices=devices, beam_stop=beam_stop)
+                              settings.max_decode_extra, devices,
+                              settings.beam_size)
+  outputs = decode_batches(model_config, params, batches, settings,
+                           devices=devices)
   pairs: list[Any] = [None] * len(sources)
   for batch, tokens in zip(batches, outputs):  # tokens [rows, len]
     for row, i in enumerate(batch.indices):
@@ -425,19 +410,17 @@ def _batches(model_config: TransformerConfig, tokenizer: data.Tokenizer,
 
 
 def nbest_ids(model_config: TransformerConfig, params: Any,
-              tokenizer: data.Tokenizer, sources: Sequence[str], *,
-              num_best: int, beam_size: int, alpha: float,
-              max_decode_extra: int, batch_size: int | None = None,
-              devices: Sequence[jax.Device] | None = None,
-              beam_stop: str = "exact", matmul_dtype: str = "float32"
+              tokenizer: data.Tokenizer, sources: Sequence[str],
+              settings: SearchSettings | None = None, *, num_best: int,
+              batch_size: int | None = None,
+              devices: Sequence[jax.Device] | None = None, **given: Any
               ) -> list[list[tuple[np.ndarray, float, float]]]:
   """The `num_best` best hypotheses of each source, by the beam search.
 
   Args:
     num_best: hypotheses per source, 1..beam_size.
-    model_config, params, tokenizer, sources, beam_size, alpha,
-      max_decode_extra, batch_size, devices, beam_stop, matmul_dtype: as in
-      `translate_ids`.
+    model_config, params, tokenizer, sources, settings, batch_size,
+      devices, given: as in `translate_ids`.
 
   Returns:
     Per source, best first: (output ids up to and including EOS, the
@@ -448,13 +431,12 @@ def nbest_ids(model_config: TransformerConfig, params: Any,
   """
   if not sources:
     return []
-  model_config = with_matmul_dtype(model_config, matmul_dtype)
+  settings = settings_lib.resolve(settings, given)
   _, batches = _batches(model_config, tokenizer, sources, batch_size,
-                        max_decode_extra, devices, beam_size)
-  outputs = decode_batches(model_config, params, batches, beam_size=beam_size,
-                           alpha=alpha, max_decode_extra=max_decode_extra,
-                           devices=devices, num_best=num_best,
-                           beam_stop=beam_stop)
+                        settings.max_decode_extra, devices,
+                        settings.beam_size)
+  outputs = decode_batches(model_config, params, batches, settings,
+                           devices=devices, num_best=num_best)
   found: list[Any] = [None] * len(sources)
   for batch, (tokens, scores, log_probs) in zip(batches, outputs):
     for row, i in enumerate(batch.indices):
@@ -617,18 +599,16 @@ class Translations:
 
 
 def translate_with_ids(model_config: TransformerConfig, params: Any,
-                       tokenizer: data.Tokenizer, sources: Sequence[str], *,
-                       beam_size: int, alpha: float, max_decode_extra: int,
+                       tokenizer: data.Tokenizer, sources: Sequence[str],
+                       settings: SearchSettings | None = None, *,
                        batch_size: int | None = None,
                        devices: Sequence[jax.Device] | None = None,
-                       beam_stop: str = "exact",
-                       matmul_dtype: str = "float32") -> Translations:
+                       **given: Any) -> Translations:
   """The translations of `sources` with the ids they were made of.
 
   Args:
-    model_config, params, tokenizer, sources, beam_size, alpha,
-      max_decode_extra, batch_size, devices, beam_stop, matmul_dtype: as in
-      `translate_ids`.
+    model_config, params, tokenizer, sources, settings, batch_size,
+      devices, given: as in `translate_ids`.
   """
   start = time.perf_counter()
   keep = [i for i, s in enumerate(sources) if not is_blank(s)]
@@ -638,9 +618,7 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
   with compile_time.CompileTime() as preparing:
     pairs = translate_ids(
         model_config, params, tokenizer, [sources[i] for i in keep],
-        beam_size=beam_size, alpha=alpha, max_decode_extra=max_decode_extra,
-        batch_size=batch_size, devices=devices, beam_stop=beam_stop,
-        matmul_dtype=matmul_dtype)
+        settings, batch_size=batch_size, devices=devices, **given)
   for i, (source, output) in zip(keep, pairs):
     texts[i] = detokenize(tokenizer, output)
     source_ids[i], output_ids[i] = source, crop_output(output)
@@ -649,23 +627,20 @@ def translate_with_ids(model_config: TransformerConfig, params: Any,
 
 
 def translate_texts(model_config: TransformerConfig, params: Any,
-                    tokenizer: data.Tokenizer, sources: Sequence[str], *,
-                    beam_size: int, alpha: float, max_decode_extra: int,
+                    tokenizer: data.Tokenizer, sources: Sequence[str],
+                    settings: SearchSettings | None = None, *,
                     batch_size: int | None = None,
                     devices: Sequence[jax.Device] | None = None,
-                    beam_stop: str = "exact",
-                    matmul_dtype: str = "float32") -> list[str]:
+                    **given: Any) -> list[str]:
   """Detokenized translations of `sources`, in their order: the `texts` of
   `translate_with_ids` (one per source, "" for a blank one)."""
   return translate_with_ids(
-      model_config, params, tokenizer, sources, beam_size=beam_size,
-      alpha=alpha, max_decode_extra=max_decode_extra, batch_size=batch_size,
-      devices=devices, beam_stop=beam_stop, matmul_dtype=matmul_dtype).texts
+      model_config, params, tokenizer, sources, settings,
+      batch_size=batch_size, devices=devices, **given).texts
 
 
 __all__ = ["DecodeBatch", "LENGTH_BUCKETS", "MAX_REFILL_BATCHES",
            "ROW_MULTIPLE", "Translations", "bucket_length", "crop_output",
            "decode_batches", "detokenize", "encode_sources", "make_batches",
            "nbest_ids", "sample_ids", "score_ids", "search_rows",
-           "translate_ids", "translate_texts", "translate_with_ids",
-           "with_matmul_dtype"]
+           "translate_ids", "translate_texts", "translate_with_ids"]

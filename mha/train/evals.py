@@ -179,8 +179,8 @@ def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
   """
   # The search runs on every local device.
   translations = translate.translate_with_ids(
-      model_config, params, tokenizer, sources, batch_size=batch_size,
-      **SearchSettings.of_config(config).as_dict())
+      model_config, params, tokenizer, sources,
+      SearchSettings.of_config(config), batch_size=batch_size)
   seconds = translations.seconds
   scores = scoring.score(translations.texts, references)
   return {"eval_bleu": scores["bleu"], "eval_chrf": scores["chrf"],
