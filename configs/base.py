@@ -111,6 +111,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.max_len = 512                 # longest position the model can encode
 
   # Optimizer (§5.3).
+  # The learning-rate schedule (mha/model/optim.py's SCHEDULES): "noam",
+  # the paper's warmup then k^-0.5 decay; "constant_warmup", the same
+  # warmup then constant at its peak.
+  c.learning_rate_schedule = "noam"
   c.warmup_steps = 4000
   c.learning_rate_scale = 1.0
   c.adam_b1 = 0.9
