@@ -95,10 +95,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.dropout_rate = 0.1            # P_drop, residual and embedding dropout
   c.attention_dropout_rate = 0.0  # the paper uses none
   c.label_smoothing = 0.1         # epsilon_ls
-  c.attention_type = "scaled_dot"   # scaled_dot | dot | additive | location
+  # scaled_dot | dot | additive | location (mha/model/attention.py's
+  # ATTENTION_VARIANTS)
+  c.attention_type = "scaled_dot"
   # attention_type='location' (encoder-decoder attention only; self-attention
   # stays scaled_dot): one odd filter width for all heads, or one per head
-  # (multi-resolution, e.g. (1, 3, 5, 7) for 4 heads); see mha/model/attention.py.
+  # (multi-resolution, e.g. (1, 3, 5, 7) for 4 heads); mha/model/location.py.
   c.location_filter_sizes = (7,)
   c.location_num_filters = 8
   c.attention_impl = "einsum"       # einsum | xla (jax.nn.dot_product_attention)
@@ -109,6 +111,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.max_len = 512                 # longest position the model can encode
 
   # Optimizer (§5.3).
+  # The learning-rate schedule (mha/model/optim.py's SCHEDULES): "noam",
+  # the paper's warmup then k^-0.5 decay; "constant_warmup", the same
+  # warmup then constant at its peak.
+  c.learning_rate_schedule = "noam"
   c.warmup_steps = 4000
   c.learning_rate_scale = 1.0
   c.adam_b1 = 0.9

@@ -38,7 +38,12 @@ Rule = Callable[[Any], str | None]
 # The names a config may choose from; the modules that act on them import
 # them from here (mha.model.attention, mha.model.positional, mha.model.transformer,
 # mha.data.batching, mha.search.decoding).
+# The names of the tables of mha/model/, which sits above this module: the
+# attention variants (`mha.model.attention.ATTENTION_VARIANTS`) and the
+# learning-rate schedules (`mha.model.optim.SCHEDULES`), in their order
+# (tests/test_attention.py and tests/test_optim_losses.py keep them equal).
 ATTENTION_TYPES = ("scaled_dot", "dot", "additive", "location")
+LEARNING_RATE_SCHEDULES = ("noam", "constant_warmup")
 ATTENTION_IMPLS = ("einsum", "xla")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 LAYER_NORMS = ("post", "pre")
@@ -162,6 +167,7 @@ FIELDS: dict[str, Rule] = {
     # optimizer
     "warmup_steps": integer(1), "grad_accum_steps": integer(1),
     "learning_rate_scale": real(0.0, low_excluded=True),
+    "learning_rate_schedule": one_of(LEARNING_RATE_SCHEDULES),
     "adam_b1": real(0.0, 1.0), "adam_b2": real(0.0, 1.0),
     "adam_eps": real(0.0, low_excluded=True), "grad_clip_norm": real(0.0),
     # data

@@ -7,6 +7,7 @@ import pytest
 
 from configs import base
 import mha
+from mha import validation
 from mha.model import attention
 
 
@@ -187,27 +188,103 @@ def test_multi_head_equals_explicit_loop_over_heads(d_k, d_v):
   np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("attention_type", list(attention.ATTENTION_VARIANTS))
 @pytest.mark.parametrize("d_k,d_v", [(None, None), (2, 8), (8, 2)])
-def test_xla_impl_equals_einsum_impl(d_k, d_v):
+def test_xla_impl_equals_einsum_impl(d_k, d_v, attention_type):
   # d_k != d_v (Table 3 row B): jax's kernel needs one head size, so the xla
-  # path pads; the result must still be the einsum path's.
+  # path pads; the result must still be the einsum path's. Every variant:
+  # the plain dot-product ones run in jax's kernel at their own scale, the
+  # others stay on the einsum path.
   rng = np.random.default_rng(8)
   x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
   mask = jnp.tril(jnp.ones((6, 6), bool))[None, None]
   mask = mask & jnp.asarray([True] * 6 + [True] * 3 + [False] * 3).reshape(
       2, 1, 1, 6)
-  ours = mha.MultiHeadAttention(num_heads=4, d_k=d_k, d_v=d_v)
+  kwargs = dict(num_heads=4, d_k=d_k, d_v=d_v, attention_type=attention_type)
+  ours = mha.MultiHeadAttention(**kwargs)
   params = ours.init(jax.random.key(0), x, x, mask)
-  xla = mha.MultiHeadAttention(num_heads=4, d_k=d_k, d_v=d_v,
-                               attention_impl="xla")
+  xla = mha.MultiHeadAttention(**kwargs, attention_impl="xla")
   np.testing.assert_allclose(ours.apply(params, x, x, mask),
                              xla.apply(params, x, x, mask), atol=1e-5)
 
 
+def test_the_variants_table_and_the_rule_name_the_same_variants():
+  """`mha.validation` sits below the model and keeps the names the config
+  check accepts; they are the table's, in its order (the order in which a
+  refusal lists them)."""
+  assert tuple(attention.ATTENTION_VARIANTS) == validation.ATTENTION_TYPES
+  # A variant of encoder-decoder attention only leaves self-attention to
+  # one that applies to both.
+  fallback = attention.ATTENTION_VARIANTS[attention.SELF_ATTENTION_TYPE]
+  assert not fallback.cross_attention_only
+
+
+def _softmax(logits, mask):
+  logits = np.where(mask, logits, -np.inf)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  return weights / weights.sum(-1, keepdims=True)
+
+
+def _scaled_dot(q, k, p, mask):
+  del p, mask
+  return np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(q.shape[-1])
+
+
+def _location(q, k, p, mask):
+  """Eq. 1's logits + u_hᵀ tanh(Σ_t F_h[t] c_{i-1}[j + t - 1]) for filters
+  of width 3, c_{i-1} the content weights of the previous query (zeros at
+  query 0 and beyond the keys)."""
+  content = _scaled_dot(q, k, p, mask)
+  weights = _softmax(content, np.broadcast_to(mask, content.shape))
+  _, heads, nq, nk = content.shape
+  term = np.zeros_like(content)
+  for h in range(heads):
+    f, u = p[f"location_filter_{h}"], p["location_projection"][h]  # [3, N]
+    for i in range(1, nq):
+      for j in range(nk):
+        conv = sum(weights[:, h, i - 1, j + t - 1, None] * f[t]  # [B, N]
+                   for t in range(3) if 0 <= j + t - 1 < nk)
+        term[:, h, i, j] = np.tanh(conv) @ u
+  return content + term
+
+
+FORMULAS = {
+    "scaled_dot": _scaled_dot,
+    "dot": lambda q, k, p, mask: np.einsum("bhqd,bhkd->bhqk", q, k),
+    "additive": lambda q, k, p, mask: np.einsum(
+        "bhqkd,hd->bhqk", np.tanh(q[:, :, :, None] + k[:, :, None]),
+        p["energy"]),
+    "location": _location,
+}
+
+
+def test_each_variants_logits_are_its_formula():
+  """The attention weights each variant's module computes (sown) against
+  the NumPy formula of its logits on the module's own projections and
+  parameters; `FORMULAS` must name every variant of the table."""
+  assert set(FORMULAS) == set(attention.ATTENTION_VARIANTS)
+  rng = np.random.default_rng(9)
+  x_q = jnp.asarray(rng.normal(size=(2, 3, 8)), jnp.float32)
+  x_kv = jnp.asarray(rng.normal(size=(2, 5, 8)), jnp.float32)
+  mask = jnp.asarray(rng.random((2, 1, 3, 5)) > 0.3).at[..., 0].set(True)
+  for name, formula in FORMULAS.items():
+    module = mha.MultiHeadAttention(num_heads=2, attention_type=name,
+                                    location_filter_sizes=(3,))
+    params = module.init(jax.random.key(1), x_q, x_kv, mask)["params"]
+    _, sown = module.apply({"params": params}, x_q, x_kv, mask,
+                           mutable=["intermediates"])
+    weights = np.asarray(sown["intermediates"]["attention_weights"][0])
+    p = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    q = np.einsum("blm,mhd->bhld", x_q, p["query_kernel"])
+    k = np.einsum("blm,mhd->bhld", x_kv, p["key_kernel"])
+    expected = _softmax(formula(q, k, p, np.asarray(mask)), np.asarray(mask))
+    np.testing.assert_allclose(weights, expected, atol=1e-5, err_msg=name)
+
+
 @pytest.mark.parametrize("module, message", [
     (mha.MultiHeadAttention(num_heads=2, attention_type="cosine"),
-     "config.attention_type must be one of scaled_dot, dot, additive, "
-     "location, got 'cosine'"),
+     "config.attention_type must be one of "
+     f"{', '.join(attention.ATTENTION_VARIANTS)}, got 'cosine'"),
     (mha.MultiHeadAttention(num_heads=2, attention_impl="cudnn"),
      "config.attention_impl must be one of einsum, xla, got 'cudnn'"),
 ])

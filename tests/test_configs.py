@@ -1,5 +1,7 @@
 """Every config file builds a model (configs/multi30k.py trains on a slice in
 test_table3.py's end-to-end run of its base row)."""
+import json
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -112,6 +114,28 @@ def test_location_fields_matter_only_for_location_attention(tmp_path):
   other = base.get_config("tiny")  # scaled_dot now, location before
   with pytest.raises(ValueError, match=r"attention_type='location'"):
     workdir_lib.check_config(other, workdir)
+
+
+def test_a_workdir_of_before_the_schedule_field_loads_and_resumes(tmp_path):
+  """An older run's config.json lacks `learning_rate_schedule`: today's
+  config resumes it, and the config it holds passes the checks and builds
+  the model and the optimizer (on noam, the schedule it trained with)."""
+  config = base.get_config("tiny")
+  older = json.loads(config.to_json())
+  del older["learning_rate_schedule"]
+  (tmp_path / workdir_lib.CONFIG_FILE).write_text(json.dumps(older))
+  workdir_lib.check_config(config, str(tmp_path))
+  loaded = workdir_lib.load_config(str(tmp_path))
+  assert "learning_rate_schedule" not in loaded
+  from mha.train import config_check  # pylint: disable=g-import-not-at-top
+  config_check.validate(loaded)
+  mha.create_model(loaded)
+  params = jnp.zeros(())
+  tx = mha.create_optimizer(loaded)
+  update, _ = tx.update(jnp.ones(()), tx.init(params), params)
+  # The first noam update: -d_model^-0.5 · warmup^-1.5 (Adam's m̂ = v̂ = 1).
+  assert float(update) == pytest.approx(
+      -config.d_model ** -0.5 * config.warmup_steps ** -1.5, rel=1e-5)
 
 
 @pytest.mark.parametrize("field, bad", [

@@ -8,7 +8,8 @@ import pytest
 
 import mha
 from configs import base
-from mha.model import attention
+from mha.errors import ConfigError
+from mha.model import location
 from mha.search import decoding
 from mha.search import batches as batch_search
 
@@ -34,18 +35,18 @@ def _inputs(seed, b=2, q=5, k=7, d_model=16):
 
 def test_zero_filters_reduce_exactly_to_content_only_attention():
   x_q, x_kv, mask = _inputs(0)
-  location = mha.MultiHeadAttention(num_heads=4, attention_type="location",
-                                    location_filter_sizes=(1, 3, 5, 7))
-  params = location.init(jax.random.key(0), x_q, x_kv, mask)["params"]
+  aware = mha.MultiHeadAttention(num_heads=4, attention_type="location",
+                                 location_filter_sizes=(1, 3, 5, 7))
+  params = aware.init(jax.random.key(0), x_q, x_kv, mask)["params"]
   zeroed = {k: (jnp.zeros_like(v) if k.startswith("location_filter_") else v)
             for k, v in params.items()}
   content = {k: v for k, v in params.items() if not k.startswith("location")}
   scaled = mha.MultiHeadAttention(num_heads=4)
   expected = scaled.apply({"params": content}, x_q, x_kv, mask)
   np.testing.assert_array_equal(
-      location.apply({"params": zeroed}, x_q, x_kv, mask), expected)
+      aware.apply({"params": zeroed}, x_q, x_kv, mask), expected)
   # With the learned (random) filters the location term changes the output.
-  assert not np.allclose(location.apply({"params": params}, x_q, x_kv, mask),
+  assert not np.allclose(aware.apply({"params": params}, x_q, x_kv, mask),
                          expected, atol=1e-3)
 
 
@@ -59,7 +60,7 @@ def test_location_scores_of_a_hand_computed_case():
               0.5 * math.tanh(0 + 2.0 - 0.5),    # j=1: b·1 + c·0.5
               0.5 * math.tanh(1.0 + 1.0 + 0),    # j=2: a·1 + b·0.5
               0.5 * math.tanh(0.5 + 0 + 0)]      # j=3: a·0.5 (then padding)
-  got = attention.location_scores(previous, filters, projection)
+  got = location.location_scores(previous, filters, projection)
   np.testing.assert_allclose(np.asarray(got).ravel(), expected, rtol=1e-6)
 
 
@@ -69,13 +70,13 @@ def test_each_head_has_the_receptive_field_of_its_filter_width():
   module = mha.MultiHeadAttention(num_heads=4, attention_type="location",
                                   location_filter_sizes=widths)
   params = module.init(jax.random.key(3), x_q, x_kv)["params"]
-  filters = attention.stack_filters(
+  filters = location.stack_filters(
       [params[f"location_filter_{h}"] for h in range(4)])
   assert filters.shape == (4, 7, 8)
   impulse_at = 10
   previous = jnp.zeros((1, 4, 1, 21)).at[..., impulse_at].set(1.0)
-  term = attention.location_scores(previous, filters,
-                                   params["location_projection"])
+  term = location.location_scores(previous, filters,
+                                  params["location_projection"])
   for h, width in enumerate(widths):
     support = np.flatnonzero(np.abs(np.asarray(term[0, h, 0])) > 1e-7)
     radius = width // 2
@@ -86,7 +87,7 @@ def test_each_head_has_the_receptive_field_of_its_filter_width():
 def test_previous_weights_are_shifted_and_reset_at_sentence_starts():
   w = jnp.arange(1, 2 * 1 * 4 * 3 + 1, dtype=jnp.float32).reshape(2, 1, 4, 3)
   starts = jnp.array([[True, False, True, False], [True, False, False, False]])
-  got = np.asarray(attention.previous_position_weights(w, starts))
+  got = np.asarray(location.previous_position_weights(w, starts))
   np.testing.assert_array_equal(got[:, :, 0], 0.0)
   np.testing.assert_array_equal(got[0, 0, 1], w[0, 0, 0])
   np.testing.assert_array_equal(got[0, 0, 2], 0.0)  # a new sentence
@@ -106,6 +107,16 @@ def test_only_encoder_decoder_attention_is_location_aware():
                    for k in shapes[layer]["self_attention"])
   assert not any(k.startswith("location")
                  for k in shapes["encoder_layers_0"]["self_attention"])
+  # Its self-attention is the paper's, eq. 1: the encoder (which has no
+  # encoder-decoder attention) computes what the base model's does.
+  params = model.init(jax.random.key(0), SRC, TGT)["params"]
+
+  def encode(config):
+    return mha.create_model(config, deterministic=True).apply(
+        {"params": params}, SRC, method="encode")
+
+  np.testing.assert_array_equal(encode(tiny()),
+                                encode(base.get_config("tiny")))
   # In a search, the cache carries the previous step's weights there only.
   decoder = mha.create_model(tiny(location_filter_sizes=(1, 3, 5, 7)),
                              deterministic=True, decode=True)
@@ -115,9 +126,19 @@ def test_only_encoder_decoder_attention_is_location_aware():
 
 
 def test_bad_filter_sizes_name_the_field():
-  for sizes in [(4,), (1, 3)]:  # even; neither one nor one per head (4 heads)
-    with pytest.raises(ValueError, match="location_filter_sizes"):
-      mha.create_model(tiny(location_filter_sizes=sizes))
+  """Refused when the model is built (the variant's check in the table),
+  and by the attention module itself, in the same words."""
+  x_q, x_kv, _ = _inputs(2)
+  for sizes in [(4,), (1, 3), (3.0,)]:  # even; not 1 or 4 widths; no int
+    module = mha.MultiHeadAttention(num_heads=4, attention_type="location",
+                                    location_filter_sizes=sizes)
+    for build in (lambda: mha.create_model(tiny(location_filter_sizes=sizes)),
+                  lambda: module.init(jax.random.key(0), x_q, x_kv)):
+      with pytest.raises(ConfigError) as refused:
+        build()
+      assert str(refused.value) == (
+          "config.location_filter_sizes must be one odd width or one odd "
+          f"width per head (num_heads=4), got {sizes!r}.")
 
 
 def test_beam_search_scores_equal_full_pass_log_probabilities():

@@ -1,13 +1,23 @@
-"""The noam schedule (§5.3), Adam's settings and the smoothed loss (§5.4)."""
+"""The noam schedule (§5.3), the table of schedules, Adam's settings and
+the smoothed loss (§5.4)."""
+import json
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 
 import mha
 from configs import base
+from mha import validation
+from mha.errors import ConfigError
 from mha.model import losses
+from mha.model import optim
+from mha.train import step as train_step
+from mha.train.devices import AXIS
+from mha.train.devices import pmap_replicate
 
 
 def formula(k, d_model=512, warmup=4000, scale=1.0):
@@ -57,6 +67,89 @@ def test_optimizer_is_adam_with_the_papers_betas():
     lr = formula(k, config.d_model, config.warmup_steps)
     np.testing.assert_allclose(updates["w"], -lr * m_hat / (np.sqrt(v_hat) +
                                                              1e-9), rtol=1e-5)
+
+
+def constant_warmup_formula(k, d_model=512, warmup=4000, scale=1.0):
+  """The noam warmup, then constant at its peak d_model^-0.5 · warmup^-0.5."""
+  return scale * d_model ** -0.5 * min(k * warmup ** -1.5, warmup ** -0.5)
+
+
+# Every schedule of the table by its formula of k = 1, 2, ..., written here.
+SCHEDULE_FORMULAS = {"noam": formula,
+                     "constant_warmup": constant_warmup_formula}
+
+
+def test_the_schedules_table_and_the_rule_name_the_same_schedules():
+  """`mha.validation` sits below the model and keeps the names the config
+  check accepts: the table's, in its order. The paper's is the default."""
+  assert tuple(optim.SCHEDULES) == validation.LEARNING_RATE_SCHEDULES
+  assert set(SCHEDULE_FORMULAS) == set(optim.SCHEDULES)
+  assert base.get_config().learning_rate_schedule == "noam"
+
+
+@pytest.mark.parametrize("k", [1, 2, 3999, 4000, 4001, 16000, 100000])
+def test_constant_warmup_against_formula(k):
+  schedule = optim.constant_warmup_schedule(512, 4000, scale=2.0)
+  assert float(schedule(k - 1)) == pytest.approx(
+      constant_warmup_formula(k, scale=2.0), rel=1e-6)
+  # The noam rates while warming up, then noam's peak (≈ 7.0e-4) for good.
+  if k <= 4000:
+    assert float(schedule(k - 1)) == float(
+        mha.noam_schedule(512, 4000, scale=2.0)(k - 1))
+  else:
+    assert float(schedule(k - 1)) == pytest.approx(2 * 6.98771e-4, rel=1e-5)
+
+
+def test_the_default_schedule_is_noam_bit_for_bit_also_for_older_configs():
+  """configs/base.py's schedule, and a config.json written before the field
+  existed (an older workdir's): noam_schedule's rates, bit for bit."""
+  counts = jnp.arange(0, 20000, 7)
+  noam = jax.vmap(mha.noam_schedule(512, 4000, 1.0))(counts)
+  config = base.get_config()
+  older = json.loads(config.to_json())
+  del older["learning_rate_schedule"]
+  for given in (config, ml_collections.ConfigDict(older)):
+    np.testing.assert_array_equal(
+        jax.vmap(optim.config_schedule(given))(counts), noam)
+
+
+def test_an_unknown_schedule_is_refused_naming_the_field():
+  config = base.get_config("tiny")
+  config.learning_rate_schedule = "cosine"
+  with pytest.raises(ConfigError, match=(
+      "config.learning_rate_schedule must be one of "
+      f"{', '.join(optim.SCHEDULES)}, got 'cosine'")):
+    mha.create_optimizer(config)
+
+
+@pytest.mark.parametrize("name", list(optim.SCHEDULES))
+def test_every_schedule_drives_adam_and_the_logged_rate(name):
+  """The trainer's update (`make_apply_step`) with `create_optimizer` of
+  each schedule, on a constant gradient of 1: Adam's m̂ = v̂ = 1, so update
+  k moves the parameter by -lrate(k) / (1 + ε), and the rate logged with
+  it is lrate(k), both by the formula, through and after the warmup."""
+  config = base.get_config("tiny")
+  config.update(learning_rate_schedule=name, warmup_steps=3,
+                learning_rate_scale=2.0)
+  tx = mha.create_optimizer(config)
+  devices = jax.local_devices()[:1]
+  apply_step = jax.pmap(train_step.make_apply_step(tx, config),
+                        axis_name=AXIS, devices=devices)
+  params = {"w": jnp.zeros(2)}
+  state = pmap_replicate({"step": jnp.array(0, jnp.int32), "params": params,
+                          "opt_state": tx.init(params)}, devices)
+  grads = pmap_replicate({"w": jnp.ones(2)}, devices)
+  sums = pmap_replicate({k: jnp.float32(1.0) for k in (
+      "loss", "nll", "correct", "tokens", "source_tokens")}, devices)
+  stop = np.zeros((1,), np.int32)
+  w = 0.0
+  for k in range(1, 8):
+    state, metrics = apply_step(state, grads, sums, stop)
+    lrate = SCHEDULE_FORMULAS[name](k, config.d_model, 3, 2.0)
+    assert float(metrics["learning_rate"][0]) == pytest.approx(lrate,
+                                                               rel=1e-6)
+    w -= lrate / (1 + config.adam_eps)
+    np.testing.assert_allclose(state["params"]["w"][0], [w, w], rtol=1e-5)
 
 
 def test_label_smoothing_against_hand_computation():

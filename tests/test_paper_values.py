@@ -52,6 +52,7 @@ TABLE3 = {
 }
 # The recipe shared by every model (§3, §5, §6).
 RECIPE = dict(
+    learning_rate_schedule="noam",
     warmup_steps=4000, learning_rate_scale=1.0, adam_b1=0.9, adam_b2=0.98,
     adam_eps=1e-9, grad_clip_norm=0.0, grad_accum_steps=1,
     attention_type="scaled_dot", attention_dropout_rate=0.0,

@@ -7,8 +7,10 @@ import pytest
 import mha
 from configs import base
 from mha.errors import ConfigError
+from mha.model import attention
 from mha.model.transformer import Dropout
 from mha.model.transformer import EncoderLayer
+from mha.search import batches as batch_search
 
 
 def tiny(**changes):
@@ -59,15 +61,15 @@ def test_future_targets_do_not_change_earlier_logits():
 
 
 @pytest.mark.parametrize("changes", [
-    {}, {"layer_norm": "pre"}, {"position_encoding": "learned"},
-    {"attention_type": "additive"}, {"share_embeddings": False},
-    {"d_k": 4, "d_v": 12}, {"matmul_dtype": "bfloat16"},
-    # location-aware attention carries the previous step's weights in
-    # the cache: one width, and one per head (multires).
-    {"attention_type": "location", "location_filter_sizes": (5,)},
+    {"layer_norm": "pre"}, {"position_encoding": "learned"},
+    {"share_embeddings": False}, {"d_k": 4, "d_v": 12},
+    {"matmul_dtype": "bfloat16"},
+    # Every attention variant of the table (scaled_dot: the base model);
+    # location-aware attention, which carries the previous step's weights
+    # in the cache, also with one width per head (multires).
+    *({"attention_type": name} for name in attention.ATTENTION_VARIANTS),
     {"attention_type": "location", "location_filter_sizes": (1, 3, 5, 7)},
-], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items())
-   or "base")
+], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()))
 def test_incremental_decoding_equals_full_pass(changes):
   # matmul_dtype is the searches' setting, not a config field of the model.
   search = {k: v for k, v in changes.items() if k == "matmul_dtype"}
@@ -96,9 +98,11 @@ def test_incremental_decoding_equals_full_pass(changes):
 
 
 @pytest.mark.parametrize("changes", [
-    {}, {"attention_type": "location"},  # its previous weights restart
+    # Every attention variant of the table (location's previous weights
+    # restart at each sentence), and multires.
+    *({"attention_type": name} for name in attention.ATTENTION_VARIANTS),
     {"attention_type": "location", "location_filter_sizes": (1, 3, 5, 7)},
-], ids=["base", "location", "multires"])
+], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()))
 def test_packed_rows_equal_separate_rows(changes):
   model = mha.create_model(tiny(**changes), deterministic=True)
   params = init(model, SRC, TGT)
@@ -114,6 +118,52 @@ def test_packed_rows_equal_separate_rows(changes):
                        src_seg, tgt_seg)
   np.testing.assert_allclose(packed[0, :4], separate[0, :4], atol=1e-5)
   np.testing.assert_allclose(packed[0, 4:9], separate[1, :5], atol=1e-5)
+
+
+def _layer_names(tree, layer: str) -> dict[str, set[str]]:
+  """{attention layer: its variable names} of a params or cache tree, for
+  the attention layers of the encoder or decoder layer `layer`."""
+  return {name: set(tree[layer][name])
+          for name in ("self_attention", "cross_attention")
+          if name in tree[layer]}
+
+
+@pytest.mark.parametrize("name", list(attention.ATTENTION_VARIANTS))
+def test_each_variant_builds_what_its_table_entry_says(name):
+  """Where the variant applies (both attentions, or encoder-decoder
+  attention only: self-attention then has the parameters of
+  `SELF_ATTENTION_TYPE`), and what it adds to the decode cache: its
+  `cache` variables, each with its rows known to the search."""
+  variant = attention.ATTENTION_VARIANTS[name]
+
+  def variables(attention_type, collection, **changes):
+    model = mha.create_model(tiny(attention_type=attention_type),
+                             deterministic=True, **changes)
+    return jax.eval_shape(model.init, jax.random.key(0), SRC, TGT)[collection]
+
+  def standalone(attention_type):
+    module = mha.MultiHeadAttention(num_heads=4, attention_type=attention_type)
+    x = jax.ShapeDtypeStruct((2, 5, 32), jnp.float32)
+    return set(jax.eval_shape(module.init, jax.random.key(0), x, x)["params"])
+
+  self_type = (attention.SELF_ATTENTION_TYPE if variant.cross_attention_only
+               else name)
+  params = variables(name, "params")
+  for layer in ("encoder_layers_0", "decoder_layers_1"):
+    names = _layer_names(params, layer)
+    assert names["self_attention"] == standalone(self_type), layer
+    if "cross_attention" in names:
+      assert names["cross_attention"] == standalone(name)
+  cache = _layer_names(variables(name, "cache", decode=True),
+                       "decoder_layers_0")
+  paper = _layer_names(variables("scaled_dot", "cache", decode=True),
+                       "decoder_layers_0")
+  added = {layer: names - paper[layer] for layer, names in cache.items()}
+  assert added == {
+      "self_attention": set() if variant.cross_attention_only
+                        else set(variant.cache),
+      "cross_attention": set(variant.cache)}
+  assert set(variant.cache) <= set(batch_search.CACHE_ROWS)
 
 
 def _layer_norm(x, eps=1e-6):

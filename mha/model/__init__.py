@@ -1,12 +1,15 @@
 """The model: the paper's equations as `flax.linen` modules, and its training
 objective.
 
-Modules: `attention` (scaled dot-product, dot-product, additive and
-location-aware attention; `MultiHeadAttention`), `positional` (sinusoidal
-and learned position encodings), `dropout` (the dropout masks, a keyed
-hash), `transformer` (`TransformerConfig`, the encoder and decoder layers,
+Modules: `attention` (scaled dot-product, dot-product and additive
+attention; `ATTENTION_VARIANTS`, the one table of attention variants;
+`MultiHeadAttention`), `location` (location-aware and multi-resolution
+attention, a variant of that table), `positional` (sinusoidal and learned
+position encodings), `dropout` (the dropout masks, a keyed hash),
+`transformer` (`TransformerConfig`, the encoder and decoder layers,
 `Transformer`, `create_model`: the one place a model is built), `losses`
-(label-smoothed cross entropy, accuracy), `optim` (the noam schedule and
-Adam), `flops` (a step's matmul FLOPs). Imports only the package's errors
+(label-smoothed cross entropy, accuracy), `optim` (`SCHEDULES`, the one
+table of learning-rate schedules, the paper's noam among them, and Adam),
+`flops` (a step's matmul FLOPs). Imports only the package's errors
 and validation rules below it.
 """

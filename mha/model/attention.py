@@ -4,7 +4,8 @@ Shapes follow Flax: `[batch, length, heads, head_dim]`. Letters in einsums:
 B batch, Q query length, K key length, H heads, D key size d_k, V value size
 d_v, M model size d_model.
 """
-from typing import Callable
+import dataclasses
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -12,8 +13,9 @@ import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
-from mha.model import dropout as dropout_lib
 from mha import validation
+from mha.model import dropout as dropout_lib
+from mha.model import location
 
 # The self-attention decode cache is stored as [B, H, D, L]: the axes of a
 # [B, L, H, D] key or value in this order (`_append_to_cache`).
@@ -113,7 +115,7 @@ def scaled_dot_product_attention(
     `[B, Q, H, d_v]`.
   """
   if scale is None:
-    scale = 1.0 / np.sqrt(query.shape[-1])
+    scale = _eq1_scale(query.shape[-1])
   logits = _dot_logits(query, key, scale)
   return _attend(logits, value, mask, dropout_rate, dropout_rng, deterministic)
 
@@ -155,69 +157,6 @@ def additive_attention(
   return _attend(logits, value, mask, dropout_rate, dropout_rng, deterministic)
 
 
-def previous_position_weights(weights: jax.Array,
-                              sentence_starts: jax.Array | None = None
-                              ) -> jax.Array:
-  """The weights of query position i-1 at position i (zeros where none).
-
-  Args:
-    weights: `[B, H, Q, K]` attention weights.
-    sentence_starts: `[B, Q]` booleans, True where a query starts a sentence
-      (packed rows): it gets zeros instead of the previous sentence's weights.
-      Position 0 always gets zeros.
-
-  Returns:
-    `[B, H, Q, K]` with row i holding row i-1 of `weights`.
-  """
-  previous = jnp.pad(weights, ((0, 0), (0, 0), (1, 0), (0, 0)))[:, :, :-1]
-  if sentence_starts is not None:
-    previous = jnp.where(sentence_starts[:, None, :, None], 0.0, previous)
-  return previous
-
-
-def stack_filters(filters: list[jax.Array]) -> jax.Array:
-  """Per-head filters `[width_h, N]` -> `[H, W, N]`, W the widest width.
-
-  Narrower filters are zero-padded on both sides, centred: head h still reads
-  exactly width_h neighbouring keys (its receptive field).
-  """
-  widest = max(f.shape[0] for f in filters)
-  return jnp.stack([jnp.pad(f, (((widest - f.shape[0]) // 2,) * 2, (0, 0)))
-                    for f in filters])
-
-
-def location_scores(previous: jax.Array, filters: jax.Array,
-                    projection: jax.Array) -> jax.Array:
-  """The location term uₕᵀ tanh((Fₕ ∗ α_prev)_j) of every key j.
-
-  Chorowski et al. (2015), eq. 8-9: the previous weights α_prev of each head
-  are convolved along the key (source) axis with that head's filters Fₕ (the
-  output at key j reads α_prev[j - c .. j + c], c = W // 2, zeros beyond the
-  ends), squashed by tanh and projected to a scalar by uₕ.
-
-  Args:
-    previous: `[B, H, Q, K]` weights of the previous query position.
-    filters: `[H, W, N]`, N filters of odd width W per head (taps outside a
-      head's own width are zero for multi-resolution heads).
-    projection: `[H, N]`, the vector uₕ of each head.
-
-  Returns:
-    `[B, H, Q, K]` scores to add to the content logits.
-  """
-  width = filters.shape[1]
-  if width % 2 != 1:
-    raise ValueError(f"Location filters need an odd width, got {width}.")
-  center, length = width // 2, previous.shape[-1]
-  padded = jnp.pad(previous, ((0, 0), (0, 0), (0, 0), (center, center)))
-  # windows[..., j, t] = previous[..., j + t - center]: [B, H, Q, K, W].
-  windows = jnp.stack([padded[..., t:t + length] for t in range(width)],
-                      axis=-1)
-  features = jnp.tanh(jnp.einsum("BHQKW,HWN->BHQKN", windows,
-                                 filters.astype(previous.dtype)))
-  return jnp.einsum("BHQKN,HN->BHQK", features,
-                    projection.astype(previous.dtype))
-
-
 def _xla_attention(query, key, value, mask, scale):
   """`jax.nn.dot_product_attention` with the same mask convention.
 
@@ -241,29 +180,109 @@ def _xla_attention(query, key, value, mask, scale):
   return out
 
 
+# A variant's compatibility function in `MultiHeadAttention`: (the module,
+# projected queries [B, Q, H, d_k], keys [B, K, H, d_k], the mask, the
+# packed rows' sentence starts [B, Q] or None) -> logits [B, H, Q, K].
+# It creates the variant's own parameters and decode-cache variables on the
+# module (`module.param`, `module.variable`).
+Logits = Callable[[nn.Module, jax.Array, jax.Array, jax.Array | None,
+                   jax.Array | None], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionVariant:
+  """What the model needs to build and run one `attention_type`.
+
+  Attributes:
+    logits: its compatibility function (`Logits`).
+    xla_scale: for a plain dot-product variant, whose logits are q·k ·
+      xla_scale(d_k): `attention_impl='xla'` runs it as
+      `jax.nn.dot_product_attention`. None: the einsum path only.
+    cross_attention_only: used in encoder-decoder attention only; the
+      Transformer's self-attention then uses `SELF_ATTENTION_TYPE`
+      (`layer_attention_type`).
+    cache: the decode-cache variables it adds to those of every variant
+      (the keys and values); each needs its rows in the search's
+      `mha.search.batches.CACHE_ROWS`.
+    check: refuses a model config (`TransformerConfig`) whose fields of
+      this variant cannot be right (ConfigError naming the field).
+  """
+  logits: Logits
+  xla_scale: Callable[[int], float] | None = None
+  cross_attention_only: bool = False
+  cache: tuple[str, ...] = ()
+  check: Callable[[Any], None] = lambda config: None
+
+
+def _eq1_scale(d_k: int) -> float:
+  """1/√d_k, eq. 1's scale."""
+  return 1.0 / np.sqrt(d_k)
+
+
+def _dot_product(scale: Callable[[int], float]) -> AttentionVariant:
+  """The variant of logits q·k · scale(d_k)."""
+  def logits(module, query, key, mask, sentence_starts):
+    del module, mask, sentence_starts
+    return _dot_logits(query, key, scale(query.shape[-1]))
+  return AttentionVariant(logits, xla_scale=scale)
+
+
+def _additive_variant_logits(module, query, key, mask, sentence_starts):
+  """vᵀ tanh(q + k) (`additive_attention`), v the parameter `energy`
+  `[H, d_k]`."""
+  del mask, sentence_starts
+  d_k = query.shape[-1]
+  energy = module.param("energy", nn.initializers.normal(d_k ** -0.5),
+                        (module.num_heads, d_k))
+  return _additive_logits(query, key, energy)
+
+
+def _location_variant_logits(module, query, key, mask, sentence_starts):
+  """Eq. 1's logits plus the location term of their content weights
+  (`mha.model.location`)."""
+  logits = _dot_logits(query, key, _eq1_scale(query.shape[-1]))
+  return logits + location.location_term(
+      module, masked_softmax(logits, mask), sentence_starts)
+
+
+# The one table of attention variants: config.attention_type -> how the
+# model builds and runs it. A new variant is an entry here (its function
+# here or in a module of its own, as location-aware attention's) and its
+# name in `mha.validation.ATTENTION_TYPES`, in the same order (the rule
+# that refuses other names, below the model; a test keeps the two equal).
+ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
+    "scaled_dot": _dot_product(_eq1_scale),
+    "dot": _dot_product(lambda d_k: 1.0),  # §3.2.1, footnote 4
+    "additive": AttentionVariant(_additive_variant_logits),
+    "location": AttentionVariant(
+        _location_variant_logits, cross_attention_only=True,
+        cache=(location.PREVIOUS_WEIGHTS,), check=location.check_config),
+}
+# Self-attention's variant where config.attention_type is one of
+# encoder-decoder attention only: eq. 1's.
+SELF_ATTENTION_TYPE = "scaled_dot"
+
+
+def layer_attention_type(attention_type: str, cross_attention: bool) -> str:
+  """The variant an attention layer uses under `attention_type` (the
+  config's): the config's, or in self-attention `SELF_ATTENTION_TYPE` for a
+  variant of encoder-decoder attention only."""
+  if cross_attention or not ATTENTION_VARIANTS[
+      attention_type].cross_attention_only:
+    return attention_type
+  return SELF_ATTENTION_TYPE
+
+
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (§3.2.2).
 
   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V). The h projections of each of
   Q, K and V are fused into one kernel (one matmul for all heads).
 
-  `attention_type='location'` is location-aware attention (Chorowski et al.
-  2015) made parallel over positions: the logits of query position i are
-
-      q_i·k_j / √d_k + uₕᵀ tanh((Fₕ ∗ c_{i-1})_j),
-
-  where c_{i-1} is the *content-only* weight row of position i-1 of the same
-  head, softmax_j(q_{i-1}·k_j / √d_k) under the same mask (zeros for the first
-  position of a sentence), Fₕ are `location_num_filters` learned 1-D filters
-  of head h's width along the key axis and uₕ projects them to a scalar per
-  key (`location_scores`). Feeding the final weights of i-1 instead would
-  make position i wait for position i-1 (a recurrence over the target). The
-  content weights of every position come from one matmul, so training stays
-  parallel; in incremental decoding the cache holds c_{i-1} (`previous_weights`)
-  and step i computes exactly the same numbers, so the two agree. One width
-  per head (`location_filter_sizes=(1, 3, 5, 7)`) gives multi-resolution
-  heads; one width for all heads gives plain location-aware heads. These
-  heads always use this module's einsum implementation.
+  The compatibility function is the one of `attention_type` in
+  `ATTENTION_VARIANTS` (its own parameters and decode-cache variables
+  included); the mask, softmax, attention dropout and weighted sum of
+  values are shared by all.
 
   With attention_impl='einsum' the weights after the softmax (before dropout)
   are sown as `intermediates/attention_weights` `[B, H, Q, K]`: apply with
@@ -275,11 +294,13 @@ class MultiHeadAttention(nn.Module):
     d_v: value size per head (default d_model / h); Table 3 rows A and B set
       d_k and d_v apart from d_model / h.
     out_features: output size (default: the size of `inputs_q`, d_model).
-    attention_type: `scaled_dot` (eq. 1), `dot` (unscaled), `additive` or
-      `location` (scaled dot plus the location term above).
+    attention_type: a name of `ATTENTION_VARIANTS`: `scaled_dot` (eq. 1),
+      `dot` (unscaled), `additive` or `location` (scaled dot plus a location
+      term: `mha.model.location`).
     attention_impl: `einsum` (this module's own) or `xla`
-      (`jax.nn.dot_product_attention`); the latter only for `scaled_dot` and
-      `dot`, and without attention dropout.
+      (`jax.nn.dot_product_attention`); the latter for the plain dot-product
+      variants only (`AttentionVariant.xla_scale`: `scaled_dot` and `dot`),
+      and without attention dropout.
     location_filter_sizes: odd filter widths, one for all heads or one per
       head (`location` only).
     location_num_filters: filters per head (`location` only).
@@ -345,8 +366,9 @@ class MultiHeadAttention(nn.Module):
         appends one position per call to the key/value cache and attends to
         every position written so far (`mask` is then ignored: causality comes
         from the cache index).
-      sentence_starts: `[B, Q]`, True where a query starts a packed sentence
-        (`location` only: no previous weights there).
+      sentence_starts: `[B, Q]`, True where a query starts a packed sentence,
+        for the variants that read the previous query position's weights
+        (`location`: none there).
 
     Returns:
       `[B, Q, out_features]`.
@@ -388,72 +410,21 @@ class MultiHeadAttention(nn.Module):
     """head_1..head_h `[B, Q, H, d_v]` from projected queries, keys, values:
     the compatibility function, masked softmax, attention dropout, and the
     weighted sum of values."""
-    d_k = query.shape[-1]
+    variant = ATTENTION_VARIANTS[self.attention_type]
     dropout_rng = None
     if not self.deterministic and self.dropout_rate > 0.0:
       dropout_rng = self.make_rng("dropout")
-    scale = 1.0 if self.attention_type == "dot" else 1.0 / np.sqrt(d_k)
-    if self.attention_impl == "xla" and self.attention_type in ("scaled_dot",
-                                                                "dot"):
+    if self.attention_impl == "xla" and variant.xla_scale is not None:
       if dropout_rng is not None:
         raise ValueError("attention_impl='xla' has no attention dropout; set "
                          "attention_dropout_rate=0 or attention_impl='einsum'.")
-      return _xla_attention(query, key, value, mask, scale)
-    if self.attention_type == "additive":
-      energy = self.param("energy", nn.initializers.normal(d_k ** -0.5),
-                          (self.num_heads, d_k))
-      logits = _additive_logits(query, key, energy)
-    else:
-      logits = _dot_logits(query, key, scale)
-    if self.attention_type == "location":
-      logits = logits + self._location_term(
-          masked_softmax(logits, mask), sentence_starts)
+      return _xla_attention(query, key, value, mask,
+                            variant.xla_scale(query.shape[-1]))
+    logits = variant.logits(self, query, key, mask, sentence_starts)
     weights = masked_softmax(logits, mask)  # [B, H, Q, K]
     self.sow("intermediates", "attention_weights", weights)
     return _mix(weights, value, self.dropout_rate, dropout_rng,
                 self.deterministic)
-
-  def _filter_widths(self) -> tuple[int, ...]:
-    sizes = tuple(int(w) for w in self.location_filter_sizes)
-    if len(sizes) == 1:
-      sizes *= self.num_heads
-    if len(sizes) != self.num_heads or any(w < 1 or w % 2 == 0
-                                           for w in sizes):
-      raise ValueError(
-          "location_filter_sizes must be one odd width or one odd width per "
-          f"head ({self.num_heads} heads), got {self.location_filter_sizes!r}.")
-    return sizes
-
-  def _location_term(self, content_weights: jax.Array,
-                     sentence_starts: jax.Array | None) -> jax.Array:
-    """The location scores from the content weights `[B, H, Q, K]`.
-
-    Parameters: `location_filter_<h>` `[width_h, N]` per head and
-    `location_projection` `[H, N]`. Filters are zero-padded to the widest
-    head's width, so a head of width w reads exactly w neighbouring keys.
-    """
-    num = self.location_num_filters
-    filters = [self.param(f"location_filter_{h}", nn.initializers.normal(1.0),
-                          (width, num))
-               for h, width in enumerate(self._filter_widths())]
-    projection = self.param("location_projection",
-                            nn.initializers.normal(num ** -0.5),
-                            (self.num_heads, num))
-    if self.decode and self.has_variable("cache", "previous_weights"):
-      # One query per step: the cache holds the previous step's content row.
-      cached = self.variable("cache", "previous_weights")
-      previous = cached.value  # [rows, H, 1, K], one row per hypothesis
-      b, h, g, k = content_weights.shape  # g > 1: rows by sentence
-      previous = previous.reshape(b, g, h, k).transpose(0, 2, 1, 3)
-      cached.value = content_weights.astype(cached.value.dtype).transpose(
-          0, 2, 1, 3).reshape(cached.value.shape)
-    else:
-      if self.decode:  # initialising the cache: zeros before the first step
-        b, h, _, k = content_weights.shape
-        self.variable("cache", "previous_weights", jnp.zeros, (b, h, 1, k),
-                      jnp.float32)
-      previous = previous_position_weights(content_weights, sentence_starts)
-    return location_scores(previous, stack_filters(filters), projection)
 
   def _append_to_cache(self, key, value):
     """Writes this step's key/value at the cache index; returns the cache.

@@ -90,21 +90,15 @@ class TransformerConfig:
   def validate(self) -> None:
     """Refuses a field its rule refuses (`mha.validation.FIELDS`; `dtype`
     is a JAX dtype here, its name checked by `from_config`) and fields that
-    cannot be right together (ConfigError)."""
+    cannot be right together, the attention variant's own by its `check`
+    (ConfigError)."""
     for field in dataclasses.fields(self):
       if field.name in validation.FIELDS and field.name != "dtype":
         validation.check_field(field.name, getattr(self, field.name))
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
       raise ConfigError(f"config.d_model={self.d_model} is not divisible by "
                        f"config.num_heads={self.num_heads}; set d_k and d_v.")
-    if self.attention_type == "location":
-      sizes = self.location_filter_sizes
-      if (len(sizes) not in (1, self.num_heads)
-          or any(not isinstance(w, int) or w < 1 or w % 2 == 0
-                 for w in sizes)):
-        raise ConfigError(
-            "config.location_filter_sizes must be one odd width or one odd "
-            f"width per head (num_heads={self.num_heads}), got {sizes!r}.")
+    attention_lib.ATTENTION_VARIANTS[self.attention_type].check(self)
 
 
 def create_model(config: "ml_collections.ConfigDict | TransformerConfig",
@@ -171,9 +165,10 @@ class ResidualSublayer(nn.Module):
 
 
 def _attention(cfg: TransformerConfig, name: str) -> MultiHeadAttention:
-  attention_type = cfg.attention_type
-  if attention_type == "location" and name != "cross_attention":
-    attention_type = "scaled_dot"  # location-aware: encoder-decoder only
+  """The attention layer `name` (`self_attention`, `cross_attention`) of
+  `cfg`, of the variant it uses (`attention_lib.layer_attention_type`)."""
+  attention_type = attention_lib.layer_attention_type(
+      cfg.attention_type, cross_attention=name == "cross_attention")
   return MultiHeadAttention(
       num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v,
       attention_type=attention_type, attention_impl=cfg.attention_impl,
