@@ -115,7 +115,7 @@ from mha.search import batches as batch_search
 from mha import data
 from mha.store import trained
 from mha import export
-from mha.scoring import bleu as scoring
+from mha.scoring import metric_table
 from mha.search import texts as translate
 from mha.search.settings import SearchSettings
 from mha import validation
@@ -435,6 +435,11 @@ def _compare(ours: list[np.ndarray], theirs: list[np.ndarray]
   return same, capped
 
 
+def _bleu(hypotheses: list[str], references: list[str]) -> float:
+  """sacreBLEU's BLEU of the texts (`metric_table.corpus_scores`)."""
+  return metric_table.corpus_scores(hypotheses, references)["bleu"]
+
+
 def _ct2_report(search, ct2_paths, results, references, tokenizer,
                 num_sentences):
   """Prints each CTranslate2 path's result (timed in turn with mha's) beside
@@ -447,7 +452,7 @@ def _ct2_report(search, ct2_paths, results, references, tokenizer,
     print(f"{search:>7} {path.name:>14}: {r['sentences_per_sec']:7.1f} "
           f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
           f"({r['tokens']} tokens, {r['seconds']:.2f} s per pass)  BLEU "
-          f"{scoring.score(hypotheses, references)['bleu']:.2f}; "
+          f"{_bleu(hypotheses, references):.2f}; "
           f"{same}/{num_sentences} outputs equal mha's, {capped} more "
           f"differ only past mha's cap; mha/{path.name} "
           f"speed ratio {r['seconds'] / ours['seconds']:.2f}x",
@@ -724,8 +729,7 @@ def main():
               f"timed pass)")
       if tokenizer is not None:
         hypotheses = [tokenizer.decode(out) for out in r["outputs"]]
-        line += (f"  BLEU "
-                 f"{scoring.score(hypotheses, references)['bleu']:.2f}")
+        line += f"  BLEU {_bleu(hypotheses, references):.2f}"
       print(line, flush=True)
       speeds[search, path.name] = r["sentences_per_sec"]
     if len(paths) == 2:

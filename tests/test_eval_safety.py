@@ -256,7 +256,8 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   # leaves the earlier results as they were and no temporary folder.
   monkeypatch.undo()
   monkeypatch.setattr(translate, "translate_with_ids", _fake_search)
-  monkeypatch.setattr(evaluator, "score", lambda h, r: {"bleu": math.nan})
+  monkeypatch.setattr(evaluator.metric_table, "corpus_scores",
+                      lambda *args, **kwargs: {"bleu": math.nan})
   with pytest.raises(ValueError, match="Out of range float"):
     evaluator.evaluate(str(copy), split=SPLIT)
   assert file_hashes(out) == kept

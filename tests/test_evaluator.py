@@ -18,7 +18,8 @@ from mha.store import checkpoints
 from mha import data
 from mha.evaluation import evaluator
 from mha.store import trained as trained_lib
-from mha.scoring import bleu as scoring
+from mha.scoring import metric_table
+from mha.scoring.corpus import Corpus
 from mha.search import batches as batch_search
 from mha.search.settings import SearchSettings
 from mha.search import texts as translate
@@ -121,10 +122,13 @@ def test_eval_py_writes_metrics_and_bleu_recomputes(workdir, tmp_path):
   chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references])
   assert metrics["bleu"] == pytest.approx(bleu.score)
   assert metrics["chrf"] == pytest.approx(chrf.score)
-  # The last line printed: BLEU and its signature.
+  # The last line printed: BLEU and its signature, and beside it each
+  # metric of the table on by default.
   last = result.stdout.strip().split("\n")[-1]
   assert f"BLEU {metrics['bleu']:.2f}" in last
   assert metrics["sacrebleu_signature"] in last
+  for metric in metric_table.chosen():
+    assert f"{metric.label} {metrics[metric.name]:.2f}" in last
 
 
 def test_average_last_is_the_mean_of_the_last_checkpoints(workdir):
@@ -183,7 +187,7 @@ def test_stdin_to_stdout_one_line_per_line(workdir, model):
 
 
 def test_scores_are_the_hypotheses_against_the_references():
-  result = scoring.score(["the cat sat on the"], ["the cat sat on the mat"])
+  result = metric_table.corpus_scores(["the cat sat on the"], ["the cat sat on the mat"])
   # BLEU: every n-gram of the 5-token hypothesis is in the 6-token
   # reference (precisions 1), brevity penalty exp(1 - 6/5).
   assert result["bleu"] == pytest.approx(100 * math.exp(1 - 6 / 5))
@@ -195,17 +199,126 @@ def test_scores_are_the_hypotheses_against_the_references():
   assert result["chrf"] == pytest.approx(100 * 5 * recall / (4 + recall))
 
 
-
 def test_scores_are_cased():
   """BLEU and chrF compare cased text: "The Cat" is not "the cat"."""
-  result = scoring.score(["The Cat sat on the mat"], ["the cat sat on the mat"])
+  result = metric_table.corpus_scores(["The Cat sat on the mat"],
+                                      ["the cat sat on the mat"])
   # n-gram precisions 4/6, 3/5, 2/4, 1/3 (what "The" and "Cat" break), no
   # brevity penalty: their geometric mean.
   assert result["bleu"] == pytest.approx(
       100 * (4 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
   assert result["chrf"] < 100
-  same = scoring.score(["The Cat sat on the mat"], ["The Cat sat on the mat"])
+  same = metric_table.corpus_scores(["The Cat sat on the mat"],
+                                    ["The Cat sat on the mat"])
   assert same["bleu"] == pytest.approx(100) and same["chrf"] == pytest.approx(100)
+
+
+# Every switch of the table's opt-in metrics on: all its metrics computed.
+ALL_METRICS = {metric.opt_in: True for metric in metric_table.METRICS
+               if metric.opt_in}
+
+
+def test_the_table_of_metrics_names_each_field_once():
+  """A metric's name and fields are its own in metrics.json: no two
+  metrics write the same key; what eval.py prints is among its fields;
+  an opt-in metric is computed only when its switch is given."""
+  corpus = Corpus(["the cat sat on a mat", "A dog-walker ran"],
+                  ["the cat sat on the mat", "A dog-walker runs"], lang="en")
+  keys = []
+  for metric in metric_table.METRICS:
+    value, fields = metric.compute(corpus)
+    assert math.isfinite(value), metric.name
+    assert metric.shown is None or metric.shown in fields, metric.name
+    keys += [metric.name, *fields]
+  assert len(keys) == len(set(keys)), keys
+  assert set(metric_table.corpus_scores(
+      corpus.hypotheses, corpus.references, lang="en",
+      metrics=metric_table.METRICS)) == set(keys)
+  assert metric_table.chosen(**ALL_METRICS) == metric_table.METRICS
+  by_default = metric_table.chosen()
+  assert {m.name for m in by_default} >= {"bleu", "chrf"}
+  assert all(m.opt_in is None for m in by_default)
+  assert "bleu_paper" not in {m.name for m in by_default}
+  assert {m.name for m in metric_table.chosen(paper_bleu=False)} == {
+      m.name for m in by_default}
+  assert "bleu_paper" in {m.name for m in metric_table.chosen(
+      paper_bleu=True)}
+  with pytest.raises(ValueError, match="^No metric is asked for by "
+                     "paper_blue; the switches are paper_bleu"):
+    metric_table.chosen(paper_blue=True)
+  with pytest.raises(ValueError, match="^2 hypotheses but 1 references"):
+    metric_table.corpus_scores(["a", "b"], ["a"])
+
+
+def test_the_printed_scores_are_the_lines_of_before():
+  """eval.py's score lines, as they were when written by hand: the
+  metrics on by default on one line with sacreBLEU's signature, the
+  paper's BLEU on its own with its signature and caveat."""
+  scores = {"bleu": 27.314, "chrf": 56.0249, "sacrebleu_signature": "SIG",
+            "chrf_signature": "CSIG", "bleu_details": "DETAILS",
+            "bleu_paper": 28.4, "bleu_paper_signature": "PSIG",
+            "split": "test", "num_sentences": 3}
+  assert metric_table.console_lines(scores) == [
+      "BLEU 27.31  chrF 56.02  (SIG)",
+      "Paper's BLEU 28.40  (PSIG; for comparison with the paper only, "
+      "quote sacreBLEU)"]
+  del scores["bleu_paper"]
+  assert metric_table.console_lines(scores) == [
+      "BLEU 27.31  chrF 56.02  (SIG)"]
+  assert metric_table.console_lines({"split": "file"}) == []
+
+
+def test_every_metric_of_the_table_is_computed_and_written(random_workdir,
+                                                           tmp_path):
+  """eval.py's evaluation writes each metric of the table (with every
+  switch given) into metrics.json with its fields, as the table's
+  function gives it for the translations written; BLEU and chrF are
+  sacreBLEU's called here; eval.py prints each one's value.
+
+  A model with long, varied translations (random parameters), scored
+  against references made from them: scores strictly between 0 and 100.
+  """
+  workdir = str(random_workdir)
+  source = tmp_path / "src.txt"
+  source.write_text("guno duma ri moge\nnigo ri ponoru pabo\n"
+                    "pabo moge ri guno\nri nigo duma\n")
+  first = evaluator.evaluate(workdir, source_file=str(source), beam_size=1,
+                             write=False)["translations"]
+  # Each translation with a word dropped or one added: partly matched.
+  references = [" ".join(t.split()[:-1] if i % 2 else t.split() + ["Haus"])
+                for i, t in enumerate(first)]
+  reference = tmp_path / "ref.txt"
+  reference.write_text("".join(r + "\n" for r in references))
+  out = tmp_path / "all_metrics"
+  result = evaluator.evaluate(workdir, source_file=str(source),
+                              reference_file=str(reference), beam_size=1,
+                              output_dir=str(out), **ALL_METRICS)
+  written = json.loads((out / "metrics.json").read_text())
+  hypotheses = (out / "translations.txt").read_text().split("\n")[:-1]
+  assert hypotheses == first and all(hypotheses)
+  config, _ = trained_lib.load_workdir(workdir)
+  corpus = Corpus(hypotheses, references, lang=config.target_lang)
+  for metric in metric_table.METRICS:
+    value, fields = metric.compute(corpus)
+    assert written[metric.name] == result[metric.name] == value, metric.name
+    assert {k: written[k] for k in fields} == fields, metric.name
+  assert written["bleu"] == pytest.approx(
+      sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score)
+  assert written["chrf"] == pytest.approx(
+      sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score)
+  assert 0 < written["bleu"] < 100 and 0 < written["chrf"] < 100
+  assert written["bleu"] != written["chrf"]
+  printed = "\n".join(metric_table.console_lines(written))
+  for metric in metric_table.METRICS:
+    assert f"{metric.label} {written[metric.name]:.2f}" in printed
+  # Without the switches: only the metrics on by default.
+  plain = evaluator.evaluate(workdir, source_file=str(source),
+                             reference_file=str(reference), beam_size=1,
+                             write=False)
+  assert {m.name for m in metric_table.METRICS if m.name in plain} == {
+      m.name for m in metric_table.chosen()}
+  assert plain["bleu"] == written["bleu"]
+
 
 def test_make_batches_sorts_buckets_and_covers_every_sentence():
   rng = np.random.default_rng(0)
@@ -271,10 +384,9 @@ def test_batching_order_truncation_and_no_recompilation(workdir, model,
   assert 0.0 < longer.compile_seconds <= longer.seconds
   second = second.texts
   assert second == whole
-  scores = scoring.score(second, references)
+  scores = metric_table.corpus_scores(second, references)
   assert scores["bleu"] == pytest.approx(
       sacrebleu.corpus_bleu(whole, [references]).score)
-  assert scores["bleu"] == evaluator.score(whole, references)["bleu"]
 
 
 def test_bad_inputs_give_one_clear_error(workdir, tmp_path):

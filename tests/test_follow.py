@@ -15,16 +15,22 @@ import sys
 import threading
 
 import pytest
+import sacrebleu
 from tensorboard.backend.event_processing import plugin_event_accumulator
 
+from mha import data
 from mha.evaluation import evaluator
 from mha.store import trained
 from mha.evaluation import follow
 from mha.store import metrics as metrics_lib
 from mha.runtime import files
+from mha.scoring import metric_table
+from mha.search import texts as translate
 
 SPLIT = "test[:4]"  # the split (and settings) of test_eval_safety.py
 NAME = "test_4"
+# The metrics of each evaluation without switches (--paper_bleu ...).
+DEFAULT = sorted(metric.name for metric in metric_table.chosen())
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -107,11 +113,11 @@ def test_each_checkpoint_and_average_is_evaluated_once_as_it_appears(run):
   names = [NAME, NAME, f"{NAME}_avg2", NAME, f"{NAME}_avg2"]
   assert [(r["step"], sorted(k for k in r if k not in ("step", "time")))
           for r in mine] == [
-              (s, [f"{n}/bleu", f"{n}/chrf"]) for s, n in
+              (s, [f"{n}/{metric}" for metric in DEFAULT]) for s, n in
               zip((2, 4, 4, 6, 6), names)]
   for record, result, name in zip(mine, results, names):
-    assert record[f"{name}/bleu"] == result["bleu"]
-    assert record[f"{name}/chrf"] == result["chrf"]
+    for metric in DEFAULT:
+      assert record[f"{name}/{metric}"] == result[metric]
   # TensorBoard: the same scalars, under tags the trainer's do not clash
   # with (the trainer's loss is there too, untouched).
   accumulator = plugin_event_accumulator.EventAccumulator(str(path))
@@ -127,6 +133,51 @@ def test_each_checkpoint_and_average_is_evaluated_once_as_it_appears(run):
   assert not list((path / "eval").glob(".*lock"))
 
 
+def test_every_metric_of_the_table_goes_into_tensorboard_and_jsonl(
+    run, monkeypatch):
+  """With every switch of the table's opt-in metrics (--paper_bleu ...),
+  each metric of the table is written as `<name>/<metric>`, its value
+  that of metrics.json; BLEU and chrF are sacreBLEU's called here.
+
+  The translations are the references, every other one shortened (the
+  6-step model's are empty: every score 0): scores between 0 and 100.
+  """
+  path, saved = run
+  save(path, saved, 6)()
+  _, references = data.load_text_pairs(trained.load_workdir(str(path))[0],
+                                       SPLIT)
+  texts = [" ".join(r.split()[:-1]) if i % 2 else r
+           for i, r in enumerate(references)]
+  monkeypatch.setattr(translate, "translate_with_ids", lambda *a, **k: (
+      translate.Translations(texts, [None] * 4, [None] * 4, 1.0)))
+  switches = {metric.opt_in: True for metric in metric_table.METRICS
+              if metric.opt_in}
+  (result,) = _follow(path, Trainer([]), timeout_seconds=0, **switches)
+  (record,) = metrics_lib.read_metrics(str(path))[-1:]
+  tags = {f"{NAME}/{metric.name}": metric.name
+          for metric in metric_table.METRICS}
+  assert record["step"] == 6
+  assert sorted(k for k in record if "/" in k) == sorted(tags)
+  folder = pathlib.Path(result["output_dir"])
+  written = json.loads((folder / "metrics.json").read_text())
+  for tag, metric in tags.items():
+    assert record[tag] == written[metric] == result[metric], tag
+  accumulator = plugin_event_accumulator.EventAccumulator(str(path))
+  accumulator.Reload()
+  for tag, metric in tags.items():
+    assert [(e.step, e.tensor_proto.float_val[0])
+            for e in accumulator.Tensors(tag)] == [
+                (6, pytest.approx(written[metric]))], tag
+  hypotheses = (folder / "translations.txt").read_text().split("\n")[:-1]
+  assert hypotheses == texts
+  assert record[f"{NAME}/bleu"] == pytest.approx(
+      sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score)
+  assert record[f"{NAME}/chrf"] == pytest.approx(
+      sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score)
+  assert 0 < record[f"{NAME}/bleu"] < 100 and 0 < record[f"{NAME}/chrf"] < 100
+  assert record[f"{NAME}/bleu"] != record[f"{NAME}/chrf"]
+
+
 def test_a_restarted_follower_goes_on_where_it_stopped(run):
   path, saved = run
   save(path, saved, 2)()
@@ -138,9 +189,8 @@ def test_a_restarted_follower_goes_on_where_it_stopped(run):
   save(path, saved, 6)()
   again = _follow(path, Trainer([]), timeout_seconds=30)
   assert [r["checkpoint_step"] for r in again] == [6]
-  assert _logged(path) == [(2, f"{NAME}/bleu"), (2, f"{NAME}/chrf"),
-                           (4, f"{NAME}/bleu"), (4, f"{NAME}/chrf"),
-                           (6, f"{NAME}/bleu"), (6, f"{NAME}/chrf")]
+  assert _logged(path) == [(step, f"{NAME}/{metric}") for step in (2, 4, 6)
+                           for metric in DEFAULT]
   assert json.loads((path / "eval" / "follow_test_4.json").read_text()) == {
       "evaluated": {NAME: [2, 4, 6]}}
 
@@ -167,7 +217,8 @@ def test_a_checkpoint_deleted_while_it_is_read_is_skipped(
              r.getMessage()]
   assert len(skipped) == 1 and skipped[0].startswith(
       f"Step 2 ({NAME}) was deleted while it was read")
-  assert [s for s, _ in _logged(path)] == [4, 4, 6, 6]
+  assert [s for s, _ in _logged(path)] == [4] * len(DEFAULT) + [6] * len(
+      DEFAULT)
   # Recorded as done: a follower started again does not try it.
   assert json.loads((path / "eval" / "follow_test_4.json").read_text())[
       "evaluated"] == {NAME: [2, 4, 6]}
@@ -190,7 +241,8 @@ def test_a_second_follower_with_the_same_settings_is_refused(run):
   assert message.startswith("Another eval.py --follow (process ")
   assert "same split and settings" in message
   # The refused follower wrote nothing: one line per step in metrics.jsonl.
-  assert [s for s, _ in _logged(path)] == [2, 2, 6, 6]
+  assert [s for s, _ in _logged(path)] == [2] * len(DEFAULT) + [6] * len(
+      DEFAULT)
 
 
 def test_bad_follow_flags_are_one_line_before_anything_is_read(

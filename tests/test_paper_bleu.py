@@ -3,7 +3,9 @@ import math
 
 import pytest
 
+from mha.scoring import metric_table
 from mha.scoring import paper_bleu
+from mha.scoring.corpus import Corpus
 
 
 def test_compound_split_follows_perls_non_overlapping_matches():
@@ -97,3 +99,18 @@ def test_a_tokenized_reference_is_only_compound_split():
   assert result["bleu_paper"] == pytest.approx(100.0)
   retokenized = paper_bleu.paper_bleu([hypothesis], [reference], "de")
   assert retokenized["bleu_paper"] < 100.0
+
+
+def test_the_papers_bleu_in_the_table_is_opt_in_and_needs_the_language():
+  """The table's `bleu_paper` is this score (hand-counted above), asked
+  for by `paper_bleu` (--paper_bleu), not reported in training; without
+  the target language it is refused, naming it."""
+  (metric,) = [m for m in metric_table.METRICS if m.name == "bleu_paper"]
+  assert (metric.opt_in, metric.in_training) == ("paper_bleu", False)
+  hypothesis, reference = "Ein E-Mail-Konto.", "Ein E-Mail Konto ."
+  value, fields = metric.compute(Corpus([hypothesis], [reference], "de"))
+  assert {"bleu_paper": value, **fields} == paper_bleu.paper_bleu(
+      [hypothesis], [reference], "de")
+  with pytest.raises(ValueError, match=r"needs the target language \("
+                     r"Corpus.lang\)"):
+    metric.compute(Corpus([hypothesis], [reference]))

@@ -7,12 +7,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import sacrebleu
 
 import mha
 from configs import quickstart
 from mha import data
 from mha.train import devices
-from mha.scoring import bleu as scoring
+from mha.scoring import metric_table
+from mha.scoring.corpus import Corpus
 from mha.search import texts as translate
 from mha.train import evals as train_evals
 
@@ -154,8 +156,10 @@ def test_beam_bleu_reads_the_first_pairs_of_the_split(monkeypatch):
 
 
 def test_evaluate_bleu_reports_the_searchs_scores_and_times(monkeypatch):
-  """eval_bleu and eval_chrf are sacreBLEU's of the translations, the speed
-  is sentences per second of the search, the compile time its own part."""
+  """Each metric of the table reported in training is `eval_<name>`, as the
+  table's function gives it for the translations (eval_bleu and eval_chrf
+  sacreBLEU's called here), and nothing else but the speed (sentences per
+  second of the search) and the compile time, its own part."""
   texts = ["the cat sat on the mat", "a dog", "it rains today"]
   references = ["the cat sat on a mat", "the dog", "it rains today"]
   monkeypatch.setattr(translate, "translate_with_ids", lambda *a, **k: (
@@ -164,8 +168,19 @@ def test_evaluate_bleu_reports_the_searchs_scores_and_times(monkeypatch):
   config = quickstart.get_config()
   got = train_evals.evaluate_bleu(None, None, None, ["x"] * 3, references,
                                   config)
-  want = scoring.score(texts, references)
-  assert got["eval_bleu"] == want["bleu"] and got["eval_chrf"] == want["chrf"]
+  corpus = Corpus(texts, references, lang=config.target_lang)
+  reported = metric_table.in_training()
+  assert {"bleu", "chrf"} <= {metric.name for metric in reported}
+  assert "bleu_paper" not in {metric.name for metric in reported}
+  for metric in reported:
+    assert got[f"eval_{metric.name}"] == metric.compute(corpus).value
+  assert set(got) == {f"eval_{metric.name}" for metric in reported} | {
+      "eval_decode_sentences_per_sec", "eval_decode_compile_seconds"}
+  assert got["eval_bleu"] == pytest.approx(
+      sacrebleu.metrics.BLEU().corpus_score(texts, [references]).score)
+  assert got["eval_chrf"] == pytest.approx(
+      sacrebleu.metrics.CHRF().corpus_score(texts, [references]).score)
   assert got["eval_bleu"] != got["eval_chrf"]
+  assert 0 < got["eval_bleu"] < 100 and 0 < got["eval_chrf"] < 100
   assert got["eval_decode_sentences_per_sec"] == pytest.approx(3 / 1.5)
   assert got["eval_decode_compile_seconds"] == 0.5

@@ -189,7 +189,8 @@ def _follow() -> int:
 def print_summary(result: dict[str, Any], report, flush: bool = False
                   ) -> None:
   """The lines eval prints after an evaluation: what was evaluated and how
-  fast, where it wrote, the attention maps drawn, and the scores."""
+  fast, where it wrote, the attention maps drawn, and the scores (those of
+  the table of metrics, `mha.scoring.metric_table.console_lines`)."""
   steps = result["averaged_steps"]
   what = (f"average of steps {steps}" if len(steps) > 1
           else f"step {result['checkpoint_step']}")
@@ -207,13 +208,10 @@ def print_summary(result: dict[str, Any], report, flush: bool = False
     print(f"Wrote {len(maps)} attention maps ({len(maps) // 3} sentence(s), "
           f"layer {FLAGS.plot_layer}) to {os.path.dirname(maps[0])}",
           file=report)
-  if "bleu" in result:
-    print(f"BLEU {result['bleu']:.2f}  chrF {result['chrf']:.2f}  "
-          f"({result['sacrebleu_signature']})", file=report)
-  if "bleu_paper" in result:
-    print(f"Paper's BLEU {result['bleu_paper']:.2f}  "
-          f"({result['bleu_paper_signature']}; for comparison with the "
-          "paper only, quote sacreBLEU)", file=report)
+  # pylint: disable-next=g-import-not-at-top  (sacrebleu: after the restart)
+  from mha.scoring import metric_table
+  for line in metric_table.console_lines(result):  # the table's metrics
+    print(line, file=report)
   if flush:
     report.flush()
 

@@ -6,14 +6,16 @@
 
 Follows §6.1 of the paper: beam size 4, length penalty α = 0.6, outputs of at
 most input length + 50 tokens, optionally the average of the last
-checkpoints. BLEU and chrF are sacrebleu's metric objects (cased, on
-detokenized text, BLEU with the 13a tokenizer), reported with their
-signatures, never a hand-written BLEU. Evaluation writes only into its own
+checkpoints. The scores are those of the table of metrics
+(`mha.scoring.metric_table`: sacreBLEU's BLEU and chrF, cased, on
+detokenized text, reported with their signatures, never a hand-written
+BLEU; the paper's BLEU on request). Evaluation writes only into its own
 output folder.
 
 The translations come from `mha.search.texts` (length-bucketed batches, the
-beam search of `mha.search.decoding`), the scores from `mha.scoring.bleu` and
-`mha.scoring.paper_bleu`, the attention maps from `mha.evaluation.attention_maps`.
+beam search of `mha.search.decoding`), the scores from
+`mha.scoring.metric_table`, the attention maps from
+`mha.evaluation.attention_maps`.
 """
 import contextlib
 import dataclasses
@@ -28,7 +30,7 @@ from mha.evaluation import attention_maps
 from mha import data
 from mha.evaluation import output as eval_output
 from mha.runtime import files
-from mha.scoring import paper_bleu as paper_bleu_lib
+from mha.scoring import metric_table
 from mha.search import texts as translate
 from mha import validation
 from mha.store import trained
@@ -36,7 +38,6 @@ from mha.store import workdir as workdir_lib
 from mha.errors import EvalError
 from mha.errors import Interrupted
 from mha.errors import os_reason
-from mha.scoring.bleu import score
 from mha.search import settings as settings_lib
 from mha.search.settings import SearchSettings
 from mha.model.transformer import TransformerConfig
@@ -446,23 +447,22 @@ def _score(plan: _Plan, translations: translate.Translations,
   """Score: the metrics of `translations`' texts, and `translations`.
 
   Returns:
-    `bleu`, `chrf`, `sacrebleu_signature`, `chrf_signature`, `bleu_details`
-    when there are references (and `bleu_paper`, `bleu_paper_signature`
-    with `paper_bleu`); `split`, `checkpoint_step`, `averaged_steps`,
-    the search's settings (`SearchSettings`' fields), `batch_size`,
-    `num_sentences`, `decode_seconds` (compilation included),
-    `compile_seconds` (of it, preparing the searches:
+    When there are references, the metrics of the table chosen
+    (`metric_table.chosen`: those on by default, and `bleu_paper` with
+    `paper_bleu`), each with its fields; `split`, `checkpoint_step`,
+    `averaged_steps`, the search's settings (`SearchSettings`' fields),
+    `batch_size`, `num_sentences`, `decode_seconds` (compilation
+    included), `compile_seconds` (of it, preparing the searches:
     `translate.Translations`), `sentences_per_second` (and `source_file`,
     `reference_file` for a source file); `translations` (the texts).
   """
   hypotheses, seconds = translations.texts, translations.seconds
   result: dict[str, Any] = {}
   if plan.references is not None:
-    result.update(score(hypotheses, plan.references))
-    if paper_bleu:
-      result.update(paper_bleu_lib.paper_bleu(
-          hypotheses, plan.references, plan.config.target_lang,
-          references_tokenized=reference_tokenized))
+    result.update(metric_table.corpus_scores(
+        hypotheses, plan.references, lang=plan.config.target_lang,
+        references_tokenized=reference_tokenized,
+        metrics=metric_table.chosen(paper_bleu=paper_bleu)))
   result.update({k: settings[k] for k in (
       "split", "checkpoint_step", "averaged_steps", *settings_lib.FIELDS,
       "batch_size")})

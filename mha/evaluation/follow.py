@@ -10,11 +10,12 @@ checkpoint as it appears with `evaluator.evaluate` (each leaves its usual
 scores go into the run's metrics beside the trainer's
 (`metrics.MetricsWriter`: an event file of its own in the workdir for
 TensorBoard, and lines of `metrics.jsonl`), at the checkpoint's step, under
-tags named by what was evaluated: `<name>/bleu`, `<name>/chrf` (and
-`<name>/bleu_paper`), `<name>` being the split (`test`, `validation`),
-`<split>_avg<N>` for averages, followed by the search settings that differ
-from the config's (`test_beam8`). The trainer's own tags (`eval_bleu`,
-`eval_chrf`, ...) have no '/'.
+tags named by what was evaluated: `<name>/<metric>` for each metric of the
+table computed (`mha.scoring.metric_table`: `<name>/bleu`, `<name>/chrf`,
+and `<name>/bleu_paper` with `paper_bleu`), `<name>` being the split
+(`test`, `validation`), `<split>_avg<N>` for averages, followed by the
+search settings that differ from the config's (`test_beam8`). The
+trainer's own tags (`eval_bleu`, `eval_chrf`, ...) have no '/'.
 
 It reads the workdir as eval.py does and never takes the trainer's `lock`.
 The trainer deletes old checkpoints (`keep_checkpoints`): a step deleted
@@ -47,6 +48,7 @@ from mha.evaluation import output as eval_output
 from mha.evaluation import evaluator
 from mha.store import trained
 from mha.runtime import files
+from mha.scoring import metric_table
 from mha.store import metrics as metrics_lib
 from mha import validation
 from mha.store import workdir as workdir_lib
@@ -55,8 +57,6 @@ from mha.evaluation.output import EvalError
 from mha.search.settings import SearchSettings
 
 RECORD_PREFIX = "follow_"
-# The scores written for each evaluation, when present: `<name>/<key>`.
-SCORES = ("bleu", "chrf", "bleu_paper")
 
 
 class FollowLock(eval_output.OutputLock):
@@ -191,8 +191,9 @@ class _Follower:
   def _write(self, step: int, name: str, result: dict[str, Any]) -> None:
     if self.writer is None:
       self.writer = metrics_lib.MetricsWriter(self.workdir)
-    self.writer.write(step, {f"{name}/{key}": result[key] for key in SCORES
-                             if key in result})
+    self.writer.write(step, {
+        f"{name}/{metric.name}": result[metric.name]
+        for metric in metric_table.METRICS if metric.name in result})
     self.writer.flush()
     if self.report is not None:
       self.report(result)

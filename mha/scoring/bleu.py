@@ -1,37 +1,38 @@
-"""Corpus scores of detokenized translations: sacreBLEU's BLEU and chrF.
+"""sacreBLEU's corpus metrics of detokenized translations: BLEU and chrF.
 
-    from mha.scoring import bleu as scoring
-    scoring.score(hypotheses, references)["bleu"]
+    from mha.scoring import bleu
+    value, fields = bleu.bleu(Corpus(hypotheses, references))
 
-Used by the evaluator and by the trainer's in-training BLEU. The paper's
-tokenized, compound-split BLEU is `mha.scoring.paper_bleu`, beside this module.
+Each is a metric of `mha.scoring.metric_table` (which computes them for
+eval.py, --follow and the in-training evaluation): a function of a
+`Corpus` giving a `Score`. Both are corpus scores with one reference per
+sentence, cased, with sacreBLEU's defaults (BLEU: the 13a tokenizer and
+exponential smoothing), reported with their signatures. The paper's
+tokenized, compound-split BLEU is `mha.scoring.paper_bleu`, beside this
+module.
 """
-from typing import Any, Sequence
-
 import sacrebleu
 
+from mha.scoring.corpus import Corpus
+from mha.scoring.corpus import Score
 
-def score(hypotheses: Sequence[str],
-          references: Sequence[str]) -> dict[str, Any]:
-  """sacreBLEU's BLEU and chrF of detokenized hypotheses, with signatures.
 
-  Both are corpus scores with one reference per sentence, cased, BLEU with
-  the default 13a tokenizer and exponential smoothing (sacrebleu defaults).
+def bleu(corpus: Corpus) -> Score:
+  """sacreBLEU's BLEU (0-100), with `sacrebleu_signature` and
+  `bleu_details` (sacreBLEU's line with the n-gram precisions and BP)."""
+  metric = sacrebleu.metrics.BLEU()
+  score = metric.corpus_score(list(corpus.hypotheses),
+                              [list(corpus.references)])
+  signature = str(metric.get_signature())
+  return Score(float(score.score), {
+      "sacrebleu_signature": signature,
+      "bleu_details": score.format(signature=signature)})
 
-  Returns:
-    `bleu`, `chrf` (0-100), `sacrebleu_signature`, `chrf_signature`, and
-    `bleu_details` (sacrebleu's line with the n-gram precisions and BP).
-  """
-  if len(hypotheses) != len(references):
-    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} "
-                     "references.")
-  bleu = sacrebleu.metrics.BLEU()
-  chrf = sacrebleu.metrics.CHRF()
-  bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
-  chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
-  return {"bleu": float(bleu_score.score),
-          "chrf": float(chrf_score.score),
-          "sacrebleu_signature": str(bleu.get_signature()),
-          "chrf_signature": str(chrf.get_signature()),
-          "bleu_details": bleu_score.format(signature=str(
-              bleu.get_signature()))}
+
+def chrf(corpus: Corpus) -> Score:
+  """sacreBLEU's chrF (0-100), with `chrf_signature`."""
+  metric = sacrebleu.metrics.CHRF()
+  score = metric.corpus_score(list(corpus.hypotheses),
+                              [list(corpus.references)])
+  return Score(float(score.score),
+               {"chrf_signature": str(metric.get_signature())})

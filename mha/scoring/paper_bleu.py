@@ -39,6 +39,9 @@ from typing import Sequence
 
 import sacrebleu
 
+from mha.scoring.corpus import Corpus
+from mha.scoring.corpus import Score
+
 # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g': matches do not overlap, so
 # in "a-b-c" only the first hyphen is split, exactly as in Perl.
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -69,6 +72,35 @@ def tokenize(lines: Sequence[str], lang: str,
           for line in lines]
 
 
+def bleu_paper(corpus: Corpus) -> Score:
+  """The paper's BLEU of a corpus, its `lang` needed: a metric of
+  `mha.scoring.metric_table` (`paper_bleu` says how).
+
+  Returns:
+    The score in [0, 100] and `bleu_paper_signature`.
+
+  Raises:
+    ValueError: the corpus has no `lang`.
+  """
+  if corpus.lang is None:
+    raise ValueError("The paper's BLEU needs the target language "
+                     "(Corpus.lang): Moses' rules differ by language.")
+  bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none",
+                                force=True)
+  if corpus.references_tokenized:
+    reference_tokens = [compound_split(line) for line in corpus.references]
+  else:
+    reference_tokens = tokenize(corpus.references, corpus.lang,
+                                replace_punctuation=False)
+  score = bleu.corpus_score(tokenize(corpus.hypotheses, corpus.lang),
+                            [reference_tokens])
+  return Score(float(score.score), {
+      "bleu_paper_signature": SIGNATURE.format(
+          lang=corpus.lang,
+          ref="tokenized" if corpus.references_tokenized
+          else f"moses-tok(lang:{corpus.lang})")})
+
+
 def paper_bleu(hypotheses: Sequence[str], references: Sequence[str],
                lang: str, references_tokenized: bool = False
                ) -> dict[str, float | str]:
@@ -91,18 +123,6 @@ def paper_bleu(hypotheses: Sequence[str], references: Sequence[str],
   Raises:
     ValueError: when the lists have different lengths.
   """
-  if len(hypotheses) != len(references):
-    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} "
-                     "references.")
-  bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none",
-                                force=True)
-  if references_tokenized:
-    reference_tokens = [compound_split(line) for line in references]
-  else:
-    reference_tokens = tokenize(references, lang, replace_punctuation=False)
-  score = bleu.corpus_score(tokenize(hypotheses, lang), [reference_tokens])
-  return {"bleu_paper": float(score.score),
-          "bleu_paper_signature": SIGNATURE.format(
-              lang=lang,
-              ref="tokenized" if references_tokenized
-              else f"moses-tok(lang:{lang})")}
+  value, fields = bleu_paper(Corpus(hypotheses, references, lang,
+                                    references_tokenized))
+  return {"bleu_paper": value, **fields}

@@ -7,9 +7,11 @@ builds the list the config asks for (`from_config`) and hands it over. At
 every `config.eval_every_steps`-th step and the last:
 
 * `DevLoss`: the loss, NLL, perplexity and accuracy on `config.eval_split`;
-* `BeamBleu`: the BLEU and chrF of the config's beam search on the first
-  `config.eval_bleu_sentences` pairs of that split (none if 0), in the
-  batches `bleu_batch_size` chooses, so that one search is compiled.
+* `BeamBleu`: the metrics of `mha.scoring.metric_table` marked
+  `in_training` (BLEU and chrF: `eval_bleu`, `eval_chrf`) of the config's
+  beam search on the first `config.eval_bleu_sentences` pairs of that
+  split (none if 0), in the batches `bleu_batch_size` chooses, so that one
+  search is compiled.
 """
 
 import jax
@@ -19,7 +21,7 @@ import numpy as np
 from mha.search import batches as batch_search
 from mha import data
 from mha.train import devices
-from mha.scoring import bleu as scoring
+from mha.scoring import metric_table
 from mha.search import texts as translate
 from mha.data.batching import ceil_div
 from mha.search.settings import SearchSettings
@@ -167,8 +169,10 @@ def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
                   sources: list[str], references: list[str],
                   config: ml_collections.ConfigDict,
                   batch_size: int = 64) -> dict[str, float]:
-  """BLEU of the config's beam search on `sources` (`mha.search.texts`), in
-  batches of `batch_size` sentences.
+  """The metrics of the table reported in training (`eval_<name>` of each
+  `metric_table.in_training()`: `eval_bleu`, `eval_chrf`) of the config's
+  beam search on `sources` (`mha.search.texts`), in batches of
+  `batch_size` sentences.
 
   Cheap to call repeatedly on the same sentences: nothing is read from disk
   and the compiled searches are reused. `eval_decode_sentences_per_sec`
@@ -182,7 +186,11 @@ def evaluate_bleu(model_config: TransformerConfig, params, tokenizer,
       model_config, params, tokenizer, sources,
       SearchSettings.of_config(config), batch_size=batch_size)
   seconds = translations.seconds
-  scores = scoring.score(translations.texts, references)
-  return {"eval_bleu": scores["bleu"], "eval_chrf": scores["chrf"],
+  metrics = metric_table.in_training()
+  scores = metric_table.corpus_scores(
+      translations.texts, references, lang=config.target_lang,
+      metrics=metrics)
+  return {**{f"eval_{metric.name}": scores[metric.name]
+             for metric in metrics},
           "eval_decode_sentences_per_sec": len(sources) / max(seconds, 1e-9),
           "eval_decode_compile_seconds": translations.compile_seconds}
