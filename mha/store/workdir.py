@@ -66,7 +66,7 @@ CONFIG_FILE = "config.json"
 LOCK_FILE = "lock"
 VOCABULARY_FILE = tokenizer.MODEL_FILENAME
 TOKENIZED_DIR = tokenized.TOKENIZED_DIR
-METRICS_FILE = "metrics.jsonl"
+RUN_METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
 # Marks a folder mha-export wrote (a CTranslate2 model): not a workdir.
@@ -382,7 +382,7 @@ class Workdir:
     self.lock_path = os.path.join(self.path, LOCK_FILE)
     self.vocabulary_path = os.path.join(self.path, VOCABULARY_FILE)
     self.tokenized_path = os.path.join(self.path, TOKENIZED_DIR)
-    self.metrics_path = os.path.join(self.path, METRICS_FILE)
+    self.metrics_path = os.path.join(self.path, RUN_METRICS_FILE)
     self.checkpoints_path = os.path.join(self.path, CHECKPOINTS_DIR)
     self.eval_root = os.path.join(self.path, EVAL_DIR)
     # jax.profiler traces of config.profile_steps (<time>/ folders), where
