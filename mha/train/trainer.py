@@ -30,6 +30,7 @@ import ml_collections
 import numpy as np
 
 from mha.store import checkpoints
+from mha.store import failed_saves
 from mha.train import devices
 from mha import errors
 from mha.runtime import host_memory
@@ -103,8 +104,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       return _train(config, folder, inputs)
   except KeyboardInterrupt:
     # A Ctrl-C outside the loop (set-up, compilation) or a second one in it.
-    last = checkpoints.latest_step_or_none(
-        checkpoints.checkpoint_dir(folder.path))
+    last = failed_saves.latest_step_or_none(folder.checkpoints_path)
     raise errors.Interrupted(
         "Interrupted (Ctrl-C) without saving: " +
         (f"the last checkpoint is step {last}; run train.py again to resume "
@@ -158,7 +158,7 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
     raise
   stop_signal = StopSignal()
   diverged = None
-  with checkpoints.quiet_save_errors():
+  with failed_saves.quiet_save_errors():
     try:
       step = _loop(config, state, start.step, batches, update, window, saver,
                    run.evaluations, profiler, stop_signal)
@@ -186,8 +186,7 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
   if stop_signal.interrupted:
     raise errors.Interrupted(
         f"Interrupted (Ctrl-C): saved checkpoint {step} in "
-        f"{checkpoints.checkpoint_dir(folder.path)}; run train.py again to "
-        "resume from it.")
+        f"{folder.checkpoints_path}; run train.py again to resume from it.")
   return dict(window.last, step=step)
 
 
@@ -262,10 +261,9 @@ def _disk_errors(folder: workdir_lib.Workdir) -> Iterator[None]:
     code = errors.os_errno(e)
     if code not in DISK_ERRNOS:
       raise
-    last = checkpoints.latest_step_or_none(
-        checkpoints.checkpoint_dir(folder.path))
+    last = failed_saves.latest_step_or_none(folder.checkpoints_path)
     where = e.filename or folder.path
     raise errors.DiskError(
         f"{where} could not be written: {errors.os_reason(e)}. Training "
-        f"stopped; {checkpoints.resume_advice(folder.path, last, code)}."
+        f"stopped; {failed_saves.resume_advice(folder.path, last, code)}."
     ) from None
