@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from mha.store import averaging
 from mha.store import checkpoints
 from mha.errors import CheckpointError
 
@@ -162,24 +163,24 @@ def assert_trees_close(a, b):
 
 def test_average_checkpoints_is_the_mean_of_the_params(three_checkpoints):
   workdir, states = three_checkpoints
-  params, used = checkpoints.average_checkpoints(workdir, num_last=2)
+  params, used = averaging.average_checkpoints(workdir, num_last=2)
   assert used == [200, 300]
   assert_trees_close(params,
                      numpy_mean([states[200]['params'],
                                  states[300]['params']]))
 
-  params, used = checkpoints.average_checkpoints(workdir, steps=[300, 100])
+  params, used = averaging.average_checkpoints(workdir, steps=[300, 100])
   assert used == [100, 300]
   assert_trees_close(params,
                      numpy_mean([states[100]['params'],
                                  states[300]['params']]))
 
-  params, used = checkpoints.average_checkpoints(workdir)
+  params, used = averaging.average_checkpoints(workdir)
   assert used == [100, 200, 300]
   assert_trees_close(params, numpy_mean([s['params'] for s in
                                          states.values()]))
 
-  one, used = checkpoints.average_checkpoints(workdir, num_last=1)
+  one, used = averaging.average_checkpoints(workdir, num_last=1)
   assert used == [300]
   assert_trees_equal(one, states[300]['params'])
 
@@ -211,7 +212,7 @@ def test_average_params_in_float32_cast_back():
   trees = [{'w': np.full((3,), v, np.float32),
             'b': np.full((2,), v, jnp.bfloat16),
             'count': np.array(4, np.int32)} for v in (1.0, 2.0, 4.0)]
-  mean = checkpoints.average_params(iter(trees))
+  mean = averaging.average_params(iter(trees))
   np.testing.assert_array_equal(mean['w'], np.full((3,), 7 / 3, np.float32))
   assert mean['b'].dtype == jnp.bfloat16
   np.testing.assert_array_equal(mean['b'].astype(np.float32),
@@ -221,19 +222,19 @@ def test_average_params_in_float32_cast_back():
   # bfloat16 accumulation would round 1 + 2**-8 * k; float32 does not.
   small = [{'b': np.array([1.0 if i == 0 else 2**-8], jnp.bfloat16)}
            for i in range(256)]
-  mean = checkpoints.average_params(small)['b'].astype(np.float32)
+  mean = averaging.average_params(small)['b'].astype(np.float32)
   np.testing.assert_allclose(mean, (1 + 255 * 2**-8) / 256, rtol=1e-2)
 
 
 def test_average_params_errors():
   with pytest.raises(ValueError, match='at least one'):
-    checkpoints.average_params([])
+    averaging.average_params([])
   with pytest.raises(ValueError, match='structure'):
-    checkpoints.average_params([{'a': np.ones(2)}, {'b': np.ones(2)}])
+    averaging.average_params([{'a': np.ones(2)}, {'b': np.ones(2)}])
   with pytest.raises(ValueError, match='shape'):
-    checkpoints.average_params([{'a': np.ones(2)}, {'a': np.ones(3)}])
+    averaging.average_params([{'a': np.ones(2)}, {'a': np.ones(3)}])
   with pytest.raises(ValueError, match='cannot be averaged'):
-    checkpoints.average_params([{'a': np.array(1)}, {'a': np.array(2)}])
+    averaging.average_params([{'a': np.array(1)}, {'a': np.array(2)}])
 
 
 def test_errors_name_the_folder_and_the_steps(tmp_path, three_checkpoints):
@@ -245,20 +246,20 @@ def test_errors_name_the_folder_and_the_steps(tmp_path, three_checkpoints):
                      match=f'No checkpoint in {folder}'):
     checkpoints.restore_params(empty)
   with pytest.raises(CheckpointError, match=f'No checkpoint in {folder}'):
-    checkpoints.average_checkpoints(empty, num_last=1)
+    averaging.average_checkpoints(empty, num_last=1)
 
   workdir, states = three_checkpoints
   available = re.escape('available steps: [100, 200, 300]')
   with pytest.raises(FileNotFoundError, match=f'step 150 .*{available}'):
     checkpoints.restore_params(workdir, step=150)
   with pytest.raises(FileNotFoundError, match=f'step 150 .*{available}'):
-    checkpoints.average_checkpoints(workdir, steps=[100, 150])
+    averaging.average_checkpoints(workdir, steps=[100, 150])
   with pytest.raises(checkpoints.TooFewCheckpoints,
                      match=r'holds 3 checkpoint\(s\) up to step 300: '
                      r'\[100, 200, 300\], fewer than the 5 to average'):
-    checkpoints.average_checkpoints(workdir, num_last=5)
+    averaging.average_checkpoints(workdir, num_last=5)
   with pytest.raises(ValueError, match='not both'):
-    checkpoints.average_checkpoints(workdir, num_last=1, steps=[100])
+    averaging.average_checkpoints(workdir, num_last=1, steps=[100])
   with pytest.raises(ValueError, match='keep must be >= 1'):
     checkpoints.make_manager(tmp_path, keep=0)
 

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import file_hashes
 from configs import quickstart
+from mha.store import averaging
 from mha.store import checkpoints
 from mha import data
 from mha.evaluation import output as eval_output
@@ -31,6 +32,7 @@ from mha import validation
 from mha.data import parallel_text
 from mha.data import tokenized
 from mha.errors import CheckpointError
+from mha.errors import DamagedCheckpointError
 
 SPLIT = "test[:4]"
 
@@ -369,13 +371,13 @@ def test_damaged_checkpoint_names_path_and_intact_step(tmp_path, damage,
   head = f"Checkpoint {re.escape(str(step_dir))} is damaged: {problem}; "
   aside = re.escape(f"(mv {step_dir} {tmp_path}/damaged_checkpoint_3)")
   manager = checkpoints.make_manager(tmp_path, keep=5)
-  with pytest.raises(checkpoints.DamagedCheckpointError, match=(
+  with pytest.raises(DamagedCheckpointError, match=(
       head + "the newest intact checkpoint is step 1: to resume from it, "
       f"move the damaged step out of .*checkpoints {aside} and run train.py "
       "again.$")):
     checkpoints.restore(manager, None, _state(0))
   manager.close()
-  with pytest.raises(checkpoints.DamagedCheckpointError, match=head):
+  with pytest.raises(DamagedCheckpointError, match=head):
     checkpoints.check_step(tmp_path)
   eval_fix = "the newest intact checkpoint is step 1: evaluate it with " \
              "--checkpoint_step=1.$"
@@ -460,13 +462,13 @@ def test_train_refuses_a_damaged_latest_step_before_writing(copy):
 
 def _mean_params(workdir, steps):
   trees = [checkpoints.restore_params(workdir, s)[0] for s in steps]
-  return checkpoints.average_params(trees)
+  return averaging.average_params(trees)
 
 
 def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
                                                              monkeypatch):
   _save(tmp_path, [2, 4, 6], keep=3)
-  read = checkpoints._read_params  # pylint: disable=protected-access
+  read = checkpoints.read_params
   calls = []
 
   def trainer_saves_meanwhile(reader, step, purpose):
@@ -475,7 +477,7 @@ def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
       _save(tmp_path, [8], keep=3)
     return read(reader, step, purpose)
 
-  monkeypatch.setattr(checkpoints, "_read_params", trainer_saves_meanwhile)
+  monkeypatch.setattr(checkpoints, "read_params", trainer_saves_meanwhile)
   params, step, averaged = trained.load_params(str(tmp_path),
                                                  average_last=3)
   assert (step, averaged) == (8, [4, 6, 8])
@@ -488,7 +490,7 @@ def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
     shutil.rmtree(tmp_path / "checkpoints" / "4", ignore_errors=True)
     return read(reader, step, purpose)
 
-  monkeypatch.setattr(checkpoints, "_read_params", trainer_deletes)
+  monkeypatch.setattr(checkpoints, "read_params", trainer_deletes)
   with pytest.raises(evaluator.EvalError, match=re.escape(
       f"average_last=3 but {tmp_path}/checkpoints holds 2 checkpoint(s) up "
       "to step 8: [6, 8].")):
@@ -498,7 +500,7 @@ def test_average_last_chooses_again_when_the_trainer_deletes(tmp_path,
   def always_deleted(reader, step, purpose):
     raise checkpoints.CheckpointNotFound(f"Checkpoint {step} was deleted")
 
-  monkeypatch.setattr(checkpoints, "_read_params", always_deleted)
+  monkeypatch.setattr(checkpoints, "read_params", always_deleted)
   with pytest.raises(evaluator.EvalError, match=(
       f"deleted while they were read, {trained.READ_ATTEMPTS} times")):
     trained.load_params(str(tmp_path), average_last=2)

@@ -18,6 +18,7 @@ from mha.store import checkpoints
 from mha import data
 from mha.evaluation import evaluator
 from mha.store import trained as trained_lib
+from mha.store import workdir as workdir_lib
 from mha.scoring import metric_table
 from mha.scoring.corpus import Corpus
 from mha.search import batches as batch_search
@@ -442,7 +443,8 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path):
   result = _run_eval(f"--workdir={workdir}", "--checkpoint_step=5")
   assert result.returncode == 1
   assert ("eval.py: No checkpoint for step 5 in "
-          f"{checkpoints.checkpoint_dir(workdir)}; available steps: [2, 4, 6]."
+          f"{workdir_lib.Workdir(workdir).checkpoints_path}; available steps: "
+          "[2, 4, 6]."
           in result.stderr)
   assert "Traceback" not in result.stderr and result.stdout == ""
 

@@ -30,6 +30,7 @@ from conftest import file_hashes
 from conftest import tiny_config
 from conftest import xla_flags
 from mha.store import checkpoints
+from mha.store import failed_saves
 from mha import errors
 from mha.evaluation import evaluator
 from mha.store import trained
@@ -141,7 +142,7 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
     before = file_hashes(run / "checkpoints")
     # Room for the metrics lines and a new event file, not a checkpoint.
     filler = _fill(disk, leave=200_000)
-    with pytest.raises(checkpoints.CheckpointSaveError) as refused:
+    with pytest.raises(errors.CheckpointSaveError) as refused:
       trainer.train_and_evaluate(tiny_config(**RESUMED), str(run))
     assert str(refused.value) == (
         f"Checkpoint 8 could not be written into {run}/checkpoints: the disk "
@@ -168,7 +169,7 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
 def test_only_calls_into_a_closed_asyncio_loop_go_unprinted(monkeypatch):
   unraisable = []
   monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-  monkeypatch.setattr(checkpoints, "_SAVE_FAILED", threading.Event())
+  monkeypatch.setattr(failed_saves, "_SAVE_FAILED", threading.Event())
   loop = asyncio.new_event_loop()
   loop.close()
 
@@ -180,7 +181,7 @@ def test_only_calls_into_a_closed_asyncio_loop_go_unprinted(monkeypatch):
     def __del__(self):
       self.call()
 
-  with checkpoints.quiet_save_errors():
+  with failed_saves.quiet_save_errors():
     Calls(lambda: loop.call_soon_threadsafe(print))
     Calls(lambda: 1 / 0)
   assert [type(u.exc_value) for u in unraisable] == [ZeroDivisionError]
@@ -191,7 +192,7 @@ def test_only_calls_into_a_closed_asyncio_loop_go_unprinted(monkeypatch):
 def test_read_only_checkpoints_folder_stops_with_one_line(copy):
   before = file_hashes(copy / "checkpoints")
   with read_only(copy / "checkpoints"):
-    with pytest.raises(checkpoints.CheckpointSaveError) as refused:
+    with pytest.raises(errors.CheckpointSaveError) as refused:
       trainer.train_and_evaluate(tiny_config(**RESUMED), str(copy))
     assert not _orbax_threads_waiting()
   reason = ("the file system is read-only" if os.geteuid() == 0

@@ -7,6 +7,7 @@ import matplotlib.image
 import pytest
 
 from mha.store import metrics as metrics_lib
+from mha.store import workdir as workdir_lib
 from scripts import plot_metrics
 
 
@@ -34,7 +35,7 @@ def test_records_round_trip_and_resume_drops_later_steps(tmp_path):
 
 def test_resume_drops_a_torn_last_line_and_names_a_bad_one(tmp_path):
   _write(tmp_path, [1, 2])
-  path = tmp_path / metrics_lib.METRICS_FILE
+  path = tmp_path / workdir_lib.RUN_METRICS_FILE
   whole = path.read_text()
   # Killed in the middle of appending the step-3 record.
   path.write_text(whole + '{"step": 3, "nl')
@@ -68,7 +69,7 @@ def test_plot_curves_and_png(tmp_path):
 def test_plot_bad_workdir_gives_one_clear_error(tmp_path):
   with pytest.raises(SystemExit, match="metrics.jsonl does not exist"):
     plot_metrics.main([f"--workdir={tmp_path}", f"--out={tmp_path / 'a.png'}"])
-  (tmp_path / metrics_lib.METRICS_FILE).write_text(
+  (tmp_path / workdir_lib.RUN_METRICS_FILE).write_text(
       json.dumps({"step": 5, "eval_nll": 1.0}) + "\n")
   with pytest.raises(SystemExit, match="holds no training metrics"):
     plot_metrics.main([f"--workdir={tmp_path}", f"--out={tmp_path / 'a.png'}"])
@@ -85,7 +86,7 @@ def test_a_record_without_an_integer_step_is_named(tmp_path, line, problem):
   # Such lines used to give a KeyError, a plot with a category axis, or be
   # skipped silently.
   _write(tmp_path, [1, 2, 3])
-  path = tmp_path / metrics_lib.METRICS_FILE
+  path = tmp_path / workdir_lib.RUN_METRICS_FILE
   lines = path.read_text().splitlines(keepends=True)
   path.write_text(lines[0] + line + "\n" + "".join(lines[1:]))
   damaged = path.read_text()
@@ -121,7 +122,7 @@ def test_records_are_strict_json_with_the_wall_clock_time(tmp_path):
   metrics_lib.MetricsWriter(str(tmp_path)).write(
       3, {"loss": float("nan"), "grad_norm": float("inf"), "nll": 2.5})
   after = time.time()
-  line = (tmp_path / metrics_lib.METRICS_FILE).read_text()
+  line = (tmp_path / workdir_lib.RUN_METRICS_FILE).read_text()
 
   def refuse(name):
     raise ValueError(f"not JSON: {name}")
@@ -133,7 +134,7 @@ def test_records_are_strict_json_with_the_wall_clock_time(tmp_path):
 def test_blank_lines_are_not_records(tmp_path):
   """read_metrics skips blank lines (a file edited by hand)."""
   _write(tmp_path, [1, 2])
-  path = tmp_path / metrics_lib.METRICS_FILE
+  path = tmp_path / workdir_lib.RUN_METRICS_FILE
   lines = path.read_text().splitlines(keepends=True)
   path.write_text(lines[0] + "\n" + "".join(lines[1:]) + "\n")
   assert [r["step"] for r in metrics_lib.read_metrics(str(tmp_path))] == [

@@ -79,7 +79,8 @@ def _params(workdir, step=None):
 def _state(workdir, step):
   """Checkpoint `step`'s whole state (parameters, Adam moments, step, RNG),
   as NumPy arrays, read without a target."""
-  path = checkpoints.checkpoint_dir(str(workdir)) / str(step) / "state"
+  path = os.path.join(workdir_lib.Workdir(str(workdir)).checkpoints_path,
+                      str(step), "state")
   with ocp.PyTreeCheckpointer() as reader:
     # Every leaf as a NumPy array, as its metadata says (no target needed).
     restore_args = jax.tree_util.tree_map(

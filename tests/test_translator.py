@@ -22,7 +22,7 @@ import pytest
 
 import mha
 from configs import quickstart
-from mha.store import checkpoints
+from mha.store import averaging
 from mha import data
 from mha.search import decoding
 from mha.evaluation import evaluator
@@ -149,7 +149,7 @@ def test_score_equals_the_full_forward_pass_on_the_text(translator, pairs):
 def test_average_last_loads_the_mean(tiny_workdir):
   averaged = mha.load(str(tiny_workdir), step=4, average_last=2)
   assert (averaged.step, averaged.steps) == (4, [2, 4])
-  want, _ = checkpoints.average_checkpoints(str(tiny_workdir), steps=[2, 4])
+  want, _ = averaging.average_checkpoints(str(tiny_workdir), steps=[2, 4])
   got = averaged.params.params
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

@@ -27,6 +27,7 @@ from mha import errors
 from mha.store import metrics as metrics_lib
 from mha.data import batching
 from mha.train import actions as train_actions
+from mha.train import setup as train_setup
 from mha.train import trainer
 from mha import validation
 from mha.store import workdir as workdir_lib
@@ -514,6 +515,41 @@ def test_a_finished_run_and_a_checkpoint_of_other_shapes_keep_the_config(
       dict(saved, d_model=64, num_train_steps=8)), workdir)
 
 
+def test_a_run_finished_between_the_checks_and_the_lock_trains_nothing(
+    tiny_workdir, tmp_path, monkeypatch, caplog):
+  """Another run saves the last step (6 of 6) after this one's checks saw
+  no checkpoint: under the lock the set-up finds the run finished, keeps
+  config.json and reads no training data."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  aside = tmp_path / "checkpoints"
+  (workdir / "checkpoints").rename(aside)
+  trained = (workdir / "config.json").read_bytes()
+  check_inputs = train_setup.check_inputs
+
+  def finished_meanwhile(config, folder):
+    inputs = check_inputs(config, folder)
+    aside.rename(workdir / "checkpoints")  # the other run's steps
+    return inputs
+
+  read_from = []
+  train_batches = data.train_batches
+
+  def recording(config, tokenizer, **kwargs):
+    read_from.append(kwargs["start_step"])
+    return train_batches(config, tokenizer, **kwargs)
+
+  monkeypatch.setattr(train_setup, "check_inputs", finished_meanwhile)
+  monkeypatch.setattr(data, "train_batches", recording)
+  caplog.set_level("INFO")
+  config = ml_collections.ConfigDict(dict(json.loads(trained),
+                                          dropout_rate=0.5))
+  assert trainer.train_and_evaluate(config, str(workdir)) == {"step": 6}
+  assert (workdir / "config.json").read_bytes() == trained
+  assert read_from == []
+  assert "at step 6 >= num_train_steps=6: nothing to train" in caplog.text
+
+
 def test_limits_up_to_max_len_pass_and_the_longer_side_sets_the_minimum():
   # A limit equal to max_len (64) is the longest the model encodes: allowed.
   config_check.validate(tiny_config(max_source_length=64,
@@ -594,8 +630,7 @@ def _stopped_in_set_up(monkeypatch, signum: int | None,
       raise AssertionError("the run's set-up does not handle the signal")
     os.kill(os.getpid(), signum)  # its handler runs before the next line
     raise AssertionError("the signal did not stop the set-up")
-  monkeypatch.setattr(trainer.train_setup if where == "train_batches" else
-                      trainer, where, stopped)
+  monkeypatch.setattr(train_setup, where, stopped)
 
 
 @pytest.mark.parametrize("where", ["train_batches", "write_hparams"])

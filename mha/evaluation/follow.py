@@ -52,6 +52,7 @@ from mha.scoring import metric_table
 from mha.store import metrics as metrics_lib
 from mha import validation
 from mha.store import workdir as workdir_lib
+from mha.errors import CheckpointError
 from mha.errors import UserError
 from mha.evaluation.output import EvalError
 from mha.search.settings import SearchSettings
@@ -135,7 +136,7 @@ def _readable(workdir: str, step: int, count: int) -> bool:
   """Whether `step` and `count - 1` earlier checkpoints are there now."""
   try:
     checkpoints.resolve_steps(workdir, step, count)
-  except checkpoints.CheckpointError:
+  except CheckpointError:
     return False
   return True
 
@@ -177,7 +178,7 @@ class _Follower:
         result = evaluator.evaluate(self.workdir, checkpoint_step=step,
                                     average_last=average_last,
                                     **self.options)
-      except (checkpoints.CheckpointError, EvalError) as e:
+      except (CheckpointError, EvalError) as e:
         if _readable(self.workdir, step, count):
           raise  # not a deletion: bad input or a damaged checkpoint
         logging.warning("Step %d (%s) was deleted while it was read (the "

@@ -37,7 +37,7 @@ from mha.errors import os_reason
 from mha.search import settings as settings_lib
 
 TRANSLATIONS_FILE = "translations.txt"
-METRICS_FILE = "metrics.json"
+EVAL_METRICS_FILE = "metrics.json"
 # metrics.json fields that say which results a folder holds.
 SETTINGS_FIELDS = ("split", "checkpoint_step", "averaged_steps",
                    *settings_lib.FIELDS, "source_file", "reference_file",
@@ -72,7 +72,7 @@ def check_output_dir(output_dir: str, settings: dict[str, Any]) -> None:
   """
   if files.exists(output_dir) and not files.isdir(output_dir):
     raise EvalError(f"Output folder {output_dir} is a file.")
-  path = os.path.join(output_dir, METRICS_FILE)
+  path = os.path.join(output_dir, EVAL_METRICS_FILE)
   if not files.exists(path):
     if files.isdir(output_dir) and files.listdir(output_dir):
       raise EvalError(
@@ -221,7 +221,7 @@ def write_outputs(output_dir: str, translations: Sequence[str],
               encoding="utf-8") as f:
       f.writelines(t + "\n" for t in translations)
     drawn = draw(staging) if draw else []
-    with open(os.path.join(staging, METRICS_FILE), "w",
+    with open(os.path.join(staging, EVAL_METRICS_FILE), "w",
               encoding="utf-8") as f:
       f.write(text + "\n")
     (_upload if remote else _publish)(staging, output_dir)
@@ -232,7 +232,7 @@ def write_outputs(output_dir: str, translations: Sequence[str],
 
 
 def _metrics_last(names: list[str]) -> list[str]:
-  return sorted(names, key=lambda n: n == METRICS_FILE)
+  return sorted(names, key=lambda n: n == EVAL_METRICS_FILE)
 
 
 def _publish(staging: str, output_dir: str) -> None:

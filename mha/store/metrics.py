@@ -25,8 +25,6 @@ from mha.store import event_files
 from mha.runtime import files
 from mha.store import workdir as workdir_lib
 
-METRICS_FILE = workdir_lib.METRICS_FILE  # the name: mha/store/workdir.py
-
 
 class MetricsWriter:
   """Writes scalars to TensorBoard event files and to metrics.jsonl.

@@ -20,6 +20,7 @@ from mha.errors import EvalError
 from mha.errors import UserError
 from mha.model.transformer import TransformerConfig
 from mha.runtime import files
+from mha.store import averaging
 from mha.store import checkpoints
 from mha.store import workdir as workdir_lib
 
@@ -61,7 +62,7 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
     workdir: the training workdir.
     checkpoint_step: None = the latest.
     average_last: average the last N checkpoints up to `checkpoint_step`
-      (`checkpoints.average_checkpoints`: the element-wise mean).
+      (`averaging.average_checkpoints`: the element-wise mean).
 
   Returns:
     `(params, checkpoint step, averaged steps)`; params as NumPy arrays.
@@ -76,7 +77,7 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
     steps = choose_steps(workdir, checkpoint_step, average_last)
     try:
       if len(steps) > 1:
-        params, steps = checkpoints.average_checkpoints(workdir, steps=steps)
+        params, steps = averaging.average_checkpoints(workdir, steps=steps)
       else:
         params, _ = checkpoints.restore_params(workdir, steps[0])
       return params, steps[-1], list(steps)
@@ -84,10 +85,10 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
       logging.warning("Attempt %d of %d: %s Choosing the steps again.",
                       attempt + 1, READ_ATTEMPTS, e)
   raise EvalError(
-      f"Checkpoints of {checkpoints.checkpoint_dir(workdir)} were deleted "
-      f"while they were read, {READ_ATTEMPTS} times: the trainer deletes "
-      "them faster than they can be read. Evaluate again with a larger "
-      "keep_checkpoints, or after training.")
+      f"Checkpoints of {workdir_lib.Workdir(workdir).checkpoints_path} were "
+      f"deleted while they were read, {READ_ATTEMPTS} times: the trainer "
+      "deletes them faster than they can be read. Evaluate again with a "
+      "larger keep_checkpoints, or after training.")
 
 
 def check_fit(config: Any, params: Any, workdir: str, step: int) -> None:

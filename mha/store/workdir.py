@@ -66,7 +66,7 @@ CONFIG_FILE = "config.json"
 LOCK_FILE = "lock"
 VOCABULARY_FILE = tokenizer.MODEL_FILENAME
 TOKENIZED_DIR = tokenized.TOKENIZED_DIR
-METRICS_FILE = "metrics.jsonl"
+RUN_METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 EVAL_DIR = "eval"
 # Marks a folder mha-export wrote (a CTranslate2 model): not a workdir.
@@ -373,7 +373,8 @@ class Workdir:
   Attributes:
     path: the workdir.
     config_path, lock_path, vocabulary_path, tokenized_path, metrics_path,
-      checkpoints_path, eval_root: the files and folders of its layout.
+      checkpoints_path, eval_root: the files and folders of its layout;
+      `checkpoints_path` is absolute (Orbax refuses a relative path).
   """
 
   def __init__(self, path: str | os.PathLike[str]):
@@ -382,8 +383,10 @@ class Workdir:
     self.lock_path = os.path.join(self.path, LOCK_FILE)
     self.vocabulary_path = os.path.join(self.path, VOCABULARY_FILE)
     self.tokenized_path = os.path.join(self.path, TOKENIZED_DIR)
-    self.metrics_path = os.path.join(self.path, METRICS_FILE)
-    self.checkpoints_path = os.path.join(self.path, CHECKPOINTS_DIR)
+    self.metrics_path = os.path.join(self.path, RUN_METRICS_FILE)
+    self.checkpoints_path = os.path.join(
+        self.path if os.path.isabs(self.path) or files.has_scheme(self.path)
+        else os.path.abspath(self.path), CHECKPOINTS_DIR)
     self.eval_root = os.path.join(self.path, EVAL_DIR)
     # jax.profiler traces of config.profile_steps (<time>/ folders), where
     # TensorBoard's Profile tab looks for a logdir's traces.

@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from mha.store import checkpoints
+from mha.store import failed_saves
 from mha.train import devices
 from mha.store import metrics as metrics_lib
 from mha.store import workdir as workdir_lib
@@ -141,7 +142,7 @@ class Saver:
       step, self.pending = self.pending, None
       if step is None:
         raise
-      error = checkpoints.save_failure(self.manager, step, e)
+      error = failed_saves.save_failure(self.manager, step, e)
       if error is None:
         raise
       raise error from None

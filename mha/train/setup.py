@@ -1,11 +1,18 @@
-"""Set-up of a training run: its inputs checked and loaded once, the
-workdir's lock, the models, and where the run starts.
+"""Set-up of a training run, top to bottom: its inputs checked and loaded
+once, the workdir's lock, then everything the loop needs.
 
 `check_inputs` reads every input before anything is written (config.json,
 the vocabulary, the latest checkpoint's step, a warm start's vocabulary and
-parameters, the data splits) and returns what it loaded (`Inputs`); the
-set-up under the workdir's lock (`set_up`, `resume_or_start`) builds on that
-instead of reading the files again.
+parameters, the data splits) and returns what it loaded (`Inputs`); a
+finished run stops there (`finished`: the one "nothing to train" check).
+Under the workdir's lock (`workdir_lock`), `set_up` builds on what the
+checks loaded instead of reading the files again, in this order: the
+vocabulary, config.json, the models, optimizer and in-training evaluations,
+the checkpoint manager and metrics writer, where the run starts (the latest
+checkpoint, or step 0, warm or not), the training batches from there, and
+the loop's actions (`train_actions`); it hands them to the loop as one
+`Loop`. A set-up that fails on bad input or is stopped (SIGTERM, Ctrl-C)
+leaves the workdir as it was.
 """
 import contextlib
 import dataclasses
@@ -17,25 +24,30 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from mha.store import checkpoints
-from mha.train import config_check
 from mha import data
-from mha.train import devices
-from mha.runtime import files
-from mha.store import metrics as metrics_lib
-from mha.model import optim
-from mha.train import evals as train_evals
-from mha.train import warm_start
-from mha.store import workdir as workdir_lib
+from mha import errors
 from mha.data import sources
 from mha.errors import WorkdirError
-from mha.train.step import State
-from mha.train.step import init_state
-from mha.model.transformer import Transformer
+from mha.model import optim
 from mha.model.transformer import TransformerConfig
 from mha.model.transformer import create_model
+from mha.runtime import files
+from mha.runtime import sigterm
+from mha.store import checkpoints
+from mha.store import metrics as metrics_lib
+from mha.store import workdir as workdir_lib
+from mha.train import config_check
+from mha.train import devices
+from mha.train import evals as train_evals
+from mha.train import warm_start
+from mha.train.actions import MetricsWindow
+from mha.train.actions import Profiler
+from mha.train.actions import Saver
+from mha.train.actions import write_hparams
+from mha.train.step import CompiledUpdate
+from mha.train.step import State
+from mha.train.step import init_state
 
 
 @dataclasses.dataclass
@@ -56,13 +68,27 @@ class Inputs:
     model_config: the model's config, built from the run's config.
     tokenizer: the workdir's vocabulary, None if it has none yet.
     latest: the workdir's latest checkpoint step, None if it has none.
+    finished: the latest checkpoint is at num_train_steps or past it
+      (`finished`): there is nothing to train.
     warm: a new run's warm start (`config.init_from`), else None.
   """
   saved_config: dict | None
   model_config: TransformerConfig
   tokenizer: data.Tokenizer | None
   latest: int | None
+  finished: bool = False
   warm: WarmStart | None = None
+
+
+def finished(config: ml_collections.ConfigDict, workdir: str,
+             step: int | None) -> bool:
+  """Whether a run that starts at `step` (None: no checkpoint yet) has
+  nothing to train, `step` >= `config.num_train_steps`; logged if so."""
+  if step is None or step < config.num_train_steps:
+    return False
+  logging.info("%s is at step %d >= num_train_steps=%d: nothing to train.",
+               workdir, step, config.num_train_steps)
+  return True
 
 
 def check_inputs(config: ml_collections.ConfigDict,
@@ -75,7 +101,7 @@ def check_inputs(config: ml_collections.ConfigDict,
   spm.model readable and of config.vocab_size pieces), a new run's warm
   start (its vocabulary and parameters), and every split the config names
   (train, eval and test), opened but not read. A workdir whose run is
-  finished reads no data, so its splits are not opened.
+  finished (`Inputs.finished`) reads no data, so its splits are not opened.
 
   Returns:
     What was read, for the set-up (nothing is read twice).
@@ -96,7 +122,8 @@ def check_inputs(config: ml_collections.ConfigDict,
     # A damaged latest step is refused here, before config.json or the
     # event files are touched, naming the newest intact step.
     checkpoints.check_step(workdir.path, latest, "train")
-    if latest >= config.num_train_steps:
+    inputs.finished = finished(config, workdir.path, latest)
+    if inputs.finished:
       return inputs
   elif config.init_from:
     inputs.warm = _load_warm_start(config, workdir, inputs.model_config)
@@ -170,58 +197,109 @@ def workdir_lock(workdir: workdir_lib.Workdir) -> Iterator[None]:
 
 
 @dataclasses.dataclass
-class Run:
-  """What the set-up builds for a run.
+class Loop:
+  """What the set-up hands the training loop.
 
   Attributes:
-    tokenizer: the run's vocabulary (read, trained, or a warm start's).
-    model: the training model (with dropout).
-    tx: the optimizer.
+    state: the state at `step`, replicated over the local devices.
+    step: the first update's step (0, or the restored checkpoint's).
+    batches: the training batches from the start's data position, sharded
+      (none for a run with nothing to train).
+    update: the `pmap`ped update.
+    window: the metrics of the updates since the last logged step.
+    saver: the asynchronous saves of `manager`'s checkpoints.
     evaluations: the in-training evaluations the config asks for
-      (`train_evals.from_config`), handed to the loop.
-    state: the step-0 state, on the host (None once training starts).
-    latest: the latest checkpoint's step under the lock, None if none.
-    warm: a new run's warm start (None once loaded into the state).
-    changed: data-order fields that differ from the workdir's config.json.
+      (`train_evals.from_config`).
+    profiler: the `config.profile_steps` trace.
+    writer: the run's metrics.jsonl and event file.
+    manager: the Orbax checkpoint manager, closed at the end of the run.
+    before: the workdir as it was before the set-up (process 0; None on the
+      others), put back if the run fails before it saves anything.
   """
-  tokenizer: data.Tokenizer
-  model: Transformer
-  tx: optax.GradientTransformation
+  state: State
+  step: int
+  batches: Iterator[dict[str, np.ndarray]]
+  update: CompiledUpdate
+  window: MetricsWindow
+  saver: Saver
   evaluations: list
-  state: State | None
-  latest: int | None
-  warm: WarmStart | None
-  changed: list[str]
+  profiler: Profiler
+  writer: metrics_lib.MetricsWriter
+  manager: Any
+  before: workdir_lib.Snapshot | None
 
 
 def set_up(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
-           inputs: Inputs) -> Run:
-  """Set-up: vocabulary, config.json, models, optimizer and step-0 state,
-  from what the checks loaded (`inputs`)."""
+           inputs: Inputs) -> Loop:
+  """The run's set-up under the workdir's lock (`_build`), from what the
+  checks loaded (`inputs`), guarded: bad input found there (a vocabulary
+  that cannot be trained, no example within the length limits, a
+  checkpoint of other shapes), a SIGTERM or a Ctrl-C leaves the workdir as
+  it was.
+
+  Raises:
+    UserError: the bad input; `Terminated` for a SIGTERM.
+    KeyboardInterrupt: a Ctrl-C.
+  """
+  before = folder.snapshot() if jax.process_index() == 0 else None
+  try:
+    # Everything up to the loop, whose StopSignal then takes the signals
+    # (a SIGTERM between the two would end the process: a few bytecodes).
+    with sigterm.raised():
+      return _build(config, folder, inputs, before)
+  except (errors.UserError, KeyboardInterrupt, errors.SigTerm) as e:
+    if before is not None:
+      before.restore()
+    if isinstance(e, errors.SigTerm):
+      raise errors.Terminated(
+          "Stopped by SIGTERM during the set-up, before any step: the "
+          "workdir is left as it was.") from None
+    raise
+
+
+def _build(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
+           inputs: Inputs, before: workdir_lib.Snapshot | None) -> Loop:
+  """`set_up`'s steps, in order."""
   saved = inputs.saved_config
   if saved is None and files.exists(folder.config_path):
     # Written since the checks, by a run that held the lock meanwhile.
     saved = workdir_lib.read_saved_config(folder.path)
     workdir_lib.check_saved_config(config, saved, folder.path)
   latest = checkpoints.latest_step(folder.path)
-  # The warm start moves from `inputs` to the run, which lets it go once
-  # its parameters are in the state.
+  step = 0 if latest is None else latest  # the first update's
+  # Nothing to train: num_train_steps=0, or a run that held the lock
+  # meanwhile finished this one.
+  done = finished(config, folder.path, step)
+  # The warm start moves from `inputs` to the set-up, which lets it go
+  # when it returns (its parameters live on in the state only); a resume
+  # ignores it.
   warm, inputs.warm = (inputs.warm if latest is None else None), None
   tokenizer = _vocabulary(config, folder, inputs.tokenizer, warm)
   check_same_vocabulary(tokenizer)
   # A finished run given another config trains nothing: its config.json
   # stays the one its checkpoints were trained with.
-  if jax.process_index() == 0 and (latest is None or
-                                   latest < config.num_train_steps):
+  if jax.process_index() == 0 and (latest is None or not done):
     folder.write_config(config if latest is None else
                         _as_resumed(config, saved, latest))
   model = create_model(inputs.model_config)
   eval_model = create_model(inputs.model_config, deterministic=True)
   tx = optim.create_optimizer(config)
-  return Run(tokenizer, model, tx,
-             train_evals.from_config(config, tokenizer, eval_model),
-             init_state(config, model, tx), latest, warm,
-             workdir_lib.changed_data_fields(config, saved))
+  evaluations = train_evals.from_config(config, tokenizer, eval_model)
+  manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
+  writer = metrics_lib.MetricsWriter(folder.path, jax.process_index() == 0)
+  state, position = _start(config, folder.path, manager, latest,
+                           init_state(config, model, tx), warm,
+                           workdir_lib.changed_data_fields(config, saved))
+  # A run killed before its checkpoint logged steps it will redo.
+  writer.truncate_after(step)
+  batches = iter(()) if done else train_batches(config, tokenizer, position)
+  window = MetricsWindow(config, writer, metrics_lib.Progress(
+      step, config.num_train_steps))
+  saver = Saver(manager, step, position, config.grad_accum_steps)
+  write_hparams(config, writer)
+  return Loop(state, step, batches, CompiledUpdate(model, tx, config),
+              window, saver, evaluations, Profiler(config, folder), writer,
+              manager, before)
 
 
 def _as_resumed(config: ml_collections.ConfigDict, saved: dict | None,
@@ -257,63 +335,46 @@ def _vocabulary(config: ml_collections.ConfigDict,
   return data.get_tokenizer(config, folder.path)
 
 
-@dataclasses.dataclass
-class Start:
-  """Where the run starts.
+def _start(config: ml_collections.ConfigDict, workdir: str, manager,
+           latest: int | None, state: State, warm: WarmStart | None,
+           changed: list[str]) -> tuple[State, int]:
+  """Where the run starts: checkpoint `latest`, or step 0 from `state`
+  (with a warm start's parameters). Only the state replicated over the
+  local devices lives on: `state` and the restored one (each one more copy
+  of the parameters and Adam's moments) are let go on return.
 
-  Attributes:
-    state: the state at `step`, on the host (None once replicated).
-    step: the first update's step (0, or the restored checkpoint's).
-    data_position: micro-batches read before `step`.
+  Args:
+    changed: data-order fields that differ from the workdir's config.json
+      (`workdir_lib.changed_data_fields`), named in a warning on resume.
+
+  Returns:
+    (the replicated state, micro-batches read before the start).
   """
-  state: State | None
-  step: int
-  data_position: int
-
-
-def resume_or_start(config: ml_collections.ConfigDict,
-                    folder: workdir_lib.Workdir, run: Run,
-                    manager, writer: metrics_lib.MetricsWriter) -> Start:
-  """Resume-or-start: the latest checkpoint, or step 0 (warm or not).
-
-  metrics.jsonl loses the lines of steps after the start: they are redone.
-  """
-  workdir, step = folder.path, run.latest
-  if step is not None:
-    state, meta = checkpoints.restore(manager, step,
-                                      jax.device_get(run.state))
-    logging.info("Resumed from %s at step %d.", workdir, step)
-    if run.changed:
-      logging.warning(
-          "Resuming %s with other data settings (%s): training goes on from "
-          "the checkpoint's position in the data, but the batches differ "
-          "from those of an uninterrupted run, so the result is not "
-          "bit-identical.", workdir, "; ".join(run.changed))
-  else:
-    state, step, meta = run.state, 0, {}
+  if latest is None:
     logging.info("Starting a new run in %s.", workdir)
-    if run.warm is not None:
-      state = dict(state, params=run.warm.params)
+    if warm is not None:
+      state = dict(state, params=warm.params)
       logging.info("Warm start: parameters of %s (step %d).",
-                   config.init_from, run.warm.step)
-      run.warm = None  # its parameters live on in the state only
-  # A run killed before its checkpoint logged steps it will redo.
-  writer.truncate_after(step)
-  # Micro-batches read before `step`: the checkpoint's own count, so a
-  # resume with another grad_accum_steps neither replays nor skips data.
-  position = int(meta.get("data_position", step * config.grad_accum_steps))
-  if step >= config.num_train_steps:
-    logging.info("%s is at step %d >= num_train_steps=%d: nothing to train.",
-                 workdir, step, config.num_train_steps)
-  return Start(state, step, position)
+                   config.init_from, warm.step)
+    return devices.pmap_replicate(state, jax.local_devices()), 0
+  state, meta = checkpoints.restore(manager, latest, jax.device_get(state))
+  logging.info("Resumed from %s at step %d.", workdir, latest)
+  if changed:
+    logging.warning(
+        "Resuming %s with other data settings (%s): training goes on from "
+        "the checkpoint's position in the data, but the batches differ "
+        "from those of an uninterrupted run, so the result is not "
+        "bit-identical.", workdir, "; ".join(changed))
+  # Micro-batches read before the checkpoint: its own count, so a resume
+  # with another grad_accum_steps neither replays nor skips data.
+  position = int(meta.get("data_position", latest * config.grad_accum_steps))
+  return devices.pmap_replicate(state, jax.local_devices()), position
 
 
 def train_batches(config: ml_collections.ConfigDict, tokenizer,
-                  start: Start) -> Iterator[dict[str, np.ndarray]]:
-  """The training batches from the start's data position, sharded."""
-  if start.step >= config.num_train_steps:
-    return iter(())  # already finished: do not read or plan the split
+                  data_position: int) -> Iterator[dict[str, np.ndarray]]:
+  """The training batches after the first `data_position` micro-batches,
+  sharded over the local devices."""
   num_devices = jax.local_device_count()
-  batches = data.train_batches(config, tokenizer,
-                               start_step=start.data_position)
+  batches = data.train_batches(config, tokenizer, start_step=data_position)
   return (devices.shard(b, num_devices) for b in batches)

@@ -1,10 +1,11 @@
 """Training loop: `train_and_evaluate(config, workdir)`.
 
 Read top to bottom: the inputs are checked and loaded before anything is
-written (`train_setup.check_inputs`); under the workdir's lock the set-up
-builds the vocabulary, models, optimizer and the in-training evaluations
-(`train_setup.set_up`) and resumes the latest checkpoint or starts at step 0
-(`train_setup.resume_or_start`); then `_loop` runs the `pmap`ped update
+written (`train_setup.check_inputs`), and a finished run stops there; under
+the workdir's lock the set-up (`train_setup.set_up`) builds the
+vocabulary, models, optimizer and the in-training evaluations, resumes the
+latest checkpoint or starts at step 0, and hands over the loop's parts
+(`train_setup.Loop`); then `_loop` runs the `pmap`ped update
 (`train_step.CompiledUpdate`) and its periodic actions (`train_actions`):
 log the metrics, save, evaluate, profile, stop on a signal.
 
@@ -19,7 +20,6 @@ the config as TensorBoard hparams and an optional `jax.profiler` trace
 (`config.profile_steps`) are written into the workdir.
 """
 import contextlib
-import dataclasses
 import errno
 import time
 from typing import Iterator, Protocol
@@ -29,19 +29,15 @@ import jax
 import ml_collections
 import numpy as np
 
-from mha.store import checkpoints
-from mha.train import devices
 from mha import errors
 from mha.runtime import host_memory
-from mha.store import metrics as metrics_lib
-from mha.runtime import sigterm
-from mha.train import setup as train_setup
+from mha.store import failed_saves
 from mha.store import workdir as workdir_lib
+from mha.train import setup as train_setup
 from mha.train.actions import MetricsWindow
 from mha.train.actions import Profiler
 from mha.train.actions import Saver
 from mha.train.actions import StopSignal
-from mha.train.actions import write_hparams
 from mha.train.step import CompiledUpdate
 from mha.train.step import State
 
@@ -75,12 +71,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   next step boundary and return; a Ctrl-C (SIGINT) too, and then it raises
   `Interrupted` (a second Ctrl-C raises it at once, without saving). Either
   signal during the set-up, before the loop, leaves the workdir as it was
-  (a SIGTERM raises `Terminated`, a Ctrl-C `Interrupted`). A
-  non-finite loss raises TrainingDiverged naming the step; checkpoints
-  saved before it are left as they are, and a run that saved none leaves
-  the workdir as it was (config.json, metrics.jsonl, no files of its own). A write the machine refuses (a
-  full disk, a read-only folder) raises a DiskError naming the file or
-  checkpoint and the last good checkpoint, with Orbax's threads ended.
+  (a SIGTERM raises `Terminated`, a Ctrl-C `Interrupted`). A non-finite
+  loss raises TrainingDiverged naming the step; checkpoints saved before
+  it are left as they are, and a run that saved none leaves the workdir as
+  it was (config.json, metrics.jsonl, no files of its own). A write the
+  machine refuses (a full disk, a read-only folder) raises a DiskError
+  naming the file or checkpoint and the last good checkpoint, with Orbax's
+  threads ended.
 
   Returns:
     The metrics of the last logged step and evaluation, and `step`.
@@ -92,19 +89,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """
   folder = workdir_lib.Workdir(workdir)
   inputs = train_setup.check_inputs(config, folder)
-  if inputs.latest is not None and inputs.latest >= config.num_train_steps:
-    # Nothing to train: nothing is restored, locked or written (not even an
-    # event file of this process).
-    logging.info("%s is at step %d >= num_train_steps=%d: nothing to train.",
-                 workdir, inputs.latest, config.num_train_steps)
+  if inputs.finished:
+    # Nothing is restored, locked or written (not even an event file of
+    # this process).
     return {"step": inputs.latest}
   try:
     with train_setup.workdir_lock(folder), _disk_errors(folder):
       return _train(config, folder, inputs)
   except KeyboardInterrupt:
     # A Ctrl-C outside the loop (set-up, compilation) or a second one in it.
-    last = checkpoints.latest_step_or_none(
-        checkpoints.checkpoint_dir(folder.path))
+    last = failed_saves.latest_step_or_none(folder.checkpoints_path)
     raise errors.Interrupted(
         "Interrupted (Ctrl-C) without saving: " +
         (f"the last checkpoint is step {last}; run train.py again to resume "
@@ -116,54 +110,19 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
            inputs: train_setup.Inputs) -> dict[str, float]:
   """The run itself, under the workdir's lock: set-up, then the loop.
 
-  Bad data found during the set-up (a vocabulary that cannot be trained, no
-  example within the length limits), or a loss that diverges before the
-  run saves a checkpoint, leaves the workdir as it was.
+  A loss that diverges before the run saves a checkpoint leaves the workdir
+  as it was (as a set-up that fails does: `train_setup.set_up`).
   """
-  # The workdir as it was: put back if this run stops on bad input (in the
-  # set-up, or a diverged loss) before it saves anything, or is stopped
-  # (SIGTERM, Ctrl-C) before its loop can save.
-  before = folder.snapshot() if jax.process_index() == 0 else None
-  try:
-    # Everything up to the loop, whose StopSignal then takes the signals
-    # (a SIGTERM between the two would end the process: a few bytecodes).
-    with sigterm.raised():
-      run = train_setup.set_up(config, folder, inputs)
-      manager = checkpoints.make_manager(folder.path, config.keep_checkpoints)
-      writer = metrics_lib.MetricsWriter(folder.path,
-                                         jax.process_index() == 0)
-      start = train_setup.resume_or_start(config, folder, run, manager,
-                                          writer)
-      batches = train_setup.train_batches(config, run.tokenizer, start)
-      state = devices.pmap_replicate(start.state, jax.local_devices())
-      # Only the replicated copy lives on for the run: the set-up's step-0
-      # state and the start's (each one more copy of the parameters and
-      # Adam's moments) are let go.
-      run = dataclasses.replace(run, state=None)
-      start = dataclasses.replace(start, state=None)
-      window = MetricsWindow(config, writer, metrics_lib.Progress(
-          start.step, config.num_train_steps))
-      saver = Saver(manager, start.step, start.data_position,
-                    config.grad_accum_steps)
-      write_hparams(config, writer)
-      update = CompiledUpdate(run.model, run.tx, config)
-      profiler = Profiler(config, folder)
-  except (errors.UserError, KeyboardInterrupt, errors.SigTerm) as e:
-    if before is not None:
-      before.restore()
-    if isinstance(e, errors.SigTerm):
-      raise errors.Terminated(
-          "Stopped by SIGTERM during the set-up, before any step: the "
-          "workdir is left as it was.") from None
-    raise
+  run = train_setup.set_up(config, folder, inputs)
   stop_signal = StopSignal()
   diverged = None
-  with checkpoints.quiet_save_errors():
+  with failed_saves.quiet_save_errors():
     try:
-      step = _loop(config, state, start.step, batches, update, window, saver,
-                   run.evaluations, profiler, stop_signal)
+      step = _loop(config, run.state, run.step, run.batches, run.update,
+                   run.window, run.saver, run.evaluations, run.profiler,
+                   stop_signal)
     except errors.TrainingDiverged as e:
-      if saver.pending is not None:  # a checkpoint of this run: kept
+      if run.saver.pending is not None:  # a checkpoint of this run: kept
         raise errors.TrainingDiverged(
             f"{e} The checkpoints saved before this step are intact."
         ) from None
@@ -172,23 +131,22 @@ def _train(config: ml_collections.ConfigDict, folder: workdir_lib.Workdir,
       # Also when the loop raises (a diverged run): the checkpoint being
       # written is completed before the workdir's lock is released.
       try:
-        saver.finish()
+        run.saver.finish()
       finally:
-        manager.close()
+        run.manager.close()
   if diverged is not None:
-    writer.close()
-    if before is not None:
-      before.restore(writer.lines)
+    run.writer.close()
+    if run.before is not None:
+      run.before.restore(run.writer.lines)
     raise errors.TrainingDiverged(
         f"{diverged} This run saved no checkpoint: the workdir is left as "
         "it was before it.") from None
-  writer.flush()
+  run.writer.flush()
   if stop_signal.interrupted:
     raise errors.Interrupted(
         f"Interrupted (Ctrl-C): saved checkpoint {step} in "
-        f"{checkpoints.checkpoint_dir(folder.path)}; run train.py again to "
-        "resume from it.")
-  return dict(window.last, step=step)
+        f"{folder.checkpoints_path}; run train.py again to resume from it.")
+  return dict(run.window.last, step=step)
 
 
 def _loop(config: ml_collections.ConfigDict, state: State, step: int,
@@ -262,10 +220,9 @@ def _disk_errors(folder: workdir_lib.Workdir) -> Iterator[None]:
     code = errors.os_errno(e)
     if code not in DISK_ERRNOS:
       raise
-    last = checkpoints.latest_step_or_none(
-        checkpoints.checkpoint_dir(folder.path))
+    last = failed_saves.latest_step_or_none(folder.checkpoints_path)
     where = e.filename or folder.path
     raise errors.DiskError(
         f"{where} could not be written: {errors.os_reason(e)}. Training "
-        f"stopped; {checkpoints.resume_advice(folder.path, last, code)}."
+        f"stopped; {failed_saves.resume_advice(folder.path, last, code)}."
     ) from None
