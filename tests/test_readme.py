@@ -253,3 +253,36 @@ def test_using_a_trained_model_runs_and_agrees_with_the_command_line(
                  "README.md", "exec"), namespace)
   printed = capfd.readouterr().out
   assert repr(from_command_line) in printed  # print(translations)
+
+
+# ------------------------------------------------------------------- layout
+
+
+def test_the_layout_and_where_to_change_what_are_true_of_the_tree():
+  """Every path the Layout and its table name exists, each folder's count
+  of modules is its number of .py files, each table named is defined in
+  the file named, and every folder of mha/ is listed."""
+  section = readme_section("Layout")
+  tree = re.search(r"```\n(.*?)```", section, re.DOTALL).group(1)
+  listed = {}
+  for line in tree.splitlines():
+    match = re.match(r"  (\w+)/\s+(\d+)\s", line)
+    if match:
+      listed[match.group(1)] = int(match.group(2))
+  folders = {p.name for p in (REPO / "mha").iterdir()
+             if (p / "__init__.py").exists()}
+  assert set(listed) == folders
+  for folder, count in listed.items():
+    assert len(list((REPO / "mha" / folder).glob("*.py"))) == count, folder
+  for path in re.findall(r"`(mha/[\w/]+\.py)`", section):
+    assert (REPO / path).is_file(), path
+  table = re.findall(r"^\| [^|]+ \| `(mha/[\w/]+\.py)`(?: \(`(\w+)`)?",
+                     section, re.MULTILINE)
+  assert len(table) >= 8
+  for path, name in table:
+    if name:
+      assert re.search(rf"^{name}\b", (REPO / path).read_text(),
+                       re.MULTILINE), (path, name)
+  tops = {p.name for p in (REPO / "mha").glob("*.py")}
+  for name in tops - {"__init__.py"}:
+    assert name in tree, name
