@@ -3,6 +3,7 @@ runs, the quickstart command runs end to end (train, then evaluate) to the
 BLEU the README shows, "Using a trained model" runs on a trained workdir,
 every relative link points at a file (and heading) that exists, and the
 README stays a guide of at most 400 lines."""
+import gzip
 import json
 import os
 import pathlib
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import unicodedata
 
+import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -286,3 +288,162 @@ def test_the_layout_and_where_to_change_what_are_true_of_the_tree():
   tops = {p.name for p in (REPO / "mha").glob("*.py")}
   for name in tops - {"__init__.py"}:
     assert name in tree, name
+
+
+# ---------------------------------------------------------------- training
+
+def run_command(args: list[str], cwd: pathlib.Path, **env: str
+                ) -> subprocess.CompletedProcess:
+  """`python <script> <args>` in `cwd` (the script: the repository's
+  train.py or eval.py) with the suite's environment (its fake devices, its
+  compilation cache) plus `env`; asserts that it succeeded."""
+  script, *args = args
+  done = subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=600,
+                        env=dict(os.environ, PYTHONPATH=str(REPO), **env),
+                        check=False)
+  assert done.returncode == 0, (args, done.stderr[-3000:])
+  return done
+
+
+def bash_blocks(section: str) -> list[list[str]]:
+  """The lines of each ```bash block of a README section."""
+  return [block.strip().splitlines()
+          for block in re.findall(r"```bash\n(.+?)```", section, re.DOTALL)]
+
+
+def last_params(workdir: pathlib.Path) -> list:
+  """The leaves of the parameters of the workdir's latest checkpoint."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from mha.store import trained  # pylint: disable=import-outside-toplevel
+  params, _, _ = trained.load_params(str(workdir))
+  return jax.tree_util.tree_leaves(params)
+
+
+@pytest.mark.slow
+def test_first_run_commands_continue_a_finished_workdir(tmp_path):
+  # "A first real run": N steps of a config, an evaluation, then the same
+  # command without the override of num_train_steps, which continues the
+  # finished workdir to the config's steps and "reaches the parameters of
+  # one run" of them. Run as written but on configs/quickstart.py:tiny (the
+  # synthetic pair: 3 steps, then its 6), against one straight 6-step run.
+  section = readme_section("Training")
+  export, *lines = bash_blocks(section)[0]
+  fetch_out = re.search(r"fetch_multi30k\.py --out=(\S+)`", section)[1]
+  assert export == f"export MHA_MULTI30K_DIR=$PWD/{fetch_out}"
+  commands = [shlex.split(line) for line in lines]
+  assert [c[:2] for c in commands] == [[".venv/bin/python", "train.py"],
+                                       [".venv/bin/python", "eval.py"],
+                                       [".venv/bin/python", "train.py"]]
+  first, evaluate, second = (c[2:] for c in commands)
+  (shorter,) = [a for a in first if a.startswith("--config.num_train_steps=")]
+  assert [a for a in first if a != shorter] == second
+  from configs import multi30k  # pylint: disable=import-outside-toplevel
+  assert int(shorter.split("=")[1]) < multi30k.get_config().num_train_steps
+  workdir_flag = [a for a in second if a.startswith("--workdir=")]
+  assert workdir_flag and evaluate == workdir_flag
+
+  tiny = f"--config={REPO}/configs/quickstart.py:tiny"
+  continued, straight = tmp_path / "continued", tmp_path / "straight"
+  run_command(["train.py", tiny, "--config.num_train_steps=3",
+               f"--workdir={continued}"], REPO)
+  done = run_command(["eval.py", f"--workdir={continued}"], REPO)
+  assert f"Wrote {continued}/eval/test_3" in done.stdout + done.stderr
+  done = run_command(["train.py", tiny, f"--workdir={continued}"], REPO)
+  assert f"Resumed from {continued} at step 3." in done.stderr
+  run_command(["train.py", tiny, f"--workdir={straight}"], REPO)
+  got, want = last_params(continued), last_params(straight)
+  assert len(got) == len(want) > 0
+  assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.slow
+def test_own_text_command_trains_and_evaluates(tmp_path):
+  # "Your own parallel text": the README's two commands, as written but with
+  # the tiny model and loop (`:tiny`), in a folder where their data_dir
+  # holds the synthetic pair's sentences under the languages and splits they
+  # name (plain and .gz files). The folder is converted into $MHA_TFDS_DIR,
+  # not inside itself.
+  from mha.data import synthetic  # pylint: disable=import-outside-toplevel
+  train, evaluate = [shlex.split(line)
+                     for line in readme_command("own-text-command")
+                     .splitlines()]
+  assert [train[:2], evaluate[:2]] == [[".venv/bin/python", "train.py"],
+                                       [".venv/bin/python", "eval.py"]]
+  flags = dict(a.split("=", 1) for a in train[2:])
+  assert flags.pop("--config") == "configs/multi30k.py"
+  assert evaluate[2:] == [f"--workdir={flags['--workdir']}"]
+  folder = tmp_path / flags["--config.data_dir"]
+  folder.mkdir(parents=True)
+  languages = (flags["--config.source_lang"], flags["--config.target_lang"])
+  pairs = synthetic.generate(0)
+  for split, name, size, suffix in (
+      ("train", "train", 400, ""),
+      ("validation", flags["--config.eval_split"], 40, ""),
+      ("test", flags["--config.test_split"], 40, ".gz")):
+    for lang, column in zip(languages, pairs[split]):
+      text = "".join(line + "\n" for line in column[:size]).encode()
+      path = folder / f"{name}.{lang}{suffix}"
+      path.write_bytes(gzip.compress(text) if suffix else text)
+  files = sorted(folder.iterdir())
+
+  tiny = f"--config={REPO}/configs/multi30k.py:tiny"
+  run_command(["train.py", tiny, *(f"{k}={v}" for k, v in flags.items())],
+              tmp_path, MHA_TFDS_DIR=str(tmp_path / "tfds"))
+  done = run_command(["eval.py", *evaluate[2:]], tmp_path,
+                     MHA_TFDS_DIR=str(tmp_path / "tfds"))
+  output = done.stdout + done.stderr
+  written = f"{flags['--workdir']}/eval/{flags['--config.test_split']}_6"
+  assert f"Wrote {written}" in output
+  assert re.search(r"BLEU [0-9.]+  chrF [0-9.]+  \(nrefs:1", output)
+  assert json.loads((tmp_path / written / "metrics.json").read_text())[
+      "num_sentences"] == 40
+  assert sorted(folder.iterdir()) == files
+  assert len(list((tmp_path / "tfds" / "parallel_text").iterdir())) == 1
+
+
+def help_text(command: list[str], flag: str) -> str:
+  """What `python <command> <flag>` prints (absl exits 1 after help)."""
+  done = subprocess.run([sys.executable, *command, flag], cwd=REPO,
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)),
+                        check=False)
+  return done.stdout + done.stderr
+
+
+def listed_flags(text: str) -> set[str]:
+  """The flags a help text lists: its `  --name:` and `  --[no]name:`."""
+  return set(re.findall(r"^\s+(?:-\w,)?--(?:\[no\])?(\w+):", text,
+                        re.MULTILINE))
+
+
+def test_readmes_help_commands_list_the_flags_it_says():
+  # "Flags": --helpfull lists every flag (the command's own and those it
+  # shares); --help lists a module's own flags only under `python -m`, and
+  # none for train.py, eval.py or a console script (run here as pip's
+  # script runs it: `run()` from a __main__ without docs or flags).
+  section = readme_section("Training")
+  helpfull = re.findall(r"`([^`]+ --helpfull)`", section)
+  assert len(helpfull) == 3, helpfull
+  module = {"train.py": ["train.py"], "eval.py": ["eval.py"],
+            "mha-translate": ["-m", "mha.cli.translate"]}
+  wanted = {"train.py": {"config", "workdir", "compilation_cache_dir",
+                         "traceback", "verbose_libraries"},
+            "eval.py": {"split", "workdir", "beam_size", "average_last"},
+            "mha-translate": {"nbest", "workdir", "beam_size"}}
+  for command in helpfull:
+    (name,) = [n for n in module if n in command.split()[-2]]
+    assert wanted[name] <= listed_flags(help_text(module[name],
+                                                  "--helpfull")), name
+  assert "`.venv/bin/python -m mha.cli.train --help`" in section
+  for name, own, shared in (("train", "config", "workdir"),
+                            ("eval", "split", "beam_size"),
+                            ("translate", "nbest", "workdir"),
+                            ("export", "quantization", "workdir")):
+    listed = listed_flags(help_text(["-m", f"mha.cli.{name}"], "--help"))
+    assert own in listed and shared not in listed, name
+    script = help_text(["-c", f"from mha.cli.{name} import run; run()"],
+                       "--help")
+    assert not listed_flags(script) and "--helpfull" in script, name
+  for script in ("train.py", "eval.py"):
+    assert not listed_flags(help_text([script], "--help")), script
