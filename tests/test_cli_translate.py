@@ -168,3 +168,31 @@ def test_a_sigterm_while_writing_the_output_leaves_it_as_it_was(
       "written.")
   assert output.read_text() == "earlier\n"
   assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_output_dash_is_standard_output_and_a_closed_pipe_stops_quietly(
+    random_workdir, translator, sources, tmp_path):
+  """`--output=-` writes to standard output (no file named '-'); a reader
+  that closes it early (`| head -1`) stops the command with SIGPIPE's
+  status, 141, and no stack."""
+  process = subprocess.Popen(command(random_workdir, "--output=-"),
+                             cwd=tmp_path, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  lines = queue.Queue()
+  threading.Thread(target=lambda: lines.put(process.stdout.readline()),
+                   daemon=True).start()
+  try:
+    process.stdin.write(sources[0].encode("utf-8") + b"\n")
+    process.stdin.flush()
+    first = lines.get(timeout=TIMEOUT).decode("utf-8")
+    assert first == translator.translate(sources[:1])[0] + "\n"
+    process.stdout.close()  # the reader goes
+    process.stdin.write(sources[1].encode("utf-8") + b"\n")
+    process.stdin.close()
+    assert process.wait(timeout=TIMEOUT) == 141
+  finally:
+    process.kill()
+    process.wait()
+  stderr = process.stderr.read().decode("utf-8")
+  assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+  assert not (tmp_path / "-").exists()

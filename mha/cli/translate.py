@@ -24,17 +24,21 @@ translation (without --nbest, one empty line). --sample draws each translation f
 top_k: 0 = every token, seed): the same seed gives the same samples however
 the input arrives.
 
---input reads a file (plain or .gz) instead of standard input, in batches
-of --batch_size (default: `translate.batch_size_for`'s); --output
-writes a file instead of standard output, through a temporary file renamed
+--input reads a file (plain or .gz) instead of standard input ('-':
+standard input), in batches of --batch_size (default:
+`translate.batch_size_for`'s); --output writes a file instead of standard
+output ('-': standard output), through a temporary file renamed
 at the end, so an interrupted run (a Ctrl-C, or a SIGTERM: exit status
 143) leaves no partial file and an existing one as it was. --temperature,
 --top_k and --seed without --sample are refused (they would change
 nothing). Bad input (a workdir, step, flag, file)
-prints one line, `mha-translate: <message>`, and exits with status 1.
+prints one line, `mha-translate: <message>`, and exits with status 1. A
+reader that closes standard output early (`mha-translate ... | head -1`)
+stops it quietly with SIGPIPE's status, 141, as it stops cat.
 """
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 
@@ -74,7 +78,7 @@ def _check_files(input_path: str | None, output_path: str | None) -> None:
                       "translate.")
   if input_path not in (None, "-") and not os.path.isfile(input_path):
     raise ConfigError(f"--input={input_path}: no such file.")
-  if output_path is None:
+  if output_path in (None, "-"):
     return
   if os.path.isdir(output_path):
     raise ConfigError(f"--output={output_path} is a folder: give the file "
@@ -134,14 +138,21 @@ def main(argv: list[str]) -> int:
     raise ConfigError(f"{', '.join(given)}: sampling settings, used only "
                       "with --sample (give it, or leave them out).")
   startup.use_search_devices()
-  if FLAGS.output is None:
+  if FLAGS.output in (None, "-"):
     out = sys.stdout.buffer
 
     def write(text: str) -> None:
       out.write(text.encode("utf-8"))
       out.flush()
 
-    count = _translate(write)
+    try:
+      count = _translate(write)
+    except BrokenPipeError:
+      # The reader closed the pipe (`| head -1`): stop without a word, as
+      # cat does, with the status a SIGPIPE gives (128 + 13); standard
+      # output points at /dev/null so that the exit flushes nothing more.
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+      return 128 + signal.SIGPIPE
   else:
     folder = os.path.dirname(os.path.abspath(FLAGS.output))
     f = tempfile.NamedTemporaryFile(
