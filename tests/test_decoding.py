@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 from configs import base
+from mha.search import cache_rows
 from mha.search import decoding
 from mha.model import transformer
 from mha.search import batches as batch_search
 from mha.search.settings import SearchSettings
-from mha.search.decoding import CacheRows
+from mha.search.cache_rows import CacheRows
 
 EOS = 1
 VOCAB = 5  # 0 = pad / start (never generated: logit -inf), 1 = EOS, 2, 3, 4
@@ -430,26 +431,26 @@ def test_sentence_leaves_are_repeated_per_beam_but_never_gathered():
   kinds = {'layer': {'source_key': CacheRows.SENTENCE,
                      'cached_key': CacheRows.HYPOTHESIS,
                      'cache_index': CacheRows.SHARED}}
-  expanded = decoding._expand_cache(cache, kinds, batch, beam)
+  expanded = cache_rows._expand_cache(cache, kinds, batch, beam)
   np.testing.assert_array_equal(
       expanded['layer']['source_key'],
       np.repeat(np.arange(batch * 4).reshape(batch, 4), beam, axis=0))
   parents = jnp.array([[2, 2, 0], [0, 2, 1]])  # within each sentence
-  first = decoding._first_rows(batch, beam)
-  _, moved = decoding._move_rows(expanded, kinds, first, parents,
+  first = cache_rows._first_rows(batch, beam)
+  _, moved = cache_rows._move_rows(expanded, kinds, first, parents,
                                  jnp.ones((batch, beam), bool))
   assert moved['layer']['source_key'] is expanded['layer']['source_key']
   assert int(moved['layer']['cache_index']) == 3
   # ONE_PER_SENTENCE: kept at one row per sentence, never copied.
   kinds['layer']['source_key'] = CacheRows.ONE_PER_SENTENCE
-  expanded = decoding._expand_cache(cache, kinds, batch, beam)
+  expanded = cache_rows._expand_cache(cache, kinds, batch, beam)
   assert expanded['layer']['source_key'] is cache['layer']['source_key']
-  _, moved = decoding._move_rows(expanded, kinds, first, parents,
+  _, moved = cache_rows._move_rows(expanded, kinds, first, parents,
                                  jnp.ones((batch, beam), bool))
   assert moved['layer']['source_key'] is cache['layer']['source_key']
   cache['layer']['source_key'] = jnp.zeros((batch * beam, 4))
   with pytest.raises(ValueError, match=r"source_key.*batch_size = 2"):
-    decoding._expand_cache(cache, kinds, batch, beam)
+    cache_rows._expand_cache(cache, kinds, batch, beam)
 
 
 @pytest.mark.parametrize('beam', [4, 40])
@@ -459,11 +460,11 @@ def test_rows_in_place_hold_each_hypothesis_parents_row(beam):
   # alive, with as few copies as a parent's children beyond its first.
   rng = np.random.default_rng(beam)
   batch, steps = 3, 6
-  rows = decoding._first_rows(batch, beam)
+  rows = cache_rows._first_rows(batch, beam)
   cache = {'h': jnp.asarray(rng.normal(size=(batch * beam, 2, 3)),
                             jnp.float32)}
   kinds = {'h': CacheRows.HYPOTHESIS}
-  move = jax.jit(lambda cache, rows, parent, needed: decoding._move_rows(
+  move = jax.jit(lambda cache, rows, parent, needed: cache_rows._move_rows(
       cache, kinds, rows, parent, needed))
   for _ in range(steps):
     parent = rng.choice(rng.integers(0, beam, 2), size=(batch, beam))

@@ -12,8 +12,8 @@ over the devices (`jax.shard_map`):
 * `translate_batch`: greedy or beam search, the best output of each
   sentence or its n best hypotheses with their scores;
 * `refill_batches`: several batches as one search whose slots, as their
-  sentences end, take the next batches' sentences (`decoding.greedy_refill`,
-  `decoding.beam_refill`), with the outputs of each batch's own search;
+  sentences end, take the next batches' sentences (`refill.greedy_refill`,
+  `refill.beam_refill`), with the outputs of each batch's own search;
 * `sample_batch`: ancestral samples (`mha.search.decoding.sample`), a key per
   sentence;
 * `score_batch`: the model's log-probability of given targets
@@ -44,10 +44,13 @@ from jax import lax
 import numpy as np
 
 from mha import validation
+from mha.search import common
 from mha.search import decoding
+from mha.search import refill
 from mha.search import settings as settings_lib
 from mha.search import trace_cache as search_cache
 from mha.search.settings import SearchSettings
+from mha.search.stages import all_stage_lengths
 from mha.data import token_ids
 from mha.model.transformer import Transformer
 from mha.model.transformer import TransformerConfig
@@ -61,7 +64,7 @@ from mha.model.transformer import create_model
 MIN_SEARCH_ROWS = 64
 _AXIS = "sentences"  # the mesh axis the sharded search splits rows over
 # The first stage of the search: outputs up to the padded input length + 3
-# (in a trained model nearly all searches end there; see `mha.search.decoding`).
+# (in a trained model nearly all searches end there; `mha.search.stages`).
 # Every step's row copies and attention cost grow with the stage's length,
 # and a search that goes on pays for the growth: on the trained Multi30k
 # model + 3 was faster than + 10 for greedy and beam search alike, with the
@@ -214,7 +217,7 @@ def _grow_cache_fn(init_cache: Callable[[int], Any], first: Any
       # Only the axes that grow with the output length; the rows stay.
       shape = [n if a == b else c for n, a, b, c in zip(
           x.shape, made_first, made.shape, made.shape)]
-      return decoding.pad_to(x, shape)
+      return common.pad_to(x, shape)
 
     return dict(cache, model=jax.tree.map(pad, cache["model"], first_shapes,
                                           shapes))
@@ -277,7 +280,7 @@ def _refill_queue(model: Transformer, params: Any,
                        batch_inputs.shape[0] * beam_size, length)
 
   def padded(x):  # [k, rows, ..., s] -> [k * rows, ..., width]
-    x = decoding._pad_axis(x, x.ndim - 1, width)  # pylint: disable=protected-access
+    x = common._pad_axis(x, x.ndim - 1, width)  # pylint: disable=protected-access
     return x.reshape((-1,) + x.shape[2:])
 
   parts = [lax.map(lambda x: _source_leaves(_source_kv_stored(make(x))), x)
@@ -311,8 +314,8 @@ def _refill_cache(shapes: Any, queue: list[jax.Array], inputs: jax.Array,
 
 
 def _start_rows_fn(queue: list[jax.Array], queue_inputs: jax.Array
-                   ) -> decoding.StartRows:
-  """`decoding.greedy_refill`'s and `beam_refill`'s `start_rows` for the
+                   ) -> refill.StartRows:
+  """`refill.greedy_refill`'s and `beam_refill`'s `start_rows` for the
   cache of `_refill_cache`: the positions of a started slot's rows back to
   0, their `previous_weights` zeros, and its sentence's source keys, values
   and ids copied in, slot by slot (a loop over the started slots only)."""
@@ -353,8 +356,8 @@ def _refill_fn(model_config: TransformerConfig, settings: SearchSettings,
                eos_id: int) -> Callable[..., Any]:
   """The jitted search of `inputs`, arrays `[k, slots, s]` (k batches of one
   source length each), with `slots` sentences searched at a time, a slot
-  whose sentence is done taking the next one (`decoding.greedy_refill`,
-  `decoding.beam_refill`): `[sentences, max_decode_len]` outputs, the best
+  whose sentence is done taking the next one (`refill.greedy_refill`,
+  `refill.beam_refill`): `[sentences, max_decode_len]` outputs, the best
   of each batch's own search (`_translate_fn`, `num_best=0`).
 
   `devices=()`: on the default device. Two or more devices: each batch's
@@ -370,7 +373,7 @@ def _refill_fn(model_config: TransformerConfig, settings: SearchSettings,
                    max_lengths: jax.Array, max_decode_len: int,
                    stage_lengths: tuple[int, ...]) -> Any:
     num_slots = inputs[0].shape[1]
-    lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
+    lengths = all_stage_lengths(stage_lengths, max_decode_len)
     queue, ids, shapes = _refill_queue(model, params, inputs, lengths[0],
                                        beam_size)
     cache = _refill_cache(shapes, queue, ids, num_slots, beam_size,
@@ -382,11 +385,11 @@ def _refill_fn(model_config: TransformerConfig, settings: SearchSettings,
                   grow_cache=_grow_cache_fn(init_cache, shapes))
     start_rows = _start_rows_fn(queue, ids)
     if beam_size == 1:
-      return decoding.greedy_refill(
+      return refill.greedy_refill(
           _step_fn(model, params), cache, start_rows, num_slots,
           max_decode_len, eos_id, max_lengths, step_hook=step_hook,
           **common)[0]
-    return decoding.beam_refill(
+    return refill.beam_refill(
         _step_fn(model, params), cache, start_rows, num_slots, beam_size,
         settings.alpha, max_decode_len, eos_id, max_lengths,
         cache_rows(cache), stop=settings.beam_stop, step_hook=step_hook,
@@ -486,7 +489,7 @@ def _translate_fn(model_config: TransformerConfig, settings: SearchSettings,
                    max_decode_len: int, stage_lengths: tuple[int, ...],
                    num_best: int) -> Any:
     batch_size = inputs.shape[0]
-    lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
+    lengths = all_stage_lengths(stage_lengths, max_decode_len)
     tokens_to_logits, cache, grow_cache = _model_fns(
         model, params, inputs, beam_size, lengths[0])
     # num_best=n: a sentence is done once its n best finished hypotheses,
@@ -533,7 +536,7 @@ def _sample_fn(model_config: TransformerConfig, eos_id: int, greedy: bool,
 
   def local_sample(params, seed, temperature, inputs, max_lengths,
                    sentence_ids, max_decode_len, stage_lengths):
-    lengths = decoding.all_stage_lengths(stage_lengths, max_decode_len)
+    lengths = all_stage_lengths(stage_lengths, max_decode_len)
     tokens_to_logits, cache, grow_cache = _model_fns(model, params, inputs,
                                                      1, lengths[0])
     keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(seed),
@@ -746,7 +749,7 @@ def _static(inputs_lengths: Sequence[int], max_decode_len: int,
     stages = tuple(min(n + int(first_stage_extra), max_decode_len)
                    for n in inputs_lengths)
   return dict(max_decode_len=max_decode_len, stage_lengths=tuple(
-      decoding.all_stage_lengths(stages, max_decode_len)[:-1]))
+      all_stage_lengths(stages, max_decode_len)[:-1]))
 
 
 def _search_inputs(model_config: TransformerConfig, inputs_np: np.ndarray, *,
@@ -860,7 +863,7 @@ def refill_batches(model_config: TransformerConfig, params: Any,
   (`_refill_queue`). The stages are a ladder of rooms, each batch's
   padded source length + `first_stage_extra` and the output length: each
   step runs in the shortest that holds every busy slot's position
-  (`decoding.beam_refill`), so that the short sentences' steps, the most,
+  (`refill.beam_refill`), so that the short sentences' steps, the most,
   read, write and copy the cache of a short room. The arguments are put
   together on the host and `refilled_outputs` cuts the outputs there, so
   that no small operation is compiled around the search (each would be
