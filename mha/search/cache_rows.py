@@ -4,8 +4,8 @@ rows a beam search's hypotheses keep in place (a speed-up of
 
 Cache leaves: the caller says what the rows of each leaf are, with
 `cache_rows`, a pytree of the cache's structure whose leaves are `CacheRows`
-(the model side knows its cache; `mha.search.batches.cache_rows` says it
-for the Transformer). Rows are ordered `[batch, beam]`: sentence b's
+(the model side knows its cache; `mha.search.model_cache.cache_rows` says
+it for the Transformer). Rows are ordered `[batch, beam]`: sentence b's
 hypotheses are in rows `b * beam_size` to `(b + 1) * beam_size - 1`, in an
 order of the search's own (rows in place, below).
 
