@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from mha.search import decoding
-from mha.search.decoding import CacheRows
+from mha.search import refill
+from mha.search.cache_rows import CacheRows
 
 EOS = 1
 VOCAB = 6  # 0 = pad / start (logit -inf), 1 = EOS, 2..5 words
@@ -366,7 +367,7 @@ def test_a_refilled_search_stops_each_sentence_by_its_rule(stop):
   limits = np.random.default_rng(5).integers(MAX_LEN // 2, MAX_LEN + 1,
                                              size=BATCH)[:sentences]
   refilled = RefilledModels(models, beam)
-  tokens, scores, _ = jax.jit(lambda cache: decoding.beam_refill(
+  tokens, scores, _ = jax.jit(lambda cache: refill.beam_refill(
       refilled.step, cache, refilled.start_rows, 8, beam, alpha, MAX_LEN,
       EOS, jnp.asarray(limits, jnp.int32), RefilledModels.CACHE_ROWS,
       stop=stop))(refilled.init_cache(8))

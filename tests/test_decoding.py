@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 
 from configs import base
+from mha.search import cache_rows
 from mha.search import decoding
 from mha.model import transformer
 from mha.search import batches as batch_search
+from mha.search import model_cache
 from mha.search.settings import SearchSettings
-from mha.search.decoding import CacheRows
+from mha.search.cache_rows import CacheRows
 
 EOS = 1
 VOCAB = 5  # 0 = pad / start (never generated: logit -inf), 1 = EOS, 2, 3, 4
@@ -430,26 +432,26 @@ def test_sentence_leaves_are_repeated_per_beam_but_never_gathered():
   kinds = {'layer': {'source_key': CacheRows.SENTENCE,
                      'cached_key': CacheRows.HYPOTHESIS,
                      'cache_index': CacheRows.SHARED}}
-  expanded = decoding._expand_cache(cache, kinds, batch, beam)
+  expanded = cache_rows._expand_cache(cache, kinds, batch, beam)
   np.testing.assert_array_equal(
       expanded['layer']['source_key'],
       np.repeat(np.arange(batch * 4).reshape(batch, 4), beam, axis=0))
   parents = jnp.array([[2, 2, 0], [0, 2, 1]])  # within each sentence
-  first = decoding._first_rows(batch, beam)
-  _, moved = decoding._move_rows(expanded, kinds, first, parents,
+  first = cache_rows._first_rows(batch, beam)
+  _, moved = cache_rows._move_rows(expanded, kinds, first, parents,
                                  jnp.ones((batch, beam), bool))
   assert moved['layer']['source_key'] is expanded['layer']['source_key']
   assert int(moved['layer']['cache_index']) == 3
   # ONE_PER_SENTENCE: kept at one row per sentence, never copied.
   kinds['layer']['source_key'] = CacheRows.ONE_PER_SENTENCE
-  expanded = decoding._expand_cache(cache, kinds, batch, beam)
+  expanded = cache_rows._expand_cache(cache, kinds, batch, beam)
   assert expanded['layer']['source_key'] is cache['layer']['source_key']
-  _, moved = decoding._move_rows(expanded, kinds, first, parents,
+  _, moved = cache_rows._move_rows(expanded, kinds, first, parents,
                                  jnp.ones((batch, beam), bool))
   assert moved['layer']['source_key'] is cache['layer']['source_key']
   cache['layer']['source_key'] = jnp.zeros((batch * beam, 4))
   with pytest.raises(ValueError, match=r"source_key.*batch_size = 2"):
-    decoding._expand_cache(cache, kinds, batch, beam)
+    cache_rows._expand_cache(cache, kinds, batch, beam)
 
 
 @pytest.mark.parametrize('beam', [4, 40])
@@ -459,11 +461,11 @@ def test_rows_in_place_hold_each_hypothesis_parents_row(beam):
   # alive, with as few copies as a parent's children beyond its first.
   rng = np.random.default_rng(beam)
   batch, steps = 3, 6
-  rows = decoding._first_rows(batch, beam)
+  rows = cache_rows._first_rows(batch, beam)
   cache = {'h': jnp.asarray(rng.normal(size=(batch * beam, 2, 3)),
                             jnp.float32)}
   kinds = {'h': CacheRows.HYPOTHESIS}
-  move = jax.jit(lambda cache, rows, parent, needed: decoding._move_rows(
+  move = jax.jit(lambda cache, rows, parent, needed: cache_rows._move_rows(
       cache, kinds, rows, parent, needed))
   for _ in range(steps):
     parent = rng.choice(rng.integers(0, beam, 2), size=(batch, beam))
@@ -493,8 +495,7 @@ def test_transformer_caches_cross_attention_as_sentence_leaves(
     tiny_transformer):
   model_config, _, params, inputs = tiny_transformer
   model = transformer.Transformer(model_config.replace(decode=True))
-  _, cache, _ = batch_search._model_fns(model, params, jnp.asarray(inputs), 2,
-                                        8)
+  _, cache, _ = model_cache._model_fns(model, params, jnp.asarray(inputs), 2, 8)
   names = {jax.tree_util.keystr(path)
            for path, _ in jax.tree_util.tree_flatten_with_path(cache)[0]}
   source = {n for n in names if "'source_" in n}
@@ -502,7 +503,8 @@ def test_transformer_caches_cross_attention_as_sentence_leaves(
   assert not any('cross_attention' in n and 'cached_' in n for n in names)
   assert any('self_attention' in n and 'cached_key' in n for n in names)
   kinds = {jax.tree_util.keystr(path): kind for path, kind in
-           jax.tree_util.tree_flatten_with_path(batch_search.cache_rows(cache))[0]}
+           jax.tree_util.tree_flatten_with_path(
+               model_cache.cache_rows(cache))[0]}
   # The search's per-sentence inputs (encoder output, source ids) beside
   # the decoder's cache, so that the step function takes any batch.
   assert {n for n, k in kinds.items() if k is CacheRows.ONE_PER_SENTENCE
@@ -517,7 +519,7 @@ def test_transformer_caches_cross_attention_as_sentence_leaves(
   assert {rows[n] for n in source} == {3}
   assert {r for n, r in rows.items() if 'cached_' in n} == {6}
   with pytest.raises(ValueError, match='new_variable'):
-    batch_search.cache_rows({'layer': {'new_variable': jnp.zeros((2,))}})
+    model_cache.cache_rows({'layer': {'new_variable': jnp.zeros((2,))}})
 
 
 class GrowingHistoryModel(HistoryModel):
@@ -618,3 +620,21 @@ def test_translate_beam_batch_equals_one_sentence_at_a_time(tiny_transformer):
     alone = batch_search.translate_batch(model_config, params, inputs[b:b + 1],
                                       **kwargs)
     np.testing.assert_array_equal(np.asarray(alone)[0], batch[b])
+
+
+def test_the_names_callers_use_reach_the_moved_code():
+  """Since the search's split by concern, `mha.decoding` (the old path) is
+  still mha.search.decoding with the searches' public names, and
+  `mha.search.batches` still gives the Transformer's cache contract, now
+  at home in `mha.search.model_cache`."""
+  # pylint: disable=import-outside-toplevel,protected-access
+  import mha.batch_search
+  import mha.decoding
+  assert mha.decoding is decoding and mha.batch_search is batch_search
+  public = {'beam_search', 'greedy_search', 'sample', 'forced_log_probs',
+            'CacheRows', 'length_penalty', 'StepHook'}
+  assert public <= set(decoding.__all__)
+  assert all(hasattr(decoding, name) for name in decoding.__all__)
+  assert decoding.CacheRows is CacheRows is cache_rows.CacheRows
+  for name in ('CACHE_ROWS', 'cache_rows', '_model_fns'):
+    assert getattr(batch_search, name) is getattr(model_cache, name)

@@ -1,4 +1,4 @@
-"""decoding._best_extensions: the first round of the beam's candidates from
+"""fast_top_k._best_extensions: the first round of the beam's candidates from
 the raw logits, against the computation it replaces (top_k of the live
 log-probability + log_softmax over the whole vocabulary), bit for bit."""
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mha.search import decoding
+from mha.search import fast_top_k
 
 
 def reference(logits, live, k):
@@ -18,7 +18,7 @@ def reference(logits, live, k):
 def check(logits, live, k):
   logits = jnp.asarray(logits, jnp.float32)
   live = jnp.asarray(live, jnp.float32)
-  got = jax.jit(decoding._best_extensions, static_argnums=2)(logits, live, k)
+  got = jax.jit(fast_top_k._best_extensions, static_argnums=2)(logits, live, k)
   want = reference(logits, live, k)
   np.testing.assert_array_equal(np.asarray(got[0]), want[0])
   np.testing.assert_array_equal(np.asarray(got[1]), want[1])
@@ -68,9 +68,9 @@ def test_a_tie_that_reaches_past_the_raw_candidates():
 
 
 def check_greedy(logits):
-  """decoding._greedy_choice against argmax(log_softmax) and its value."""
+  """fast_top_k._greedy_choice against argmax(log_softmax) and its value."""
   logits = jnp.asarray(logits, jnp.float32)
-  token, logprob = jax.jit(decoding._greedy_choice)(logits)
+  token, logprob = jax.jit(fast_top_k._greedy_choice)(logits)
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   want = np.asarray(jnp.argmax(log_probs, axis=-1))
   np.testing.assert_array_equal(np.asarray(token), want)

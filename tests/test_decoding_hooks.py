@@ -10,6 +10,7 @@ import pytest
 
 from mha.search import decoding
 from mha.search import hooks
+from mha.search import refill
 from test_decoding import EOS, TableModel, VOCAB, brute_force, hypothesis
 
 
@@ -169,7 +170,7 @@ def test_refilled_searches_under_a_ban_equal_the_whole_batchs():
       step_hook=hook), static_argnums=1)
   whole = np.asarray(search(greedy.init_cache(num_sentences, max_len),
                             unigrams))
-  refilled = jax.jit(lambda cache: decoding.greedy_refill(
+  refilled = jax.jit(lambda cache: refill.greedy_refill(
       greedy.step, cache, greedy.start_rows, 4, max_len, TOY_EOS, limits,
       step_hook=unigrams))(greedy.init_cache(4, max_len))
   np.testing.assert_array_equal(np.asarray(refilled[0]), whole)
@@ -183,7 +184,7 @@ def test_refilled_searches_under_a_ban_equal_the_whole_batchs():
       beamy.step, cache, num_sentences, beam, 0.6, max_len, TOY_EOS, limits,
       cache_rows=beamy.cache_rows(), num_best=1, with_log_probs=True,
       step_hook=hook))(beamy.init_cache(num_sentences * beam, max_len))
-  found = jax.jit(lambda cache: decoding.beam_refill(
+  found = jax.jit(lambda cache: refill.beam_refill(
       beamy.step, cache, beamy.start_rows, 3, beam, 0.6, max_len, TOY_EOS,
       limits, beamy.cache_rows(), step_hook=hook))(
           beamy.init_cache(3 * beam, max_len))

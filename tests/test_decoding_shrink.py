@@ -10,7 +10,7 @@ import pytest
 
 from mha.search import decoding
 from mha.search import batches as batch_search
-from mha.search.decoding import CacheRows
+from mha.search.cache_rows import CacheRows
 
 from test_decoding import EOS, GrowingHistoryModel, hypothesis
 

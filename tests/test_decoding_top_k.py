@@ -1,4 +1,4 @@
-"""`decoding._top_k`, the searches' top k over the vocabulary by chunks,
+"""`fast_top_k._top_k`, the searches' top k over the vocabulary by chunks,
 must give `lax.top_k`'s values and indices, ties (lower index first) and
 -inf included."""
 import jax
@@ -6,13 +6,13 @@ from jax import lax
 import numpy as np
 import pytest
 
-from mha.search import decoding
+from mha.search import fast_top_k
 
 
 @pytest.mark.parametrize('vocab', [200, 64 * 5, 1000])
 def test_top_k_by_chunks_equals_lax_top_k(vocab):
   rng = np.random.default_rng(vocab)
-  ours = jax.jit(decoding._top_k, static_argnums=1)  # pylint: disable=protected-access
+  ours = jax.jit(fast_top_k._top_k, static_argnums=1)  # pylint: disable=protected-access
   theirs = jax.jit(lax.top_k, static_argnums=1)
   for kind in range(5):
     x = [rng.normal(size=(6, 3, vocab)),  # no ties

@@ -99,13 +99,37 @@ def test_imports_point_down_the_layers():
 
 
 def test_the_search_takes_only_the_token_ids_of_the_data_package():
-  """The search algorithm and the batch runner know the vocabulary's ids,
-  not the data pipeline."""
-  for name in ("decoding", "batches"):
-    taken = {i for i in _imports(MHA / "search" / f"{name}.py")
+  """The search algorithms, their speed-ups and the batch runner know the
+  vocabulary's ids, not the data pipeline (only `texts`, text -> ids,
+  does)."""
+  for path in sorted((MHA / "search").glob("*.py")):
+    if path.stem == "texts":
+      continue
+    taken = {i for i in _imports(path)
              if i == "mha.data" or i.startswith("mha.data.")}
     assert all(i == "mha.data" or i.startswith("mha.data.token_ids")
-               for i in taken), (name, taken)
+               for i in taken), (path.stem, taken)
+
+
+def test_the_search_modules_import_each_other_one_way():
+  """Within mha/search the imports form no cycle (the paper's algorithm
+  below its refilled form and the batch runner, its speed-ups below it)."""
+  search = {p.stem: p for p in (MHA / "search").glob("*.py")
+            if p.stem != "__init__"}
+  imports = {name: {i.split(".")[2] for i in _imports(path)
+                    if i.startswith("mha.search.")} & set(search)
+             for name, path in search.items()}
+  done = set()
+
+  def visit(name, path):
+    assert name not in path, " -> ".join(path + [name])
+    if name not in done:
+      for other in sorted(imports[name]):
+        visit(other, path + [name])
+      done.add(name)
+
+  for name in sorted(search):
+    visit(name, [])
 
 
 def test_the_package_faces_import_no_jax():

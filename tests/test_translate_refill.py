@@ -1,4 +1,4 @@
-"""Greedy search with refilled rows (`decoding.greedy_refill`): a row whose
+"""Greedy search with refilled rows (`refill.greedy_refill`): a row whose
 sentence is done takes the next one. Each sentence's output must be the
 one greedy search gives it alone, and the Transformer's refilled search
 must give every row of every batch what the batch's own search gives."""
@@ -15,6 +15,8 @@ import pytest
 from conftest import random_tiny_transformer
 from mha.search import decoding
 from mha.search import batches as batch_search
+from mha.search import refill
+from mha.search.cache_rows import CacheRows
 from mha.search.settings import SearchSettings
 from mha.search import texts as translate
 
@@ -88,7 +90,7 @@ def test_refilled_greedy_equals_each_sentences_greedy_search():
   for stages in [(), (4,), (2, 3, 4)]:
     steps.clear()
     tokens, scores, log_probs = jax.jit(
-        lambda cache, limits, stages=stages: decoding.greedy_refill(
+        lambda cache, limits, stages=stages: refill.greedy_refill(
             step, cache, model.start_rows, rows, max_len, EOS, limits,
             alpha=0.6, stage_lengths=stages, grow_cache=model.grow_cache))(
                 model.init_cache(rows, (stages or (max_len,))[0]),
@@ -161,6 +163,11 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
   assert translate._refill_groups(batches, tuple(device)) == [[0, 1, 2]]  # pylint: disable=protected-access
   kwargs = dict(beam_size=1, alpha=0.6, max_decode_extra=8, eos_id=EOS)
   compiled = []  # the programs XLA compiled
+  search = batch_search.refill_fn(model_config, SearchSettings(beam_size=1),
+                                  EOS)
+  # This model's greedy search may have been compiled for other batches by
+  # another test in this process (test_decoding_hooks.py's).
+  before = search._cache_size()  # pylint: disable=protected-access
 
   def listener(event, start, end, **kw):
     del start, end
@@ -173,8 +180,7 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
                                         devices=device, **kwargs)
   finally:
     jax.monitoring.unregister_event_time_span_listener(listener)
-  assert batch_search.refill_fn(model_config, SearchSettings(beam_size=1),
-                                EOS)._cache_size() == 1  # pylint: disable=protected-access
+  assert search._cache_size() == before + 1  # pylint: disable=protected-access
   # The search is the one program compiled: its inputs are stacked and its
   # outputs cut on the host, with no small operation compiled around it
   # (which every new process would compile again).
@@ -203,9 +209,9 @@ class ToyBeamModel(ToyModel):
                 src=jnp.arange(slots, dtype=jnp.int32))
 
   def cache_rows(self):
-    return {'pos': decoding.CacheRows.SHARED,
-            'src': decoding.CacheRows.ONE_PER_SENTENCE,
-            'history': decoding.CacheRows.HYPOTHESIS}
+    return {'pos': CacheRows.SHARED,
+            'src': CacheRows.ONE_PER_SENTENCE,
+            'history': CacheRows.HYPOTHESIS}
 
   def step(self, tokens, cache):
     per_row = jnp.repeat(cache['src'], self.beam_size)
@@ -235,7 +241,7 @@ def test_refilled_beam_search_equals_the_whole_batchs_search():
 
   for stages in [(), (4,), (2, 4, 6)]:
     rooms.clear()
-    found = jax.jit(lambda cache, stages=stages: decoding.beam_refill(
+    found = jax.jit(lambda cache, stages=stages: refill.beam_refill(
         step, cache, model.start_rows, slots, beam, 0.6, max_len, EOS,
         limits, model.cache_rows(), stage_lengths=stages,
         grow_cache=model.grow_cache))(
@@ -262,7 +268,7 @@ def nan_logits_search_ends_as_the_whole_batchs():
       model.step, cache, num_sentences, beam, 0.6, max_len, EOS, limits,
       cache_rows=model.cache_rows(), num_best=1, with_log_probs=True))(
           model.init_cache(num_sentences * beam, max_len))
-  found = jax.jit(lambda cache: decoding.beam_refill(
+  found = jax.jit(lambda cache: refill.beam_refill(
       model.step, cache, model.start_rows, slots, beam, 0.6, max_len, EOS,
       limits, model.cache_rows()))(model.init_cache(slots * beam, max_len))
   for ours, theirs in zip(found, whole):

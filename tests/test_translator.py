@@ -25,6 +25,7 @@ from configs import quickstart
 from mha.store import averaging
 from mha import data
 from mha.search import decoding
+from mha.search import refill
 from mha.evaluation import evaluator
 from mha.search import batches as batch_search
 from mha.search.settings import SearchSettings
@@ -398,12 +399,12 @@ def test_the_stopping_rule_reaches_the_searches(translator, sources,
   # so each call traces its own).
   # pylint: disable=protected-access
   traced = []
-  for name in ("beam_search", "beam_refill"):
-    def record(*args, _search=getattr(decoding, name), _name=name,
+  for module, name in ((decoding, "beam_search"), (refill, "beam_refill")):
+    def record(*args, _search=getattr(module, name), _name=name,
                **kwargs):
       traced.append((_name, kwargs.get("stop", "exact")))
       return _search(*args, **kwargs)
-    monkeypatch.setattr(decoding, name, record)
+    monkeypatch.setattr(module, name, record)
   # 48 sentences in batches of 16 on one device: a refilled search (on
   # the test's 4 devices each batch would be split instead).
   translate.translate_texts(
