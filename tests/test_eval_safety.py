@@ -142,11 +142,12 @@ def test_a_tokenized_reference_file_is_only_compound_split(
 def _fake_search(model_config, params, tokenizer, sources, settings, *,
                  batch_size):
   """Stands in for the beam search (tested in test_evaluator.py): output
-  that depends on the settings (each field's value in turn), without
-  compiling a search per setting."""
+  that depends on the settings (the output length, and every setting that
+  is not the paper's: a new one with the paper's default changes
+  nothing), without compiling a search per setting."""
   del model_config, params, tokenizer, batch_size
   return translate.Translations(
-      [" ".join([s, *map(str, settings.as_dict().values())])
+      [f"{s} | {settings.describe()} | extra {settings.max_decode_extra}"
        for s in sources],
       [None] * len(sources), [None] * len(sources), 2.0,
       compile_seconds=0.5 if settings.beam_stop == "early" else 0.0)
@@ -174,7 +175,9 @@ def test_eval_py_names_the_settings_it_was_given(copy, monkeypatch, eval_py,
       f"{SPLIT}, step 6, beam 4, alpha 0.6: 4 sentences in 2.0 s "
       "(2.0 sentences/s)")
   translations = (copy / "eval" / folder / "translations.txt").read_text()
-  assert translations.split("\n")[0].endswith(" 4 0.6 8 early bfloat16 3")
+  assert translations.split("\n")[0].endswith(
+      " | beam 4, alpha 0.6, stop early, bfloat16 products, no repeated "
+      "3-grams | extra 8")
 
 
 def test_other_settings_never_replace_results(copy, monkeypatch):
@@ -188,7 +191,7 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
   assert (metrics["beam_stop"], metrics["matmul_dtype"]) == ("exact",
                                                              "float32")
   assert (out / "translations.txt").read_text().split("\n")[0].endswith(
-      " 4 0.6 8 exact float32 0")  # what the search was given (extra 8)
+      " | beam 4, alpha 0.6 | extra 8")  # what the search was given
 
   # Other settings: another folder, named by what differs from the config.
   for kwargs, name in [(dict(beam_size=8, alpha=1.0), "test_4_6_beam8_alpha1.0"),
@@ -206,9 +209,10 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
     assert written["no_repeat_ngram_size"] == kwargs.get(
         "no_repeat_ngram_size", 0)
   assert (copy / "eval" / "test_4_6_early" / "translations.txt").read_text(
-      ).split("\n")[0].endswith(" 4 0.6 8 early float32 0")
+      ).split("\n")[0].endswith(" | beam 4, alpha 0.6, stop early | extra 8")
   assert (copy / "eval" / "test_4_6_bfloat16" / "translations.txt"
-          ).read_text().split("\n")[0].endswith(" 4 0.6 8 exact bfloat16 0")
+          ).read_text().split("\n")[0].endswith(
+              " | beam 4, alpha 0.6, bfloat16 products | extra 8")
   assert file_hashes(out) == kept
 
   # The results of the code before beam_stop (no such field in their
@@ -643,8 +647,8 @@ def test_piped_eval_py_writes_into_an_output_dir_only_when_given(
   monkeypatch.setattr(evaluator.files, "read_lines", lambda path: (
       ["ein Satz", "zwei"] if path == "/dev/stdin" else read_lines(path)))
   out = tmp_path / "out"
-  want = ("ein Satz 4 0.6 8 exact float32 0\n"
-          "zwei 4 0.6 8 exact float32 0\n")
+  want = ("ein Satz | beam 4, alpha 0.6 | extra 8\n"
+          "zwei | beam 4, alpha 0.6 | extra 8\n")
   assert eval_py(f"--workdir={copy}", "--source_file=-") == 0
   captured = capsys.readouterr()
   assert captured.out == want
@@ -655,4 +659,4 @@ def test_piped_eval_py_writes_into_an_output_dir_only_when_given(
   captured = capsys.readouterr()
   assert captured.out == want
   assert f"Wrote {out}\n" in captured.err
-  assert (out / "translations.txt").read_text().startswith("ein Satz 4 ")
+  assert (out / "translations.txt").read_text() == want
