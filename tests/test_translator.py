@@ -28,7 +28,6 @@ from mha.search import decoding
 from mha.search import refill
 from mha.evaluation import evaluator
 from mha.search import batches as batch_search
-from mha.search.settings import SearchSettings
 from mha.search import texts as translate
 from mha import translator as translator_lib
 from mha.cli import lines as lines_lib

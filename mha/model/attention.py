@@ -437,7 +437,7 @@ class MultiHeadAttention(nn.Module):
     `[B, L, H, D]` (a transposed view).
 
     `cache_index` is one position for all rows, or `[B]`, one per row (a
-    search that refills finished rows with new sentences, `mha.search.decoding`):
+    search that refills finished rows with new sentences, `mha.search.refill`):
     row b then writes at its own position and attends to positions
     0..index[b]; what its earlier sentence left beyond is masked.
     """

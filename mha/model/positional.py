@@ -62,7 +62,7 @@ class AddPositionEncoding(nn.Module):
                             lambda: jnp.array(0, jnp.int32))
       if initialized:
         if jnp.ndim(index.value):  # [B]: each row at its own position
-          # (a search that refills finished rows, `mha.search.decoding`)
+          # (a search that refills finished rows, `mha.search.refill`)
           pe = jnp.take(table, index.value, axis=0, mode="clip")[:, None]
         else:
           pe = jax.lax.dynamic_slice_in_dim(table, index.value, 1)[None]
