@@ -5,15 +5,16 @@ r"""One MultiHeadAttention layer: `einsum` vs `xla` cost against length.
     python bench/attention.py --mask=causal --d_model=256 --num_heads=4
 
 For each sequence length L, and each `attention_impl` of
-`mha.model.attention.MultiHeadAttention` (`einsum`: the module's own masked softmax;
-`xla`: `jax.nn.dot_product_attention(implementation='xla')`), a self-attention
-layer (d_model 512, 8 heads by default) is jit-compiled alone and timed for
-the forward pass and for forward + backward (the gradient of a fixed linear
-function of the output with respect to the parameters and the input), median
-of several runs after warm-up, the implementations timed in turn (round
+`mha.model.attention.MultiHeadAttention` (`einsum`: the module's own masked
+softmax; `xla`: `jax.nn.dot_product_attention(implementation='xla')`), a
+self-attention layer (d_model 512, 8 heads by default) is jit-compiled alone and
+timed for the forward pass and for forward + backward (the gradient of a fixed
+linear function of the output with respect to the parameters and the input),
+median of several runs after warm-up, the implementations timed in turn (round
 robin) so that other processes' load falls on both alike. The mask is built
-inside the function, as in the model, from a `[B, L]` padding vector (`--mask=padding`, the default, the
-encoder's) or with the causal triangle (`--mask=causal`, the decoder's).
+inside the function, as in the model, from a `[B, L]` padding vector
+(`--mask=padding`, the default, the encoder's) or with the causal triangle
+(`--mask=causal`, the decoder's).
 
 Memory is the compiled executable's `memory_analysis()`: temporaries +
 arguments + outputs - aliased bytes, for forward + backward.

@@ -45,9 +45,9 @@ def load_average() -> float:
 def machine_line() -> str:
   """One line naming the host, the devices and the load."""
   devices = jax.local_devices()
-  return (f"{flops.cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}, "
-          f"{len(devices)} {devices[0].platform} device(s); load average "
-          f"{load_average():.2f}")
+  return (f"{flops.cpu_model()}, {os.cpu_count()} cores, "
+          f"jax {jax.__version__}, {len(devices)} {devices[0].platform} "
+          f"device(s); load average {load_average():.2f}")
 
 
 def block(tree: Any) -> Any:

@@ -70,8 +70,8 @@ the header says how many.
 
 Every path runs one untimed pass first (compiling its searches), then
 `--repeats` full passes are timed (the fastest is reported); the first
-pass's extra time over a timed pass is printed as the compile time. Sentences are
-decoded as `eval.py` does (`translate_ids`'s steps: length-sorted batches of
+pass's extra time over a timed pass is printed as the compile time. Sentences
+are decoded as `eval.py` does (`translate_ids`'s steps: length-sorted batches of
 `--batch_size`, bucketed padding), each path with its own batching. Prints
 sentences/s and tokens/s of greedy and beam search for each path, the
 new/old speed ratios and how many sentences' outputs are identical.

@@ -6,10 +6,10 @@ r"""Training speed: tokens/s, FLOP/s and MFU of the pmapped train step.
     python bench/train_step.py --baseline=HEAD~3     # that commit vs now
 
 The process restarts itself once with glibc's huge-page tunable
-(`mha/runtime/host_memory.py`; `--no-huge_pages` keeps 4 KiB pages). `--baseline=REV`
-imports REV's `mha/` under another name and times its train step and this
-tree's in turn, round by round, on the same batches (both under the same
-machine load), with XLA's temporary memory of each compiled step.
+(`mha/runtime/host_memory.py`; `--no-huge_pages` keeps 4 KiB pages).
+`--baseline=REV` imports REV's `mha/` under another name and times its train
+step and this tree's in turn, round by round, on the same batches (both under
+the same machine load), with XLA's temporary memory of each compiled step.
 
 Two model shapes, each timed with the trainer's own update function
 (`train_step.CompiledUpdate`: `make_train_step` pmapped over the local devices,
@@ -35,13 +35,13 @@ state donated), after a warm-up call that compiles each batch shape:
   50% model-FLOP utilisation (MFU).
 
 Model FLOPs per step are counted analytically from the padded shapes
-(`mha/model/flops.py: training_flops`). The figure is cross-checked against XLA's own count
-(`lower(...).cost_analysis()['flops']` of the pmapped step, which also counts
-element-wise work). Achieved FLOP/s = model FLOPs / median step time; MFU =
-achieved / the measured float32 peak of this process (a jitted 2048 x 2048
-`jnp.dot` on the same device, best of 9 runs, measured at the start and after
-each shape; the best of all is used, since other processes only slow it
-down). "MFU best step" uses the fastest timed step instead of the median.
+(`mha/model/flops.py: training_flops`). The figure is cross-checked against
+XLA's own count (`lower(...).cost_analysis()['flops']` of the pmapped step,
+which also counts element-wise work). Achieved FLOP/s = model FLOPs / median
+step time; MFU = achieved / the measured float32 peak of this process (a jitted
+2048 x 2048 `jnp.dot` on the same device, best of 9 runs, measured at the start
+and after each shape; the best of all is used, since other processes only slow
+it down). "MFU best step" uses the fastest timed step instead of the median.
 
 `--breakdown` also times the step's parts for the most frequent shape: the
 forward pass with the loss as the train step computes it (in chunks, whose
@@ -542,15 +542,16 @@ def main():
   parser.add_argument("--huge_pages", action=argparse.BooleanOptionalAction,
                       default=True,
                       help="restart with glibc.malloc.hugetlb=1 "
-                      "(mha/runtime/host_memory.py); --no-huge_pages keeps 4 KiB "
-                      "pages")
+                      "(mha/runtime/host_memory.py); --no-huge_pages keeps "
+                      "4 KiB pages")
   parser.add_argument("--baseline", default=None,
                       help="a git revision (e.g. HEAD~3): time its mha/ and "
                       "this tree's in turn, round by round, on the same "
                       "batches, and print both and their ratio")
   args = parser.parse_args()
   args.warmup = max(args.warmup, 1)
-  # The commands' rule (mha/runtime/host_memory.py), forced on or off by the flag.
+  # The commands' rule (mha/runtime/host_memory.py), forced on or off by the
+  # flag.
   os.environ[host_memory.ENV] = "1" if args.huge_pages else "0"
   host_memory.start()
 

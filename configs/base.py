@@ -103,7 +103,7 @@ def base_config() -> ml_collections.ConfigDict:
   # (multi-resolution, e.g. (1, 3, 5, 7) for 4 heads); mha/model/location.py.
   c.location_filter_sizes = (7,)
   c.location_num_filters = 8
-  c.attention_impl = "einsum"       # einsum | xla (jax.nn.dot_product_attention)
+  c.attention_impl = "einsum"     # einsum | xla (jax.nn.dot_product_attention)
   c.position_encoding = "sinusoidal"  # sinusoidal | learned
   c.layer_norm = "post"           # post (the paper) | pre
   c.share_embeddings = True       # one matrix: source, target, pre-softmax
@@ -151,8 +151,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_bleu_sentences = 256
   c.log_every_steps = 100
   # Warm start: 'WORKDIR' or 'WORKDIR:STEP', whose parameters and vocabulary
-  # a new run starts from (not its optimizer state or step; mha/train/warm_start.py).
-  # A run that resumes from its own checkpoint ignores it.
+  # a new run starts from (not its optimizer state or step;
+  # mha/train/warm_start.py). A run that resumes from its own checkpoint
+  # ignores it.
   c.init_from = config_dict.placeholder(str)
   # A jax.profiler trace of `count` updates from the one that makes step
   # `first`, into <workdir>/plugins/profile/ (TensorBoard's Profile tab):

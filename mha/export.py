@@ -5,7 +5,8 @@ fairseq and Marian users.
     export.export("/tmp/run", "/tmp/run_ct2", quantization="int8")
 
     import ctranslate2, sentencepiece
-    sp = sentencepiece.SentencePieceProcessor(model_file="/tmp/run_ct2/spm.model")
+    sp = sentencepiece.SentencePieceProcessor(
+        model_file="/tmp/run_ct2/spm.model")
     translator = ctranslate2.Translator("/tmp/run_ct2")
     out = translator.translate_batch(
         [sp.encode("Ein Hund läuft.", out_type=str)], beam_size=4,

@@ -3,7 +3,7 @@
     import mha
     translator = mha.load("/tmp/run")                     # the latest step
     translator.translate(["Ein Hund läuft."])             # beam 4, alpha 0.6
-    translator.nbest(["Ein Hund läuft."], 4)              # [[(text, score, log_prob), ...]]
+    translator.nbest(["Ein Hund läuft."], 4)  # [[(text, score, log_prob), ...]]
     translator.sample(["Ein Hund läuft."], temperature=0.8, top_k=10, seed=1)
     translator.score(["Ein Hund läuft."], ["A dog runs."])  # log P(Y | X)
 

@@ -2,10 +2,10 @@
 
 `FIELDS` maps a config field to its rule, `FLAGS` an evaluation flag that is
 no config field (`--beam_size`, `--alpha`, `--max_decode_extra` and
-`--beam_stop` are fields: a flag of that name follows the field's rule). A rule is a function
-of the value: None for a value that may be used, else the words for what is
-allowed ('an integer >= 1'). `check_field` and `check_flag` turn those words
-into the one-line message every check gives:
+`--beam_stop` are fields: a flag of that name follows the field's rule). A rule
+is a function of the value: None for a value that may be used, else the words
+for what is allowed ('an integer >= 1'). `check_field` and `check_flag` turn
+those words into the one-line message every check gives:
 
     config.beam_size must be >= 1, got 0.
     --alpha must be a finite number >= 0 (the length penalty; ...), got nan.
@@ -16,11 +16,12 @@ keyword argument, in the Python API.
 
 The training config's checks (`mha.train.config_check`), the model config's
 (`TransformerConfig`), the modules that act on a choice (`mha.model.attention`,
-`mha.model.positional`), the evaluation's flags (`mha.evaluation.evaluator.check_flags`),
-the search settings (`mha.search.settings`) and the export's
-(`mha.export.check_flags`, `mha.cli.export`) read this table. Rules that
-tie several fields together (d_model and num_heads, max_tokens and the
-lengths) stay with the code that knows them.
+`mha.model.positional`), the evaluation's flags
+(`mha.evaluation.evaluator.check_flags`), the search settings
+(`mha.search.settings`) and the export's (`mha.export.check_flags`,
+`mha.cli.export`) read this table. Rules that tie several fields together
+(d_model and num_heads, max_tokens and the lengths) stay with the code that
+knows them.
 
 This module imports nothing but the errors (no JAX), so every layer may
 read it.
@@ -36,8 +37,8 @@ from mha.errors import ConfigError
 Rule = Callable[[Any], str | None]
 
 # The names a config may choose from; the modules that act on them import
-# them from here (mha.model.attention, mha.model.positional, mha.model.transformer,
-# mha.data.batching, mha.search.decoding).
+# them from here (mha.model.attention, mha.model.positional,
+# mha.model.transformer, mha.data.batching, mha.search.decoding).
 # The names of the tables of mha/model/, which sits above this module: the
 # attention variants (`mha.model.attention.ATTENTION_VARIANTS`) and the
 # learning-rate schedules (`mha.model.optim.SCHEDULES`), in their order
@@ -51,7 +52,8 @@ DTYPES = ("float32", "bfloat16", "float16")  # jax.numpy's names
 TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
 EXPORT_FORMATS = ("ctranslate2",)  # mha-export --format
 QUANTIZATIONS = ("float32", "int8")  # mha-export --quantization
-BEAM_STOPS = ("exact", "early")  # mha.search.decoding.beam_search's stopping rules
+# mha.search.decoding.beam_search's stopping rules
+BEAM_STOPS = ("exact", "early")
 # The searches' weight products (mha.model.attention.weight_product).
 MATMUL_DTYPES = ("float32", "bfloat16")
 _SPECIAL_PIECES = 3  # PAD, EOS, UNK (mha.data.token_ids)

@@ -1,6 +1,7 @@
 r"""Plots a workdir's training and validation NLL (and BLEU, when logged).
 
-    python scripts/plot_metrics.py --workdir=/tmp/m30k --out=docs/multi30k_loss.png
+    python scripts/plot_metrics.py --workdir=/tmp/m30k \
+        --out=docs/multi30k_loss.png
 """
 import argparse
 import os

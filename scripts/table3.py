@@ -1,7 +1,8 @@
 r"""The paper's Table 3 at small scale, at convergence, with seeds.
 
     python scripts/table3.py --workdir_root=/work/table3_runs       # the plan
-    python scripts/table3.py --workdir_root=/work/table3_runs --rows=A1 --seeds=0,1
+    python scripts/table3.py --workdir_root=/work/table3_runs \
+        --rows=A1 --seeds=0,1
     python scripts/table3.py --table_only       # rebuild docs/table3.md
     python scripts/table3.py --status           # done, pending, second seeds
     python scripts/table3.py --list             # the rows
@@ -16,7 +17,8 @@ configs/multi30k.py recipe with the row's change into
   (metrics.jsonl);
 * dev BLEU of the last checkpoint (the paper's Table 3 protocol) and of
   the average of the last 5 checkpoints, and test_2016_flickr BLEU of the
-  average: `mha.evaluation.evaluator.evaluate`, beam 4, α 0.6 (sacreBLEU, cased);
+  average: `mha.evaluation.evaluator.evaluate`, beam 4, α 0.6 (sacreBLEU,
+  cased);
 * parameters, steps, training time (summed over the sessions that trained
   it), the machine and the load while it ran (`LoadSampler`).
 
@@ -970,7 +972,8 @@ def _notes(results, c: dict[str, Any], spread: float | None) -> list[str]:
   measured_rows = {row for row, _ in results}
   notes = [
       f"Budget of every run: {c['num_train_steps']:,} steps of {tokens:,} "
-      f"tokens per side and update ({'packed rows' if c['pack_examples'] else 'length buckets'}), "
+      f"tokens per side and update "
+      f"({'packed rows' if c['pack_examples'] else 'length buckets'}), "
       f"warmup {c['warmup_steps']:,}, peak learning rate "
       f"{peak:.2g} at d_model {c['d_model']}, the last {AVERAGE_LAST} "
       f"checkpoints kept. Dev = `{c['eval_split']}`, test = "

@@ -3,9 +3,9 @@
     python tests/multiprocess_data.py OUT WORKDIR OVERRIDES_JSON
 
 Started twice by the test with a SLURM job's environment variables (two
-tasks on localhost), so that `mha.runtime.distributed.initialize('auto')` detects
-the cluster through JAX. It then does what train.py and the trainer do with
-the data (prepare the splits, get the vocabulary, read training and
+tasks on localhost), so that `mha.runtime.distributed.initialize('auto')`
+detects the cluster through JAX. It then does what train.py and the trainer do
+with the data (prepare the splits, get the vocabulary, read training and
 evaluation batches) and writes to OUT.npz what it saw: its batches, the
 vocabulary's hash, the log line, and how many times it trained a
 vocabulary, prepared a TFDS folder and wrote a file.

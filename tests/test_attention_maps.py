@@ -1,4 +1,5 @@
-"""Attention maps (mha.evaluation.attention_maps, eval.py --plot_attention), tiny model.
+"""Attention maps (mha.evaluation.attention_maps, eval.py --plot_attention),
+tiny model.
 
 The workdir holds a freshly initialised tiny model (no training: the maps of
 random weights are as good a test as any, and it takes seconds).

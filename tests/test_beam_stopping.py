@@ -7,10 +7,10 @@ NumPy beam search of the same algorithm that never stops early (it runs
 until its sentence's limit or until no live hypothesis is left), on many
 small random models, one sentence per search (in a batch the loop runs
 until every sentence is done, which hides a sentence stopped too early), and
-must return the same hypotheses and scores in every beam slot. A constructed case shows a rule that stops too early
-returning a worse translation. Mutations caught (tests/README.md): the
-bound `best_live / lp(t + 1)` alone, the best instead of the worst finished
-score, lp's 5 or 6 changed, |Y| without its EOS.
+must return the same hypotheses and scores in every beam slot. A constructed
+case shows a rule that stops too early returning a worse translation. Mutations
+caught (tests/README.md): the bound `best_live / lp(t + 1)` alone, the best
+instead of the worst finished score, lp's 5 or 6 changed, |Y| without its EOS.
 """
 import jax
 import jax.numpy as jnp

@@ -200,8 +200,8 @@ def test_command_name(argv0, name):
 
 
 def test_train_distributed_modes_are_the_librarys():
-  # mha.cli.train lists them itself (mha.runtime.distributed imports JAX, which the
-  # command imports only after its restart with huge pages).
+  # mha.cli.train lists them itself (mha.runtime.distributed imports JAX, which
+  # the command imports only after its restart with huge pages).
   code, err = _command("-c", (
       "import sys; from absl import flags; import mha.cli.train; "
       "from mha import distributed; "

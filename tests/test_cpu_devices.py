@@ -1,5 +1,5 @@
-"""mha.runtime.cpu_devices: the host's cores as JAX CPU devices for the searches,
-left as they are where the user chose a number or the host has
+"""mha.runtime.cpu_devices: the host's cores as JAX CPU devices for the
+searches, left as they are where the user chose a number or the host has
 accelerators; set before JAX starts (a fresh process), refused after."""
 import os
 import re

@@ -1,5 +1,5 @@
-"""Dropout masks (mha/model/dropout.py): the keyed hash against a NumPy version of
-its definition, P_drop to the config's value, and masks without visible
+"""Dropout masks (mha/model/dropout.py): the keyed hash against a NumPy version
+of its definition, P_drop to the config's value, and masks without visible
 structure: neighbours, entries a row apart and masks of other keys are
 dropped together as often as independent draws would be."""
 import jax

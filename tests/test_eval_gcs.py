@@ -1,5 +1,5 @@
-"""An evaluation's output folder on gs:// (mha.evaluation.output through the file
-layer), against the Cloud Storage emulator of tests/test_gcs.py."""
+"""An evaluation's output folder on gs:// (mha.evaluation.output through the
+file layer), against the Cloud Storage emulator of tests/test_gcs.py."""
 import json
 import pathlib
 

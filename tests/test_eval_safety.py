@@ -194,12 +194,13 @@ def test_other_settings_never_replace_results(copy, monkeypatch):
       " | beam 4, alpha 0.6 | extra 8")  # what the search was given
 
   # Other settings: another folder, named by what differs from the config.
-  for kwargs, name in [(dict(beam_size=8, alpha=1.0), "test_4_6_beam8_alpha1.0"),
-                       (dict(max_decode_extra=3), "test_4_6_extra3"),
-                       (dict(average_last=2, alpha=0), "test_4_avg2_6_alpha0.0"),
-                       (dict(beam_stop="early"), "test_4_6_early"),
-                       (dict(matmul_dtype="bfloat16"), "test_4_6_bfloat16"),
-                       (dict(no_repeat_ngram_size=2), "test_4_6_norepeat2")]:
+  for kwargs, name in [
+      (dict(beam_size=8, alpha=1.0), "test_4_6_beam8_alpha1.0"),
+      (dict(max_decode_extra=3), "test_4_6_extra3"),
+      (dict(average_last=2, alpha=0), "test_4_avg2_6_alpha0.0"),
+      (dict(beam_stop="early"), "test_4_6_early"),
+      (dict(matmul_dtype="bfloat16"), "test_4_6_bfloat16"),
+      (dict(no_repeat_ngram_size=2), "test_4_6_norepeat2")]:
     result = evaluator.evaluate(str(copy), split=SPLIT, **kwargs)
     assert result["output_dir"] == str(copy / "eval" / name)
     written = json.loads((copy / "eval" / name / "metrics.json").read_text())

@@ -188,7 +188,8 @@ def test_stdin_to_stdout_one_line_per_line(workdir, model):
 
 
 def test_scores_are_the_hypotheses_against_the_references():
-  result = metric_table.corpus_scores(["the cat sat on the"], ["the cat sat on the mat"])
+  result = metric_table.corpus_scores(["the cat sat on the"],
+                                      ["the cat sat on the mat"])
   # BLEU: every n-gram of the 5-token hypothesis is in the 6-token
   # reference (precisions 1), brevity penalty exp(1 - 6/5).
   assert result["bleu"] == pytest.approx(100 * math.exp(1 - 6 / 5))
@@ -211,7 +212,8 @@ def test_scores_are_cased():
   assert result["chrf"] < 100
   same = metric_table.corpus_scores(["The Cat sat on the mat"],
                                     ["The Cat sat on the mat"])
-  assert same["bleu"] == pytest.approx(100) and same["chrf"] == pytest.approx(100)
+  assert (same["bleu"] == pytest.approx(100)
+          and same["chrf"] == pytest.approx(100))
 
 
 # Every switch of the table's opt-in metrics on: all its metrics computed.

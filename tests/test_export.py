@@ -400,8 +400,8 @@ def test_output_folder_rules(tiny_workdir, tmp_path):
   assert "matmul_dtype" not in manifest  # CTranslate2 has its compute type
   assert sorted(os.listdir(tmp_path)) == ["file", "foreign", "out"]
   assert sorted(os.listdir(tmp_path / "out")) == [
-      "config.json", export.MANIFEST_FILE, "model.bin", "shared_vocabulary.json",
-      "spm.model"]
+      "config.json", export.MANIFEST_FILE, "model.bin",
+      "shared_vocabulary.json", "spm.model"]
   assert (tmp_path / "out" / "spm.model").read_bytes() == (
       tiny_workdir / "spm.model").read_bytes()
   assert manifest["files"] == sorted(os.listdir(tmp_path / "out"))

@@ -1,4 +1,5 @@
-"""eval.py --follow (mha/evaluation/follow.py): checkpoints evaluated as they appear.
+"""eval.py --follow (mha/evaluation/follow.py): checkpoints evaluated as they
+appear.
 
 In process, on a copy of tiny_workdir (checkpoints 2, 4, 6 of a 6-step run)
 whose checkpoints are taken away and put back one by one between polls,

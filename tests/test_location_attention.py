@@ -156,7 +156,8 @@ def test_beam_search_scores_equal_full_pass_log_probabilities():
 
   @jax.jit
   def search(params):
-    step, cache, _ = batch_search._model_fns(decoder, params, SRC, beam, max_len)
+    step, cache, _ = batch_search._model_fns(decoder, params, SRC, beam,
+                                             max_len)
     return decoding.beam_search(step, cache, 2, beam, 0.0, max_len, eos,
                                 cache_rows=batch_search.cache_rows(cache))
 

@@ -24,8 +24,10 @@ def test_records_round_trip_and_resume_drops_later_steps(tmp_path):
   _write(tmp_path, [1, 2, 3, 4])
   records = metrics_lib.read_metrics(str(tmp_path))
   assert [(r["step"], sorted(set(r) - {"step", "time"})) for r in records] == [
-      (1, ["loss", "nll"]), (2, ["loss", "nll"]), (2, ["eval_bleu", "eval_nll"]),
-      (3, ["loss", "nll"]), (4, ["loss", "nll"]), (4, ["eval_bleu", "eval_nll"])]
+      (1, ["loss", "nll"]), (2, ["loss", "nll"]),
+      (2, ["eval_bleu", "eval_nll"]),
+      (3, ["loss", "nll"]), (4, ["loss", "nll"]),
+      (4, ["eval_bleu", "eval_nll"])]
   assert records[2]["eval_bleu"] == 6.0
   # A run resumed from the step-2 checkpoint rewrites steps 3 and 4.
   metrics_lib.MetricsWriter(str(tmp_path)).truncate_after(2)

@@ -226,8 +226,8 @@ def test_loss_gradient_equals_autodiff_of_log_softmax():
     return mha.cross_entropy_with_label_smoothing(z, targets, eps)[0]
 
   np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-5)
-  np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(reference)(logits),
-                             atol=1e-6)
+  np.testing.assert_allclose(jax.grad(ours)(logits),
+                             jax.grad(reference)(logits), atol=1e-6)
   sums = losses.token_sums(logits, targets, eps)
   assert float(sums["loss"]) == pytest.approx(float(ours(logits)), rel=1e-6)
   nll, tokens = mha.negative_log_likelihood(logits, targets)

@@ -134,8 +134,9 @@ def expected_params(c: dict) -> int:
   """The parameter count from the paper's shapes (no attention biases)."""
   h = c["num_heads"]
   return ref.param_count(
-      c["num_layers"], c["d_model"], c["d_ff"], h, c["d_k"] or c["d_model"] // h,
-      c["d_v"] or c["d_model"] // h, c["vocab_size"],
+      c["num_layers"], c["d_model"], c["d_ff"], h,
+      c["d_k"] or c["d_model"] // h, c["d_v"] or c["d_model"] // h,
+      c["vocab_size"],
       learned_positions=(c["max_len"] if c["position_encoding"] == "learned"
                          else 0),
       attention_type=c["attention_type"],

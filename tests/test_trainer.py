@@ -676,7 +676,8 @@ def test_processes_with_different_vocabularies_are_refused(monkeypatch):
   gathered = np.stack([ours, ours, theirs])
   monkeypatch.setattr(train_setup.multihost_utils, "process_allgather",
                       lambda x: gathered)
-  with pytest.raises(errors.UserError, match=r"Processes \[2\] hold a different "
+  with pytest.raises(errors.UserError,
+                     match=r"Processes \[2\] hold a different "
                      r"SentencePiece model .*/w/spm.model"):
     train_setup.check_same_vocabulary(FakeTokenizer())
   gathered = np.stack([ours, ours, ours])

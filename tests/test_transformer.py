@@ -205,8 +205,9 @@ def test_embeddings_shared_and_scaled_by_sqrt_d_model():
                              method=lambda m: m.output_weights())
   assert bias is None
   np.testing.assert_array_equal(kernel, table)
-  hidden = model.apply({"params": params}, SRC, TGT,
-                       method=lambda m, s, t: m.decode_hidden(m.encode(s), s, t))
+  hidden = model.apply(
+      {"params": params}, SRC, TGT,
+      method=lambda m, s, t: m.decode_hidden(m.encode(s), s, t))
   np.testing.assert_allclose(model.apply({"params": params}, SRC, TGT),
                              np.asarray(hidden) @ table.T, rtol=1e-5,
                              atol=1e-5)

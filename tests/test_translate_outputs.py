@@ -28,7 +28,8 @@ def full_log_probs(model, params, inputs, targets):
   return forward(params, inputs, targets)
 
 
-def test_forced_scores_equal_the_full_forward_pass(tiny_transformer):  # noqa: F811
+def test_forced_scores_equal_the_full_forward_pass(
+    tiny_transformer):  # noqa: F811
   model_config, model, params, inputs = tiny_transformer
   rng = np.random.default_rng(0)
   targets = rng.integers(2, model_config.vocab_size, size=(3, 8)).astype(
@@ -74,7 +75,8 @@ def test_nbest_is_the_searchs_hypotheses_with_their_log_probs(
                               num_best=4, **kwargs)
 
 
-def test_sampled_first_tokens_follow_softmax_over_top_k(tiny_transformer):  # noqa: F811
+def test_sampled_first_tokens_follow_softmax_over_top_k(
+    tiny_transformer):  # noqa: F811
   model_config, model, params, inputs = tiny_transformer
   n, temperature, top_k = 2048, 0.8, 5
   batch = np.repeat(inputs[:1], n, axis=0)  # one sentence, n keys

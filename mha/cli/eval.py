@@ -21,10 +21,10 @@ _early for each search setting that differs from the config's, e.g.
 eval/test_800_beam8_alpha1.0/) and prints BLEU with its sacrebleu signature.
 Results are never replaced by those of other settings: a folder whose
 metrics.json records another split, step, beam, alpha, max_decode_extra,
-stopping rule or source file is refused, and the files are written through a temporary folder,
-so a failed evaluation leaves earlier results as they were. With
---source_file=- it writes one translation per input line to standard output,
-in order, and everything else to standard error.
+stopping rule or source file is refused, and the files are written through a
+temporary folder, so a failed evaluation leaves earlier results as they were.
+With --source_file=- it writes one translation per input line to standard
+output, in order, and everything else to standard error.
 
 Every flag is checked before anything is read (alpha finite and >= 0,
 beam_size, batch_size, average_last >= 1, checkpoint_step, max_decode_extra,
@@ -42,9 +42,9 @@ run it once, on one host that reads the workdir.
 
 --paper_bleu also scores the BLEU the paper reports (Table 2): Moses
 tokenization with compound splitting, as tensor2tensor's get_ende_bleu.sh
-(mha/scoring/paper_bleu.py), written as bleu_paper beside sacreBLEU's bleu. It reads
-higher than sacreBLEU; quote sacreBLEU, with its signature, to compare with
-other work. As the script does, only the translations get Moses' Unicode
+(mha/scoring/paper_bleu.py), written as bleu_paper beside sacreBLEU's bleu. It
+reads higher than sacreBLEU; quote sacreBLEU, with its signature, to compare
+with other work. As the script does, only the translations get Moses' Unicode
 punctuation replacement; a raw reference is Moses-tokenized without it, and
 one that is tokenized already (the script's newstest2014.tok.de) is given
 with --reference_file and --reference_tokenized and only compound-split.
@@ -67,8 +67,8 @@ without a new checkpoint, listing the checkpoints every --follow_interval
 seconds; each step alone and, with --average_last=N, the average of the
 last N up to it. Each evaluation writes its usual folder and its BLEU and
 chrF into the run's TensorBoard and metrics.jsonl at the checkpoint's step,
-as <split>/bleu, <split>_avg<N>/bleu, ... (mha/evaluation/follow.py). It never takes
-the trainer's lock; a checkpoint the trainer deletes before or while it is
+as <split>/bleu, <split>_avg<N>/bleu, ... (mha/evaluation/follow.py). It never
+takes the trainer's lock; a checkpoint the trainer deletes before or while it is
 read is skipped with one log line; what was evaluated is recorded in
 <workdir>/eval/follow_<split>.json, so a follower started again goes on
 where it stopped; a second follower with the same split and settings is
@@ -109,7 +109,8 @@ flags.DEFINE_bool("paper_bleu", False,
 flags.DEFINE_bool("follow", False,
                   "Evaluate each new checkpoint of --workdir as it appears "
                   "(beside a running trainer), writing BLEU and chrF into "
-                  "its TensorBoard and metrics.jsonl; see mha/evaluation/follow.py.")
+                  "its TensorBoard and metrics.jsonl; see "
+                  "mha/evaluation/follow.py.")
 flags.DEFINE_float("follow_interval", 60.0,
                    "With --follow: seconds between two listings of the "
                    "checkpoints.")
@@ -167,7 +168,8 @@ NOT_WITH_FOLLOW = ("checkpoint_step", "source_file", "reference_file",
 
 
 def _follow() -> int:
-  """--follow: evaluates each checkpoint as it appears (`mha.evaluation.follow`)."""
+  """--follow: evaluates each checkpoint as it appears
+  (`mha.evaluation.follow`)."""
   # pylint: disable=g-import-not-at-top  (JAX: after the restart)
   from mha.evaluation import follow
   from mha.evaluation.output import EvalError

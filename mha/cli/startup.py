@@ -1,8 +1,8 @@
 """What every command does first, the same way: `run(main)`.
 
 1. Huge pages: the process restarts once with glibc's huge-page tunable
-   where it helps (`mha.runtime.host_memory.start`: CPU hosts; `MHA_HUGE_PAGES=0/1`
-   decides otherwise), before JAX is imported.
+   where it helps (`mha.runtime.host_memory.start`: CPU hosts;
+   `MHA_HUGE_PAGES=0/1` decides otherwise), before JAX is imported.
 2. The libraries' INFO lines hidden unless `--verbose_libraries`
    (`mha.runtime.library_logs`).
 3. absl parses the flags; a bad flag, config file or config override is one

@@ -39,7 +39,8 @@ config_flags.DEFINE_config_file("config", None, "Training config file.",
                                 lock_config=True)
 startup.define_once(flags.DEFINE_string, "workdir", None,
                     "Checkpoints, metrics and vocabulary.")
-# mha.runtime.distributed.MODES (that module imports JAX: not before the restart).
+# mha.runtime.distributed.MODES (that module imports JAX: not before the
+# restart).
 flags.DEFINE_enum("distributed", "auto", ("auto", "on", "off"),
                   "Multi-process start-up: auto = when JAX detects a cluster "
                   "(TPU pod slice, SLURM, Open MPI, Kubernetes), on = always "

@@ -20,9 +20,9 @@ beam 4, alpha 0.6, outputs of at most input length + 50 tokens).
 separated: line number (1 = the first input line), rank (1 = the best),
 the length-penalised score, log P(Y | X), the translation; a blank input
 line is not translated: it gets N lines with scores 0 and an empty
-translation (without --nbest, one empty line). --sample draws each translation from the model (temperature,
-top_k: 0 = every token, seed): the same seed gives the same samples however
-the input arrives.
+translation (without --nbest, one empty line). --sample draws each translation
+from the model (temperature, top_k: 0 = every token, seed): the same seed gives
+the same samples however the input arrives.
 
 --input reads a file (plain or .gz) instead of standard input ('-':
 standard input), in batches of --batch_size (default:

@@ -91,7 +91,8 @@ def process_zero_first(what: str, step: Callable[[], T]) -> T:
   if client is None:  # several processes without jax.distributed
     raise RuntimeError(f"{jax.process_count()} processes but no "
                        "jax.distributed client: call jax.distributed."
-                       "initialize() first (mha.runtime.distributed.initialize).")
+                       "initialize() first "
+                       "(mha.runtime.distributed.initialize).")
   if jax.process_index() == 0:
     try:
       result = _run(step)

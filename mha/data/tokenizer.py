@@ -32,7 +32,8 @@ from mha.data.token_ids import EOS_ID
 from mha.data.token_ids import PAD_ID
 from mha.data.token_ids import UNK_ID
 
-MODEL_FILENAME = "spm.model"  # in the workdir (mha.store.workdir.Workdir's layout)
+# In the workdir (mha.store.workdir.Workdir's layout).
+MODEL_FILENAME = "spm.model"
 # Fixed so that training gives the same model on every machine.
 _TRAIN_THREADS = 4
 _TRAIN_SEED = 0

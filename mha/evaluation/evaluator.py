@@ -249,8 +249,9 @@ def _output_folder(workdir: str, plan: _Plan, output_dir: str | None,
       workdir, settings["split"], steps,
       plan.search.suffix(SearchSettings.of_config(plan.config)))
   if write:
-    eval_output.check_output_dir(folder, dict(settings, checkpoint_step=steps[-1],
-                                  averaged_steps=list(steps)))
+    eval_output.check_output_dir(
+        folder, dict(settings, checkpoint_step=steps[-1],
+                     averaged_steps=list(steps)))
   return folder
 
 

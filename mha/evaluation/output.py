@@ -3,7 +3,8 @@
     <workdir>/eval/<split>[_avgN]_<step>[_beam<B>][_alpha<α>][_extra<E>][_early]/
       translations.txt   one line per source sentence
       metrics.json       the scores and the settings that made them
-      attention/         the maps of --plot_attention (mha.evaluation.attention_maps)
+      attention/         the maps of --plot_attention
+                         (mha.evaluation.attention_maps)
 
 A folder holds the results of one evaluation: one whose metrics.json records
 other settings (`SETTINGS_FIELDS`) is refused, never replaced, and so is an
@@ -49,8 +50,8 @@ RECORDED_SINCE = ("sources_sha256", "references_sha256")
 def default_output_dir(workdir: str, split_name: str, steps: Sequence[int],
                        suffix: str = "") -> str:
   """`<workdir>/eval/<split>_<step>`, `<split>_avg<N>_<step>` for averages,
-  followed by `suffix` (`mha.SearchSettings.suffix`); `split_name` is `file` for a
-  source file, and reduced to file-name characters (`test[:4]`: `test_4`)."""
+  followed by `suffix` (`mha.SearchSettings.suffix`); `split_name` is `file` for
+  a source file, and reduced to file-name characters (`test[:4]`: `test_4`)."""
   name = files.safe_name(split_name).strip("_") or "split"
   if len(steps) > 1:
     name += f"_avg{len(steps)}"

@@ -64,7 +64,8 @@ def _mix(weights: jax.Array, value: jax.Array, dropout_rate: float,
 def _attend(logits: jax.Array, value: jax.Array, mask: jax.Array | None,
             dropout_rate: float, dropout_rng: jax.Array | None,
             deterministic: bool) -> jax.Array:
-  """Masked softmax of `[B, H, Q, K]` logits, dropout, weighted sum of values."""
+  """Masked softmax of `[B, H, Q, K]` logits, dropout, weighted sum of
+  values."""
   return _mix(masked_softmax(logits, mask), value, dropout_rate, dropout_rng,
               deterministic)
 
@@ -334,7 +335,8 @@ class MultiHeadAttention(nn.Module):
     cancels it, its gradient is rounding noise, and Adam's normalisation
     turns that noise into full-size updates.)
     """
-    # W^Q = [W_1^Q, ..., W_h^Q] ∈ R^{d_model × h × d_k}; W_i^Q = kernel[:, i, :].
+    # W^Q = [W_1^Q, ..., W_h^Q] ∈ R^{d_model × h × d_k};
+    # W_i^Q = kernel[:, i, :].
     kernel = self.param(
         f"{name}_kernel",
         lambda rng, shape: self.kernel_init(

@@ -1,4 +1,5 @@
-"""Position encodings (§3.5): sinusoids, or learned embeddings (Table 3 row E)."""
+"""Position encodings (§3.5): sinusoids, or learned embeddings
+(Table 3 row E)."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp

@@ -216,7 +216,8 @@ class DecoderLayer(nn.Module):
 
 class Embed(nn.Module):
   """Token embeddings multiplied by √d_model (§3.4); with shared embeddings
-  the same matrix is the pre-softmax linear map (`Transformer.output_weights`)."""
+  the same matrix is the pre-softmax linear map
+  (`Transformer.output_weights`)."""
   vocab_size: int
   d_model: int
   dtype: Any = jnp.float32

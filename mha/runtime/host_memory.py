@@ -156,7 +156,8 @@ def status() -> str:
     why = (f"started from {_not_restarted}, which cannot be restarted with "
            f"GLIBC_TUNABLES={TUNABLE}=1")
   elif want:
-    why = "not restarted with them (mha.runtime.host_memory.start was not called)"
+    why = ("not restarted with them (mha.runtime.host_memory.start was not "
+           "called)")
   return f"Huge pages for host memory: off ({why})."
 
 

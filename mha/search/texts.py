@@ -82,9 +82,9 @@ MAX_REFILL_BATCHES = 16
 # devices, and batches are searched as one with refilled rows only with
 # `batch_search.MIN_SEARCH_ROWS` rows or more on each device
 # (`_refill_groups`), which 64 sentences a device give greedy and beam
-# search alike. CPU devices are the cores of one host (`mha.runtime.cpu_devices`):
-# they share this many sentences, or more where a device would have fewer
-# than `MIN_SEARCH_ROWS` rows.
+# search alike. CPU devices are the cores of one host
+# (`mha.runtime.cpu_devices`): they share this many sentences, or more where a
+# device would have fewer than `MIN_SEARCH_ROWS` rows.
 BATCH_SIZE_PER_DEVICE = 64
 
 

@@ -1,7 +1,7 @@
 """The traced searches kept on disk beside XLA's compilation cache.
 
-XLA's persistent cache (mha/runtime/compilation_cache.py) keeps a compiled search
-across processes, but jax must trace the search (Python running the
+XLA's persistent cache (mha/runtime/compilation_cache.py) keeps a compiled
+search across processes, but jax must trace the search (Python running the
 model's code for every loop of the search) and lower it to find the cache
 entry: on a 2-core CPU over a third of a warm eval.py's first call
 (bench/README.md). `cached(search, key)` keeps the lowered program of each

@@ -11,8 +11,8 @@ gs:// workdir works: there each `write` rewrites the object with the new
 line added (object stores do not append; the upload is conditioned on the
 object being unchanged since it was read), which costs one download and one
 upload per logged step. TensorBoard event files are written by
-`mha/store/event_files.py` through the same file layer, without TensorFlow (clu's
-writers import it, and with it TensorFlow's resident memory).
+`mha/store/event_files.py` through the same file layer, without TensorFlow
+(clu's writers import it, and with it TensorFlow's resident memory).
 """
 import io
 import json

@@ -2,8 +2,8 @@
 
 Each plug-in is an object with `due(step) -> bool` and `__call__(params) ->
 metrics`, `params` replicated over the local devices (`devices.
-pmap_replicate`); the loop (`mha.train.trainer`) imports none of them: the set-up
-builds the list the config asks for (`from_config`) and hands it over. At
+pmap_replicate`); the loop (`mha.train.trainer`) imports none of them: the
+set-up builds the list the config asks for (`from_config`) and hands it over. At
 every `config.eval_every_steps`-th step and the last:
 
 * `DevLoss`: the loss, NLL, perplexity and accuracy on `config.eval_split`;
