@@ -25,6 +25,7 @@ LAYERS = (
     ("mha.search", "mha.store", "mha.scoring"),
     ("mha.train", "mha.evaluation"),
     ("mha.translator", "mha.export"),
+    ("mha.huggingface",),  # shares mha.export's output folder and staging
     ("mha.cli",),
 )
 
