@@ -258,9 +258,8 @@ def _check_output_dir(output_dir: str) -> None:
   """
   if files.has_scheme(output_dir):
     raise ExportError(
-        f"{validation.setting('output_dir')}={output_dir}: CTranslate2 "
-        "writes its model to a local folder; export locally and copy the "
-        "folder.")
+        f"{validation.setting('output_dir')}={output_dir}: an export is "
+        "written to a local folder; export locally and copy the folder.")
   if not os.path.lexists(output_dir):
     return
   if not os.path.isdir(output_dir):
@@ -362,10 +361,11 @@ def _import_ctranslate2():
   return ctranslate2
 
 
-def _write_folder(spec, vocabulary: bytes, manifest: dict[str, Any],
+def _write_folder(spec, vocabulary: bytes | None, manifest: dict[str, Any],
                   output_dir: str) -> None:
-  """The model, spm.model and the manifest, written into a staging folder
-  beside `output_dir` and renamed into place (removed if anything fails)."""
+  """The model (`spec.save(folder)`), spm.model (unless `vocabulary` is
+  None) and the manifest, written into a staging folder beside
+  `output_dir` and renamed into place (removed if anything fails)."""
   parent = os.path.dirname(os.path.abspath(output_dir))
   os.makedirs(parent, exist_ok=True)
   staging = os.path.join(parent, f".{os.path.basename(output_dir)}"
@@ -373,8 +373,9 @@ def _write_folder(spec, vocabulary: bytes, manifest: dict[str, Any],
   os.makedirs(staging)
   try:
     spec.save(staging)
-    with open(os.path.join(staging, VOCABULARY_FILE), "wb") as f:
-      f.write(vocabulary)
+    if vocabulary is not None:
+      with open(os.path.join(staging, VOCABULARY_FILE), "wb") as f:
+        f.write(vocabulary)
     manifest = dict(manifest, files=sorted(os.listdir(staging) +
                                            [MANIFEST_FILE]))
     with open(os.path.join(staging, MANIFEST_FILE), "w",
@@ -385,6 +386,26 @@ def _write_folder(spec, vocabulary: bytes, manifest: dict[str, Any],
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
+
+
+def check_output_dir(output_dir: str) -> None:
+  """`_check_output_dir`, for the other formats' exports
+  (`mha.huggingface.export`): refuses a folder that is not an export."""
+  _check_output_dir(output_dir)
+
+
+def write_export(spec, manifest: dict[str, Any], output_dir: str,
+                 vocabulary: bytes | None = None) -> None:
+  """Writes an export (`spec.save(folder)` writes its files, `vocabulary`
+  the spm.model if given, then the manifest) under `output_dir`'s lock,
+  the folder checked again, staged beside it and renamed into place.
+
+  Raises:
+    ExportError: another export holds the lock, or the folder is not ours.
+  """
+  with _locked(output_dir):
+    _check_output_dir(output_dir)  # again: what is there now
+    _write_folder(spec, vocabulary, manifest, output_dir)
 
 
 # ----------------------------------------------------------------- export
@@ -420,7 +441,8 @@ def export(workdir: str, output_dir: str, *,
     workdir: the training workdir (local or gs://); only read.
     output_dir: a new or empty local folder, or one holding an earlier
       export of this module (replaced).
-    export_format: `ctranslate2`, the one format.
+    export_format: `ctranslate2`, the one format here (`huggingface`:
+      `mha.huggingface.export.export_model`).
     quantization: `int8` (CTranslate2's 8-bit weights, per output row) or
       None / `float32`.
     step: the checkpoint; None = the latest.
@@ -436,6 +458,10 @@ def export(workdir: str, output_dir: str, *,
   """
   check_flags(export_format=export_format, quantization=quantization,
               step=step, average_last=average_last)
+  if export_format != "ctranslate2":
+    raise ExportError(
+        f"{validation.setting('export_format', 'format')}={export_format} "
+        "is written by mha.huggingface.export.export_model, not here.")
   ctranslate2 = _import_ctranslate2()
   _check_output_dir(output_dir)
   config, tokenizer = trained.load_workdir(workdir)
@@ -457,10 +483,7 @@ def export(workdir: str, output_dir: str, *,
       **{k: v for k, v in SearchSettings.of_config(config).as_dict().items()
          if k != "matmul_dtype"},
       "max_len": model_config.max_len}
-  with _locked(output_dir):
-    _check_output_dir(output_dir)  # again: what is there now
-    _write_folder(spec, files.read_bytes(tokenizer.path), manifest,
-                  output_dir)
+  write_export(spec, manifest, output_dir, files.read_bytes(tokenizer.path))
   logging.info("Exported step(s) %s of %s to %s (CTranslate2, %s).", steps,
                workdir, output_dir, manifest["quantization"])
   return manifest

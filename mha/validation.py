@@ -50,7 +50,7 @@ POSITION_ENCODINGS = ("sinusoidal", "learned")
 LAYER_NORMS = ("post", "pre")
 DTYPES = ("float32", "bfloat16", "float16")  # jax.numpy's names
 TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
-EXPORT_FORMATS = ("ctranslate2",)  # mha-export --format
+EXPORT_FORMATS = ("ctranslate2", "huggingface")  # mha-export --format
 QUANTIZATIONS = ("float32", "int8")  # mha-export --quantization
 # mha.search.decoding.beam_search's stopping rules
 BEAM_STOPS = ("exact", "early")

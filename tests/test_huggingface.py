@@ -11,16 +11,26 @@ same folder against transformers itself.
 """
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
+from conftest import file_hashes
+from conftest import REPO_ROOT
 from conftest import tiny_config
-# The CTranslate2 export's helpers.
+# The CTranslate2 export's fixtures and helpers: its copy-trained workdir.
+# pylint: disable=unused-import  (fixtures, found by name)
+from test_export import copy_model  # noqa: F401
+from test_export import copy_workdir  # noqa: F401
 from test_export import mha_log_probs
 from test_export import random_params
+from mha import export as export_lib
 from mha.errors import ExportError
+from mha.huggingface import export as hf_export
 from mha.huggingface import marian
 from mha.model.positional import sinusoidal_encoding
 from mha.model.transformer import TransformerConfig
@@ -218,3 +228,156 @@ def test_what_marian_cannot_compute_is_refused(changes, field):
   model_config = TransformerConfig.from_config(tiny_config(**changes))
   with pytest.raises(ExportError, match=rf"^config\.{field}=.*Marian"):
     marian.check_representable(model_config)
+
+
+# ---------------------------------------------------------- the export
+
+
+@pytest.fixture(name="safetensors_numpy", scope="module")
+def safetensors_numpy_fixture():
+  """The export's one optional package (no torch)."""
+  return pytest.importorskip(
+      "safetensors.numpy", reason="safetensors is not installed (the [hf] "
+      "extra: pip install 'mha[hf]')")
+
+
+@pytest.fixture(scope="module")
+def hf_folder(copy_workdir, tmp_path_factory, safetensors_numpy):
+  del safetensors_numpy
+  output_dir = tmp_path_factory.mktemp("hf") / "model"
+  manifest = hf_export.export_model(str(copy_workdir), str(output_dir))
+  return output_dir, manifest
+
+
+def test_the_folder_holds_transformers_files(hf_folder, copy_model,
+                                            copy_workdir, safetensors_numpy):
+  output_dir, manifest = hf_folder
+  config, model_config, params, tokenizer = copy_model
+  assert sorted(os.listdir(output_dir)) == sorted([
+      "README.md", "config.json", "generation_config.json",
+      "model.safetensors", "source.spm", "target.spm", "tokenizer_config.json",
+      "vocab.json", export_lib.MANIFEST_FILE])
+  weights = safetensors_numpy.load_file(str(output_dir / "model.safetensors"))
+  expected = marian.params_to_marian(model_config, params)
+  assert sorted(weights) == sorted(expected)
+  for name, tensor in expected.items():
+    np.testing.assert_array_equal(weights[name], tensor)
+  vocab = json.loads((output_dir / "vocab.json").read_text())
+  assert vocab == {tokenizer.id_to_piece(i): i
+                   for i in range(tokenizer.vocab_size)}
+  spm_model = (copy_workdir / "spm.model").read_bytes()
+  assert (output_dir / "source.spm").read_bytes() == spm_model
+  assert (output_dir / "target.spm").read_bytes() == spm_model
+  hf_config = json.loads((output_dir / "config.json").read_text())
+  assert (hf_config["pad_token_id"], hf_config["eos_token_id"],
+          hf_config["decoder_start_token_id"]) == (0, 1, 0)
+  assert hf_config["d_model"] == model_config.d_model
+  generation = json.loads((output_dir / "generation_config.json").read_text())
+  assert generation["num_beams"] == config.beam_size
+  assert generation["max_length"] == model_config.max_len + 1
+  assert manifest["command"] in (output_dir / "README.md").read_text()
+
+
+def test_the_model_card_has_the_workdirs_bleu(copy_workdir, tmp_path,
+                                              safetensors_numpy):
+  del safetensors_numpy
+  """An evaluation of the exported step appears with its BLEU; one of
+  another step does not."""
+  for name, steps, bleu in (("test_100", [100], 12.345),
+                            ("test_6", [6], 99.0)):
+    folder = copy_workdir / "eval" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.json").write_text(json.dumps(
+        {"bleu": bleu, "split": "test", "averaged_steps": steps,
+         "beam_size": 4, "alpha": 0.6}))
+  try:
+    hf_export.export_model(str(copy_workdir), str(tmp_path / "out"))
+  finally:
+    for name in ("test_100", "test_6"):
+      os.remove(copy_workdir / "eval" / name / "metrics.json")
+      os.rmdir(copy_workdir / "eval" / name)
+  card = (tmp_path / "out" / "README.md").read_text()
+  assert "| test | 4 | 0.6 | 12.35 |" in card
+  assert "99.00" not in card
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(layer_norm="pre"), r"^config\.layer_norm='pre'"),
+    (dict(position_encoding="learned"), r"^config\.position_encoding="),
+])
+def test_unrepresentable_workdir_refused_before_writing(
+    changes, message, tmp_path, tiny_workdir, safetensors_numpy):
+  del safetensors_numpy
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_workdir, workdir)
+  config = json.loads((workdir / "config.json").read_text())
+  config.update(changes)
+  (workdir / "config.json").write_text(json.dumps(config))
+  before = file_hashes(tmp_path)
+  with pytest.raises(ExportError, match=message):
+    hf_export.export_model(str(workdir), str(tmp_path / "out"))
+  assert file_hashes(tmp_path) == before
+
+
+def test_bad_flags_and_folders_refused(tiny_workdir, tmp_path,
+                                       safetensors_numpy):
+  del safetensors_numpy
+  with pytest.raises(ExportError, match="quantization=int8.*float32"):
+    hf_export.export_model(str(tiny_workdir), str(tmp_path / "a"),
+                           quantization="int8")
+  with pytest.raises(ExportError, match="export_format=huggingface.*"
+                     "mha.huggingface"):
+    export_lib.export(str(tiny_workdir), str(tmp_path / "b"),
+                      export_format="huggingface")
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "notes.txt").write_text("x")
+  with pytest.raises(ExportError, match="not an export"):
+    hf_export.export_model(str(tiny_workdir), str(tmp_path / "mine"))
+  assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_re_export_replaces_the_folder(tiny_workdir, tmp_path,
+                                        safetensors_numpy):
+  del safetensors_numpy
+  out = tmp_path / "out"
+  first = hf_export.export_model(str(tiny_workdir), str(out), step=2)
+  second = hf_export.export_model(str(tiny_workdir), str(out))
+  assert (first["checkpoint_step"], second["checkpoint_step"]) == (2, 6)
+  assert json.loads((out / export_lib.MANIFEST_FILE).read_text())[
+      "checkpoint_step"] == 6
+  assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_missing_safetensors_is_one_line(tiny_workdir, tmp_path,
+                                         monkeypatch):
+  monkeypatch.setitem(sys.modules, "safetensors", None)  # import fails
+  with pytest.raises(ExportError, match=r"pip install 'mha\[hf\]'"):
+    hf_export.export_model(str(tiny_workdir), str(tmp_path / "hf"))
+  assert not (tmp_path / "hf").exists()
+
+
+def test_command(tiny_workdir, tmp_path, safetensors_numpy):
+  """mha-export --format=huggingface writes the folder; a refusal is one
+  line naming the flag, exit status 1, nothing written."""
+  del safetensors_numpy
+  command = [sys.executable, "-m", "mha.cli.export",
+             f"--workdir={tiny_workdir}", "--format=huggingface"]
+  env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+  done = subprocess.run(
+      command + [f"--output_dir={tmp_path / 'hf'}", "--step=4"], env=env,
+      capture_output=True, text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stderr
+  manifest = json.loads((tmp_path / "hf" / export_lib.MANIFEST_FILE
+                         ).read_text())
+  assert (manifest["format"], manifest["averaged_steps"]) == (
+      "huggingface", [4])
+  assert "--step=4" in (tmp_path / "hf" / "README.md").read_text()
+  done = subprocess.run(
+      command + [f"--output_dir={tmp_path / 'q'}", "--quantization=int8"],
+      env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert done.returncode == 1
+  errors = [line for line in done.stderr.splitlines()
+            if line.startswith("mha-export:")]
+  assert len(errors) == 1 and "--quantization=int8" in errors[0], done.stderr
+  assert "Traceback" not in done.stderr
+  assert sorted(os.listdir(tmp_path)) == ["hf"]

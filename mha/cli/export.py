@@ -1,13 +1,17 @@
-r"""mha-export: a trained workdir as a CTranslate2 model folder.
+r"""mha-export: a trained workdir as a CTranslate2 or Hugging Face folder.
 
     mha-export --workdir=/tmp/run --format=ctranslate2 \
         --output_dir=/tmp/run_ct2 [--quantization=int8] \
         [--step=S | --average_last=N]
+    mha-export --workdir=/tmp/run --format=huggingface \
+        --output_dir=/tmp/run_hf [--step=S | --average_last=N]
 
-(or `python -m mha.cli.export ...`). The folder holds the model, its
-vocabulary and the workdir's spm.model: `ctranslate2.Translator(folder)`
+(or `python -m mha.cli.export ...`). A CTranslate2 folder holds the model,
+its vocabulary and the workdir's spm.model: `ctranslate2.Translator(folder)`
 and SentencePiece are all a user needs (`mha.export`'s docstring shows the
-lines). It needs the optional `ctranslate2` package.
+lines); it needs the optional `ctranslate2` package. A Hugging Face folder
+is a MarianMT model and tokenizer (`mha.huggingface.export`); writing it
+needs the optional `safetensors` package, reading it `transformers`.
 """
 from absl import app
 from absl import flags
@@ -32,7 +36,8 @@ _FORMAT = flags.DEFINE_enum("format", "ctranslate2", validation.EXPORT_FORMATS,
                             "The export format.")
 _QUANTIZATION = flags.DEFINE_enum(
     "quantization", "float32", validation.QUANTIZATIONS,
-    "Weights: float32, or int8 (CTranslate2's 8-bit quantisation).")
+    "Weights: float32, or int8 (CTranslate2's 8-bit quantisation; "
+    "ctranslate2 only).")
 startup.define_flags()
 # --workdir is required by every command; --output_dir is checked in main:
 # marked required, it would be required of eval.py too in a process that
@@ -49,11 +54,16 @@ def main(argv: list[str]) -> int:
   if not FLAGS.output_dir:
     raise ConfigError("--output_dir is required: the folder to write the "
                       "exported model into.")
-  from mha import export  # pylint: disable=g-import-not-at-top  (JAX)
-  manifest = export.export(
-      FLAGS.workdir, FLAGS.output_dir, export_format=_FORMAT.value,
-      quantization=_QUANTIZATION.value, step=FLAGS.step,
-      average_last=FLAGS.average_last)
+  # pylint: disable=g-import-not-at-top  (JAX)
+  if _FORMAT.value == "huggingface":
+    from mha.huggingface import export as hf_export
+    write, keywords = hf_export.export_model, {}
+  else:
+    from mha import export
+    write, keywords = export.export, {"export_format": _FORMAT.value}
+  manifest = write(
+      FLAGS.workdir, FLAGS.output_dir, quantization=_QUANTIZATION.value,
+      step=FLAGS.step, average_last=FLAGS.average_last, **keywords)
   print(f"Exported step(s) {manifest['averaged_steps']} of {FLAGS.workdir} "
         f"to {FLAGS.output_dir} ({manifest['format']}, "
         f"{manifest['quantization']}).")

@@ -1,0 +1,193 @@
+"""The Hugging Face export read by transformers itself (PyTorch MarianMT).
+
+`MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load
+the folder with no missing, unexpected or mismatched weight; on the copy
+model of tests/test_export.py transformers' teacher-forced log-probabilities
+equal mha's to 1e-4 per token, its greedy outputs are mha's given mha's
+length limit, its tokenizer gives mha's ids, its `generate` and
+`batch_decode` (greedy) give mha's text; beam 4 agreement is measured
+(transformers' length penalty is length^α, not GNMT's: docs/evaluation.md).
+transformers 5 has no "translation" pipeline: `generate` and
+`batch_decode` are checked as the README shows them.
+
+Needs torch and transformers (the [hf] extra): marked `torch`, skipped
+with that reason where they are not installed.
+"""
+import logging
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from test_export import _mha_hypothesis
+from test_export import first_test_pairs
+from test_export import mha_log_probs
+from test_export import random_params
+from test_export import write_workdir
+# pylint: disable=unused-import  (fixtures, found by name)
+from test_export import copy_model  # noqa: F401
+from test_export import copy_workdir  # noqa: F401
+from test_huggingface import hf_folder  # noqa: F401
+from test_huggingface import safetensors_numpy_fixture  # noqa: F401
+# pylint: enable=unused-import
+from mha.huggingface import export as hf_export
+from mha.huggingface import marian
+from mha.model.positional import sinusoidal_encoding
+from mha.model.transformer import TransformerConfig
+from mha.search import texts as translate
+
+pytestmark = pytest.mark.torch
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (the [hf] extra's reader; CI's "
+    "Python 3.11 run has it)")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (the [hf] extra)")
+
+EOS = 1
+
+
+def load(folder, caplog):
+  """(model, tokenizer) of the folder; asserts that loading reported
+  nothing: no missing, unexpected or mismatched weight, no warning."""
+  transformers.logging.enable_propagation()
+  with caplog.at_level(logging.WARNING, logger="transformers"):
+    model, info = transformers.MarianMTModel.from_pretrained(
+        str(folder), output_loading_info=True)
+    tokenizer = transformers.MarianTokenizer.from_pretrained(str(folder))
+  assert not any(info.values()), info
+  assert not [r for r in caplog.records if r.name.startswith("transformers")
+              and r.levelno >= logging.WARNING], caplog.text
+  model.eval()
+  return model, tokenizer
+
+
+def hf_log_probs(model, tokenizer, pairs):
+  """Teacher-forced log P(y_t | y_<t, x) of each target token (EOS
+  included), the batch made by the tokenizer alone."""
+  batch = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs],
+                    padding=True, return_tensors="pt")
+  with torch.no_grad():
+    logits = model(input_ids=batch["input_ids"],
+                   attention_mask=batch["attention_mask"],
+                   labels=batch["labels"]).logits
+  log_probs = torch.log_softmax(logits, -1).numpy()
+  labels = batch["labels"].numpy()
+  picked = np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+  return [row[:int((label != 0).sum())] for row, label in zip(picked, labels)]
+
+
+def test_transformers_computes_mha_log_probs_and_ids(hf_folder, copy_model,
+                                                     caplog):
+  config, model_config, params, tokenizer = copy_model
+  model, hf_tokenizer = load(hf_folder[0], caplog)
+  pairs = first_test_pairs(config)
+  source_ids = [tokenizer.encode(s) + [EOS] for s, _ in pairs]
+  target_ids = [tokenizer.encode(t) + [EOS] for _, t in pairs]
+  assert [hf_tokenizer(s)["input_ids"] for s, _ in pairs] == source_ids
+  assert [hf_tokenizer(text_target=t)["input_ids"]
+          for _, t in pairs] == target_ids
+  ours = np.concatenate(mha_log_probs(model_config, params, source_ids,
+                                      target_ids))
+  theirs = np.concatenate(hf_log_probs(model, hf_tokenizer, pairs))
+  np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-4)
+  # Marian's layer norms' ε (1e-5, flax's 1e-6) is all that differs: with
+  # flax's, transformers agrees to float32 rounding.
+  for module in model.modules():
+    if isinstance(module, torch.nn.LayerNorm):
+      module.eps = 1e-6
+  same_eps = np.concatenate(hf_log_probs(model, hf_tokenizer, pairs))
+  np.testing.assert_allclose(same_eps, ours, rtol=0, atol=1e-5)
+  print(f"max |log p difference|: ε 1e-5 {np.abs(theirs - ours).max():.2e}"
+        f", ε 1e-6 {np.abs(same_eps - ours).max():.2e}")
+
+
+def test_marian_makes_our_positions_permuted(hf_folder, copy_model, caplog):
+  model, _ = load(hf_folder[0], caplog)
+  model_config = copy_model[1]
+  table = model.model.encoder.embed_positions.weight.detach().numpy()
+  np.testing.assert_array_equal(
+      table, sinusoidal_encoding(model_config.max_len, model_config.d_model)[
+          :, marian.model_permutation(model_config.d_model)])
+
+
+def _generate(model, hf_tokenizer, sources, limits, **settings):
+  """transformers' output ids (start token dropped, up to EOS) of each
+  source, one call per source with mha's limit (max_length counts the
+  start token)."""
+  outputs = []
+  for source, limit in zip(sources, limits):
+    batch = hf_tokenizer([source], return_tensors="pt")
+    with torch.no_grad():
+      out = model.generate(**batch, max_length=limit + 1, do_sample=False,
+                           **settings)[0].tolist()
+    assert out[0] == 0  # the decoder's start token
+    outputs.append(_mha_hypothesis(out[1:], limit))
+  return outputs
+
+
+def _mha_outputs(copy_model, beam_size, alpha):
+  config, model_config, params, tokenizer = copy_model
+  extra = config.max_decode_extra
+  sources = [s for s, _ in first_test_pairs(config)]
+  pairs = translate.translate_ids(model_config, params, tokenizer, sources,
+                                  beam_size=beam_size, alpha=alpha,
+                                  max_decode_extra=extra)
+  limits = [min(len(src) + extra, model_config.max_len) for src, _ in pairs]
+  return sources, limits, [_mha_hypothesis(out, limit)
+                           for (_, out), limit in zip(pairs, limits)]
+
+
+def test_greedy_outputs_identical_to_mha(hf_folder, copy_model, caplog):
+  model, hf_tokenizer = load(hf_folder[0], caplog)
+  sources, limits, ours = _mha_outputs(copy_model, 1, 0.0)
+  theirs = _generate(model, hf_tokenizer, sources, limits, num_beams=1)
+  assert theirs == ours
+  # Not trivial: several lengths, some ended by EOS, some by the limit.
+  assert 2 <= len([o for o in ours if o[-1] == EOS and len(o) > 2]) < len(ours)
+  assert len({len(o) for o in ours}) >= 4
+  # The lines a user runs (README) give mha's greedy text.
+  tokenizer = copy_model[3]
+  for source, limit, out in zip(sources[:6], limits, ours):
+    batch = hf_tokenizer([source], return_tensors="pt")
+    text = hf_tokenizer.batch_decode(
+        model.generate(**batch, num_beams=1, max_length=limit + 1),
+        skip_special_tokens=True)
+    assert text == [translate.detokenize(tokenizer, out)]
+
+
+def test_beam_4_agreement_measured(hf_folder, copy_model, caplog):
+  """mha's beam 4 (GNMT's penalty, α = 0.6) beside transformers' (the
+  export's generation config: length_penalty = α on length^α,
+  early_stopping="never"): the share of identical outputs, which
+  docs/evaluation.md reports (18 of 24 here)."""
+  model, hf_tokenizer = load(hf_folder[0], caplog)
+  sources, limits, ours = _mha_outputs(copy_model, 4, 0.6)
+  theirs = _generate(model, hf_tokenizer, sources, limits)
+  same = sum(a == b for a, b in zip(ours, theirs))
+  print(f"beam 4: {same}/{len(ours)} outputs identical")
+  assert same >= len(ours) // 2
+
+
+def test_unshared_embeddings_load_and_score(tmp_path, caplog,
+                                            safetensors_numpy, tiny_workdir):
+  """Separate encoder and decoder embeddings and an output projection with
+  a bias (lm_head untied, final_logits_bias its bias), random parameters."""
+  del safetensors_numpy
+  config = tiny_config(share_embeddings=False)
+  model_config = TransformerConfig.from_config(config, deterministic=True)
+  params = random_params(model_config, seed=7)
+  workdir = write_workdir(tmp_path / "run", config, params,
+                          tiny_workdir / "spm.model")
+  hf_export.export_model(str(workdir), str(tmp_path / "hf"))
+  model, _ = load(tmp_path / "hf", caplog)
+  rng = np.random.default_rng(0)
+  sources = [list(rng.integers(3, 64, 9)) + [EOS] for _ in range(4)]
+  targets = [list(rng.integers(3, 64, 7)) + [EOS] for _ in range(4)]
+  ours = mha_log_probs(model_config, params, sources, targets)
+  with torch.no_grad():
+    logits = model(input_ids=torch.tensor(sources),
+                   labels=torch.tensor(targets)).logits
+  theirs = torch.log_softmax(logits, -1).numpy()
+  for mine, hf, target in zip(ours, theirs, targets):
+    np.testing.assert_allclose(hf[np.arange(len(target)), target], mine,
+                               rtol=0, atol=1e-4)
