@@ -242,15 +242,15 @@ def safetensors_numpy_fixture():
 
 
 @pytest.fixture(scope="module")
-def hf_folder(copy_workdir, tmp_path_factory, safetensors_numpy):
+def hf_folder(safetensors_numpy, copy_workdir, tmp_path_factory):
   del safetensors_numpy
   output_dir = tmp_path_factory.mktemp("hf") / "model"
   manifest = hf_export.export_model(str(copy_workdir), str(output_dir))
   return output_dir, manifest
 
 
-def test_the_folder_holds_transformers_files(hf_folder, copy_model,
-                                            copy_workdir, safetensors_numpy):
+def test_the_folder_holds_transformers_files(safetensors_numpy, hf_folder,
+                                            copy_model, copy_workdir):
   output_dir, manifest = hf_folder
   config, model_config, params, tokenizer = copy_model
   assert sorted(os.listdir(output_dir)) == sorted([
@@ -278,8 +278,8 @@ def test_the_folder_holds_transformers_files(hf_folder, copy_model,
   assert manifest["command"] in (output_dir / "README.md").read_text()
 
 
-def test_the_model_card_has_the_workdirs_bleu(copy_workdir, tmp_path,
-                                              safetensors_numpy):
+def test_the_model_card_has_the_workdirs_bleu(safetensors_numpy,
+                                              copy_workdir, tmp_path):
   del safetensors_numpy
   """An evaluation of the exported step appears with its BLEU; one of
   another step does not."""
