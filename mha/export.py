@@ -404,10 +404,10 @@ def _locked(output_dir: str) -> Iterator[None]:
     DiskError: the lock cannot be written (a full disk, a read-only file
       system), naming `output_dir`.
   """
-  output_dir = os.path.realpath(output_dir)
-  parent = os.path.dirname(output_dir)
+  target = os.path.realpath(output_dir)
+  parent = os.path.dirname(target)
   created = not os.path.exists(parent)
-  lock = _ExportLock(output_dir)
+  lock = _ExportLock(target)
   try:
     with _disk_errors(output_dir, parent):
       os.makedirs(parent, exist_ok=True)

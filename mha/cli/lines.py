@@ -270,7 +270,7 @@ def output_file(path: str, flag: str = "--output"
   target = os.path.realpath(path)
   try:
     mode = os.stat(target).st_mode
-  except FileNotFoundError:
+  except OSError:  # none yet (or unreadable: the temporary file says why)
     mode = None
   direct = mode is not None and not stat.S_ISREG(mode)
   if direct:
