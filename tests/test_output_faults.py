@@ -96,6 +96,48 @@ def test_output_onto_a_full_disk_is_one_line_and_keeps_the_file(
     assert (disk / "out.txt").read_text() == "earlier\n"
 
 
+def test_output_into_a_folder_the_user_cannot_write_is_one_line():
+  """Case 2 (no permission): a child process of another user (uid 65534,
+  as root can make it) writes `output_file` into a root's folder of mode
+  0755: the one line names --output, the folder and the reason."""
+  from mha.cli import lines  # pylint: disable=import-outside-toplevel
+  from mha.errors import DiskError  # pylint: disable=import-outside-toplevel
+  if os.geteuid() != 0:
+    pytest.skip("another user's process needs root to start")
+  folder = pathlib.Path("/tmp") / f"mha-not-yours-{os.getpid()}"
+  folder.mkdir(mode=0o755)
+  try:
+    (folder / "out.txt").write_text("earlier\n")
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: another user, then one try
+      os.close(read)
+      message = "no error"
+      try:
+        os.setgid(65534)
+        os.setuid(65534)
+        with lines.output_file(str(folder / "out.txt")) as out:
+          out("text\n")
+      except DiskError as e:
+        message = str(e)
+      except BaseException as e:  # pylint: disable=broad-except
+        message = f"{type(e).__name__}: {e}"
+      os.write(write, message.encode("utf-8"))
+      os._exit(0)  # pylint: disable=protected-access
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+      message = f.read().decode("utf-8")
+    os.waitpid(child, 0)
+    assert message == (
+        f"--output={folder / 'out.txt'}: cannot write in {folder}: "
+        "permission denied; nothing was written; the existing file is as it "
+        "was.")
+    assert os.listdir(folder) == ["out.txt"]
+    assert (folder / "out.txt").read_text() == "earlier\n"
+  finally:
+    shutil.rmtree(folder)
+
+
 def test_an_existing_file_keeps_its_mode_and_is_said_replaced(
     random_workdir, source, tmp_path, translate_main, capsys, caplog, want):
   """Case 7: a private file (0600) stays private; a log line says it was
