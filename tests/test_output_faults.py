@@ -48,6 +48,11 @@ def source(tmp_path, sources) -> pathlib.Path:
   return path
 
 
+def _read_all(fd: int) -> bytes:
+  with os.fdopen(fd, "rb") as f:
+    return f.read()
+
+
 def _one_line(capsys, pattern: str) -> str:
   err = capsys.readouterr().err
   lines = [line for line in err.splitlines() if line.startswith("mha-")]
@@ -199,6 +204,25 @@ def test_a_link_is_written_through_and_a_pipe_directly(
   reader.join(timeout=60)
   assert got == [want.encode("utf-8")]
   assert stat.S_ISFIFO(fifo.lstat().st_mode)
+
+  # /dev/stdout with standard output a pipe: the pipe's reader gets them
+  # (the link /dev/stdout is not replaced by a file).
+  read_end, write_end = os.pipe()
+  got, saved = [], os.dup(1)
+  reader = threading.Thread(target=lambda: got.append(_read_all(read_end)),
+                            daemon=True)
+  reader.start()
+  os.dup2(write_end, 1)
+  os.close(write_end)
+  try:
+    status = translate_main(f"--workdir={random_workdir}",
+                            f"--input={source}", "--output=/dev/stdout")
+  finally:
+    os.dup2(saved, 1)
+    os.close(saved)
+  reader.join(timeout=60)
+  assert status == 0 and got == [want.encode("utf-8")]
+  assert os.path.islink("/dev/stdout")
 
   to_input = tmp_path / "to_input.txt"
   to_input.symlink_to(source)

@@ -258,8 +258,9 @@ def output_file(path: str, flag: str = "--output"
   followed: the file it points at is replaced (made if missing) and the
   link kept. An existing file keeps its permission bits (a new one gets
   0666 less the umask, as `open` gives it), and a log line says it was
-  replaced. A device or a named pipe (/dev/null, a FIFO) is written
-  directly, as the shell's `>` writes it: there is no file to replace.
+  replaced. A device or a named pipe (/dev/null, a FIFO, /dev/stdout when
+  standard output is a pipe or a terminal) is written directly, as the
+  shell's `>` writes it: there is no file to replace.
 
   Raises:
     DiskError: the machine refuses to write (a read-only file system, a
@@ -268,8 +269,8 @@ def output_file(path: str, flag: str = "--output"
     Terminated: a SIGTERM (`SigTerm`) inside the block.
   """
   target = os.path.realpath(path)
-  try:
-    mode = os.stat(target).st_mode
+  try:  # through the links (also /dev/stdout's, to what fd 1 is)
+    mode = os.stat(path).st_mode
   except OSError:  # none yet (or unreadable: the temporary file says why)
     mode = None
   direct = mode is not None and not stat.S_ISREG(mode)
