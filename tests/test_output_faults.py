@@ -13,6 +13,8 @@ import re
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -26,6 +28,9 @@ from mha.errors import DamagedCheckpointError
 from test_faults import _fill
 from test_faults import read_only
 from test_faults import small_disk
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -101,42 +106,41 @@ def test_output_onto_a_full_disk_is_one_line_and_keeps_the_file(
     assert (disk / "out.txt").read_text() == "earlier\n"
 
 
+# Run as another user: `output_file` into `sys.argv[1]`, printing the one
+# line of its DiskError (or what else it raised).
+_WRITE_AS_ANOTHER_USER = """
+import sys
+from mha.cli import output
+from mha.errors import DiskError
+try:
+  with output.output_file(sys.argv[1]) as write:
+    write("text\\n")
+  print("no error")
+except DiskError as e:
+  print(e)
+"""
+
+
 def test_output_into_a_folder_the_user_cannot_write_is_one_line():
-  """Case 2 (no permission): a child process of another user (uid 65534,
-  as root can make it) writes `output_file` into a root's folder of mode
-  0755: the one line names --output, the folder and the reason."""
-  from mha.cli import lines  # pylint: disable=import-outside-toplevel
-  from mha.errors import DiskError  # pylint: disable=import-outside-toplevel
-  if os.geteuid() != 0:
-    pytest.skip("another user's process needs root to start")
+  """Case 2 (no permission): a process of another user (uid 65534, started
+  by root with setpriv) writes `output_file` into a root's folder of mode 0755:
+  the one line names --output, the folder and the reason, not the hidden
+  temporary file."""
+  if os.geteuid() != 0 or not shutil.which("setpriv"):
+    pytest.skip("another user's process needs root and setpriv to start")
   folder = pathlib.Path("/tmp") / f"mha-not-yours-{os.getpid()}"
   folder.mkdir(mode=0o755)
   try:
     (folder / "out.txt").write_text("earlier\n")
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # the child: another user, then one try
-      os.close(read)
-      message = "no error"
-      try:
-        os.setgid(65534)
-        os.setuid(65534)
-        with lines.output_file(str(folder / "out.txt")) as out:
-          out("text\n")
-      except DiskError as e:
-        message = str(e)
-      except BaseException as e:  # pylint: disable=broad-except
-        message = f"{type(e).__name__}: {e}"
-      os.write(write, message.encode("utf-8"))
-      os._exit(0)  # pylint: disable=protected-access
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-      message = f.read().decode("utf-8")
-    os.waitpid(child, 0)
-    assert message == (
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+         sys.executable, "-c", _WRITE_AS_ANOTHER_USER,
+         str(folder / "out.txt")], cwd=REPO, capture_output=True, text=True,
+        timeout=120, check=False)
+    assert done.stdout == (
         f"--output={folder / 'out.txt'}: cannot write in {folder}: "
         "permission denied; nothing was written; the existing file is as it "
-        "was.")
+        "was.\n"), done.stderr[-2000:]
     assert os.listdir(folder) == ["out.txt"]
     assert (folder / "out.txt").read_text() == "earlier\n"
   finally:

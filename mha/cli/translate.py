@@ -32,7 +32,7 @@ at the end, so an interrupted run (a Ctrl-C, or a SIGTERM: exit status
 143) leaves no partial file and an existing one as it was; an existing
 file keeps its mode, a symbolic link is written through (its target
 replaced, the link kept), a device or pipe is written directly
-(`lines.output_file`); a folder it cannot write or a full disk is one
+(`mha.cli.output`); a folder it cannot write or a full disk is one
 line. --temperature,
 --top_k and --seed without --sample are refused (they would change
 nothing). Bad input (a workdir, step, flag, file)
@@ -49,6 +49,7 @@ from absl import flags
 from absl import logging
 
 from mha import validation
+from mha.cli import output
 from mha.cli import startup
 from mha.errors import ConfigError
 
@@ -154,8 +155,7 @@ def main(argv: list[str]) -> int:
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
       return 128 + signal.SIGPIPE
   else:
-    from mha.cli import lines  # pylint: disable=import-outside-toplevel
-    with lines.output_file(FLAGS.output) as write:
+    with output.output_file(FLAGS.output) as write:  # made first: no JAX
       count = _translate(write)
   logging.info("Translated %d line(s).", count)
   return 0
