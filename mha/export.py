@@ -65,8 +65,11 @@ from mha.runtime import files
 from mha import validation
 from mha.store import workdir as workdir_lib
 from mha.data import tokenizer as tokenizer_lib
+from mha.errors import DiskError
 from mha.errors import ExportError
 from mha.errors import UserError
+from mha.errors import WorkdirError
+from mha.errors import os_reason
 from mha.model.positional import sinusoidal_encoding
 from mha.search.settings import SearchSettings
 from mha.model.transformer import TransformerConfig
@@ -251,27 +254,30 @@ def _queries_scale(model_config: TransformerConfig) -> float:
 
 
 def _check_output_dir(output_dir: str) -> None:
-  """Refuses a URL, a file, and a non-empty folder that is not an export.
+  """Refuses a URL, a file, a folder inside a workdir's checkpoints/, and a
+  non-empty folder that is not an export. A symbolic link is followed: the
+  folder it points at is the one checked (and written).
 
   Raises:
     ExportError: naming `output_dir` (`--output_dir`) and what is there.
   """
+  name = f"{validation.setting('output_dir')}={output_dir}"
   if files.has_scheme(output_dir):
     raise ExportError(
-        f"{validation.setting('output_dir')}={output_dir}: an export is "
-        "written to a local folder; export locally and copy the folder.")
-  if not os.path.lexists(output_dir):
+        f"{name}: an export is written to a local folder; export locally "
+        "and copy the folder.")
+  target = os.path.realpath(output_dir)
+  _check_not_in_checkpoints(name, target)
+  if not os.path.lexists(target):
     return
-  if not os.path.isdir(output_dir):
-    raise ExportError(f"{validation.setting('output_dir')}={output_dir} is a "
-                      "file, not a folder.")
-  present = os.listdir(output_dir)
-  manifest = os.path.join(output_dir, MANIFEST_FILE)
+  if not os.path.isdir(target):
+    raise ExportError(f"{name} is a file, not a folder.")
+  present = os.listdir(target)
+  manifest = os.path.join(target, MANIFEST_FILE)
   if present and not os.path.isfile(manifest):
     raise ExportError(
-        f"{validation.setting('output_dir')}={output_dir} is a non-empty "
-        f"folder that is not an export of this project (no {MANIFEST_FILE}): "
-        "choose an empty or new folder.")
+        f"{name} is a non-empty folder that is not an export of this project "
+        f"(no {MANIFEST_FILE}): choose an empty or new folder.")
   # An earlier export is replaced whole: files put there since would go.
   try:
     with open(manifest, encoding="utf-8") as f:
@@ -281,10 +287,25 @@ def _check_output_dir(output_dir: str) -> None:
   others = sorted(set(present) - written)
   if others:
     raise ExportError(
-        f"{validation.setting('output_dir')}={output_dir} is an earlier "
-        f"export that also holds files it did not write ({', '.join(others)}),"
-        " which replacing it would delete: move them, or choose another "
-        "folder.")
+        f"{name} is an earlier export that also holds files it did not write "
+        f"({', '.join(others)}), which replacing it would delete: move them, "
+        "or choose another folder.")
+
+
+def _check_not_in_checkpoints(name: str, target: str) -> None:
+  """Refuses a folder `target` (links resolved) that is a workdir's
+  checkpoints/ or lies inside it: a step folder that is not a checkpoint
+  would make the workdir's newest step "damaged" for training and
+  translation."""
+  folder = target
+  while folder != os.path.dirname(folder):
+    if (os.path.basename(folder) == workdir_lib.CHECKPOINTS_DIR
+        and workdir_lib.is_workdir(os.path.dirname(folder))):
+      raise ExportError(
+          f"{name} lies inside {folder}, the checkpoints of the workdir "
+          f"{os.path.dirname(folder)}: an export there would read as a "
+          "damaged checkpoint; choose a folder outside checkpoints/.")
+    folder = os.path.dirname(folder)
 
 
 # What an export wrote before its manifest listed its files.
@@ -294,24 +315,70 @@ _EXPORT_FILES = ("config.json", "model.bin", "shared_vocabulary.json",
 
 
 def _move_into_place(staging: str, output_dir: str) -> None:
-  """Renames the finished `staging` folder to `output_dir`; a previous
-  export there is set aside first and deleted only once the new one is in
-  place."""
-  old = None
-  if os.path.lexists(output_dir):
-    if os.listdir(output_dir):
-      old = f"{output_dir}.old-{uuid.uuid4().hex[:8]}"
-      os.rename(output_dir, old)
-    else:
-      os.rmdir(output_dir)
+  """Renames the finished `staging` folder to `output_dir` (a symbolic
+  link: to the folder it points at, the link kept); a previous export there
+  is set aside first and deleted only once the new one is in place. An
+  error or a SIGTERM on the way puts the previous one back."""
+  output_dir = os.path.realpath(output_dir)
+  old = f"{output_dir}.old-{uuid.uuid4().hex[:8]}"
+  emptied = False
   try:
+    if os.path.lexists(output_dir):
+      if os.listdir(output_dir):
+        os.rename(output_dir, old)
+      else:
+        os.rmdir(output_dir)
+        emptied = True
     os.rename(staging, output_dir)
-  except OSError:
-    if old is not None:
-      os.rename(old, output_dir)
+  except BaseException:
+    if not os.path.lexists(output_dir):
+      if os.path.lexists(old):
+        os.rename(old, output_dir)
+      elif emptied:
+        os.mkdir(output_dir)
     raise
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
+  shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _staged(output_dir: str) -> Iterator[str]:
+  """A new staging folder beside `output_dir` (beside the folder a link
+  points at) for the block to fill, renamed into place when it ends
+  (`_move_into_place`) and removed if it fails: a SIGTERM too, even one
+  that comes as the folder is made.
+
+  Raises:
+    DiskError: the machine refuses a write (a full disk, a read-only file
+      system): one line naming `output_dir`; nothing was changed there.
+  """
+  target = os.path.realpath(output_dir)
+  parent = os.path.dirname(target)
+  staging = os.path.join(parent, f".{os.path.basename(target)}"
+                         f".staging-{uuid.uuid4().hex[:8]}")
+  try:
+    with _disk_errors(output_dir, parent):
+      os.makedirs(staging)  # inside the try: removed if a signal follows
+      yield staging
+      _move_into_place(staging, target)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+
+
+@contextlib.contextmanager
+def _disk_errors(output_dir: str, parent: str) -> Iterator[None]:
+  """An OSError inside (a full disk, a read-only file system) as the one
+  line of a `DiskError` naming `output_dir` and the folder `parent`."""
+  try:
+    yield
+  except OSError as e:
+    target = os.path.realpath(output_dir)
+    kept = ("; the earlier export there is as it was"
+            if os.path.isdir(target) and os.listdir(target) else "")
+    raise DiskError(
+        f"{validation.setting('output_dir')}={output_dir}: cannot write the "
+        f"export in {parent}: {os_reason(e)}; nothing was written{kept}."
+    ) from None
 
 
 class _ExportLock(eval_output.OutputLock):
@@ -329,17 +396,29 @@ class _ExportLock(eval_output.OutputLock):
 
 @contextlib.contextmanager
 def _locked(output_dir: str) -> Iterator[None]:
-  """Holds `output_dir`'s export lock; a parent folder made for it and
-  left empty is removed again."""
-  output_dir = os.path.abspath(output_dir)
-  parent = os.path.dirname(output_dir)
+  """Holds `output_dir`'s export lock (beside the folder a link points
+  at); a parent folder made for it and left empty is removed again.
+
+  Raises:
+    ExportError: another export holds it.
+    DiskError: the lock cannot be written (a full disk, a read-only file
+      system), naming `output_dir`.
+  """
+  target = os.path.realpath(output_dir)
+  parent = os.path.dirname(target)
   created = not os.path.exists(parent)
-  os.makedirs(parent, exist_ok=True)
-  lock = _ExportLock(output_dir)
+  lock = _ExportLock(target)
   try:
-    lock.acquire()
+    with _disk_errors(output_dir, parent):
+      os.makedirs(parent, exist_ok=True)
+      try:
+        lock.acquire()
+      except WorkdirError as e:  # the lock file cannot be written
+        if not isinstance(e.__context__, OSError):
+          raise
+        raise e.__context__ from None
   except BaseException:
-    if created and not os.listdir(parent):
+    if created and os.path.isdir(parent) and not os.listdir(parent):
       os.rmdir(parent)
     raise
   try:
@@ -365,13 +444,8 @@ def _write_folder(spec, vocabulary: bytes | None, manifest: dict[str, Any],
                   output_dir: str) -> None:
   """The model (`spec.save(folder)`), spm.model (unless `vocabulary` is
   None) and the manifest, written into a staging folder beside
-  `output_dir` and renamed into place (removed if anything fails)."""
-  parent = os.path.dirname(os.path.abspath(output_dir))
-  os.makedirs(parent, exist_ok=True)
-  staging = os.path.join(parent, f".{os.path.basename(output_dir)}"
-                         f".staging-{uuid.uuid4().hex[:8]}")
-  os.makedirs(staging)
-  try:
+  `output_dir` and renamed into place (`_staged`)."""
+  with _staged(output_dir) as staging:
     spec.save(staging)
     if vocabulary is not None:
       with open(os.path.join(staging, VOCABULARY_FILE), "wb") as f:
@@ -382,10 +456,6 @@ def _write_folder(spec, vocabulary: bytes | None, manifest: dict[str, Any],
               encoding="utf-8") as f:
       json.dump(manifest, f, indent=2)
       f.write("\n")
-    _move_into_place(staging, output_dir)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
 
 
 def check_output_dir(output_dir: str) -> None:
@@ -440,7 +510,9 @@ def export(workdir: str, output_dir: str, *,
   Args:
     workdir: the training workdir (local or gs://); only read.
     output_dir: a new or empty local folder, or one holding an earlier
-      export of this module (replaced).
+      export of this module (replaced); a symbolic link is followed (the
+      folder it points at is written, the link kept). Not inside a
+      workdir's checkpoints/.
     export_format: `ctranslate2`, the one format here (`huggingface`:
       `mha.huggingface.export.export_model`).
     quantization: `int8` (CTranslate2's 8-bit weights, per output row) or
@@ -454,6 +526,8 @@ def export(workdir: str, output_dir: str, *,
   Raises:
     ExportError: a bad flag, a model variant CTranslate2 cannot represent,
       or an output folder that is not ours.
+    DiskError: the output folder cannot be written (a full disk, a
+      read-only file system); nothing there changed.
     UserError: the workdir or its checkpoints cannot be read (as eval.py).
   """
   check_flags(export_format=export_format, quantization=quantization,
@@ -467,8 +541,9 @@ def export(workdir: str, output_dir: str, *,
   config, tokenizer = trained.load_workdir(workdir)
   model_config = TransformerConfig.from_config(config)
   check_exportable(model_config)
-  params, checkpoint_step, steps = trained.load_params(
-      workdir, step, average_last)
+  with validation.choosing_step("export", "step"):  # a damaged step's advice
+    params, checkpoint_step, steps = trained.load_params(
+        workdir, step, average_last)
   trained.check_fit(config, params, workdir, checkpoint_step)
   pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
   spec = build_spec(model_config, params, pieces)

@@ -368,7 +368,8 @@ def load(workdir: str, step: int | None = None,
   if average_last is not None:
     _check_int("average_last", average_last, 1)
   config, tokenizer = trained.load_workdir(workdir)
-  params, last, steps = trained.load_params(workdir, step, average_last)
+  with validation.choosing_step("load", "step"):  # a damaged step's advice
+    params, last, steps = trained.load_params(workdir, step, average_last)
   trained.check_fit(config, params, workdir, last)
   return Translator(config, tokenizer, params, last, steps)
 

@@ -59,6 +59,11 @@ MATMUL_DTYPES = ("float32", "bfloat16")
 _SPECIAL_PIECES = 3  # PAD, EOS, UNK (mha.data.token_ids)
 # True inside a command's main (`as_flags`): messages name its flags.
 _AS_FLAGS = contextvars.ContextVar("mha_settings_as_flags", default=False)
+# How the reader of a checkpoint chooses its step (`choosing_step`): the verb
+# and the setting a damaged checkpoint's message advises; eval.py's and
+# `evaluate`'s by default.
+_STEP_CHOICE = contextvars.ContextVar(
+    "mha_step_choice", default=("evaluate", "checkpoint_step"))
 
 
 def setting(name: str, flag: str | None = None) -> str:
@@ -83,6 +88,27 @@ def as_flags() -> Iterator[None]:
     yield
   finally:
     _AS_FLAGS.reset(token)
+
+
+@contextlib.contextmanager
+def choosing_step(verb: str, name: str) -> Iterator[None]:
+  """Inside, the advice of a damaged checkpoint's message (`use_step`) is
+  '<verb> it with <setting>=<step>', the setting named by `setting(name)`:
+  each reader enters it with its own (`mha.load`: 'load', 'step';
+  `mha.export.export`: 'export', 'step'); outside, eval.py's."""
+  token = _STEP_CHOICE.set((verb, name))
+  try:
+    yield
+  finally:
+    _STEP_CHOICE.reset(token)
+
+
+def use_step(step: int) -> str:
+  """How to read checkpoint `step` instead: 'evaluate it with
+  --checkpoint_step=4' in eval.py, 'load it with step=4' in `mha.load`,
+  'load it with --step=4' in mha-translate (`choosing_step`)."""
+  verb, name = _STEP_CHOICE.get()
+  return f"{verb} it with {setting(name)}={step}"
 
 
 def is_int(value: Any) -> bool:

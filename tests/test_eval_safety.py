@@ -384,8 +384,9 @@ def test_damaged_checkpoint_names_path_and_intact_step(tmp_path, damage,
   manager.close()
   with pytest.raises(DamagedCheckpointError, match=head):
     checkpoints.check_step(tmp_path)
+  # The API names its keyword argument (eval.py its flag, below).
   eval_fix = "the newest intact checkpoint is step 1: evaluate it with " \
-             "--checkpoint_step=1.$"
+             "checkpoint_step=1.$"
   if damage == "meta/metadata":  # evaluation reads params only
     assert checkpoints.restore_params(tmp_path)[1] == 3
     with pytest.raises(CheckpointError, match=head):

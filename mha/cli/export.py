@@ -31,7 +31,7 @@ startup.define_once(flags.DEFINE_integer, "average_last", None,
                     "--step).")
 startup.define_once(flags.DEFINE_string, "output_dir", None,
                     "A new or empty local folder, or an earlier export "
-                    "(replaced).")
+                    "(replaced); a symbolic link: the folder it points at.")
 _FORMAT = flags.DEFINE_enum("format", "ctranslate2", validation.EXPORT_FORMATS,
                             "The export format.")
 _QUANTIZATION = flags.DEFINE_enum(

@@ -29,28 +29,29 @@ standard input), in batches of --batch_size (default:
 `translate.batch_size_for`'s); --output writes a file instead of standard
 output ('-': standard output), through a temporary file renamed
 at the end, so an interrupted run (a Ctrl-C, or a SIGTERM: exit status
-143) leaves no partial file and an existing one as it was. --temperature,
+143) leaves no partial file and an existing one as it was; an existing
+file keeps its mode, a symbolic link is written through (its target
+replaced, the link kept), a device or pipe is written directly
+(`mha.cli.output`); a folder it cannot write or a full disk is one
+line. --temperature,
 --top_k and --seed without --sample are refused (they would change
 nothing). Bad input (a workdir, step, flag, file)
 prints one line, `mha-translate: <message>`, and exits with status 1. A
 reader that closes standard output early (`mha-translate ... | head -1`)
 stops it quietly with SIGPIPE's status, 141, as it stops cat.
 """
-import contextlib
 import os
 import signal
 import sys
-import tempfile
 
 from absl import app
 from absl import flags
 from absl import logging
 
 from mha import validation
+from mha.cli import output
 from mha.cli import startup
 from mha.errors import ConfigError
-from mha.errors import SigTerm
-from mha.errors import Terminated
 
 startup.define_search_flags()
 startup.define_once(flags.DEFINE_integer, "step", None,
@@ -83,10 +84,10 @@ def _check_files(input_path: str | None, output_path: str | None) -> None:
   if os.path.isdir(output_path):
     raise ConfigError(f"--output={output_path} is a folder: give the file "
                       "to write.")
-  if input_path and os.path.abspath(input_path) == os.path.abspath(
+  if input_path and os.path.realpath(input_path) == os.path.realpath(
       output_path):
     raise ConfigError(f"--output={output_path} is the input file.")
-  folder = os.path.dirname(os.path.abspath(output_path))
+  folder = os.path.dirname(os.path.realpath(output_path))  # links followed
   if not os.path.isdir(folder):
     raise ConfigError(f"--output={output_path}: the folder {folder} does "
                       "not exist.")
@@ -154,23 +155,8 @@ def main(argv: list[str]) -> int:
       os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
       return 128 + signal.SIGPIPE
   else:
-    folder = os.path.dirname(os.path.abspath(FLAGS.output))
-    f = tempfile.NamedTemporaryFile(
-        "wb", dir=folder, prefix=".mha-translate-", delete=False)
-    try:
-      with f:
-        count = _translate(lambda text: f.write(text.encode("utf-8")))
-      umask = os.umask(0)
-      os.umask(umask)
-      os.chmod(f.name, 0o666 & ~umask)  # as open() would have made it
-      os.replace(f.name, FLAGS.output)
-    except BaseException as e:
-      with contextlib.suppress(FileNotFoundError):
-        os.unlink(f.name)
-      if isinstance(e, SigTerm):
-        raise Terminated(f"Stopped by SIGTERM: --output={FLAGS.output} was "
-                         "not written.") from None
-      raise
+    with output.output_file(FLAGS.output) as write:  # made first: no JAX
+      count = _translate(write)
   logging.info("Translated %d line(s).", count)
   return 0
 

@@ -9,11 +9,13 @@ exist and every stored value of the items read must be readable in full (a
 synchronous TensorStore read, so a truncated file is found before Orbax's
 asynchronous restore, which would fail with a stack per array). A damaged
 step raises `DamagedCheckpointError` naming `<workdir>/checkpoints/<step>`,
-what is wrong and the newest intact earlier step, with the fix
-(`--checkpoint_step` for evaluation; moving the step folder aside to resume
-training). A step deleted while it is read (a running trainer keeps only the
-last `keep_checkpoints`) raises `CheckpointNotFound` (`read_errors`), so that
-a reader can choose its steps again.
+what is wrong and the newest intact earlier step, with the fix (the
+reader's own step setting, `validation.use_step`: eval.py's
+`--checkpoint_step`, mha-translate's `--step`, `mha.load`'s `step=`;
+moving the step folder aside to resume training). A step deleted while it
+is read (a running trainer keeps only the last `keep_checkpoints`) raises
+`CheckpointNotFound` (`read_errors`), so that a reader can choose its steps
+again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from etils import epath
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from mha import validation
 from mha.errors import CheckpointError
 from mha.errors import CheckpointNotFound
 from mha.errors import DamagedCheckpointError
@@ -217,8 +220,8 @@ def _damaged(directory: epath.Path, step: int, problem: str,
   intact = _newest_intact(directory, step, items, params_only)
   aside = f'mv {path} {directory.parent}/damaged_checkpoint_{step}'
   if purpose == 'eval':
-    fix = (f'the newest intact checkpoint is step {intact}: evaluate it with '
-           f'--checkpoint_step={intact}' if intact is not None
+    fix = (f'the newest intact checkpoint is step {intact}: '
+           f'{validation.use_step(intact)}' if intact is not None
            else 'no earlier checkpoint is intact')
   elif intact is not None:
     fix = (f'the newest intact checkpoint is step {intact}: to resume from '
