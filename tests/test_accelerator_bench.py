@@ -140,3 +140,23 @@ def test_parts_given_are_the_parts_run():
   args = accelerator.parse_flags(["--parts=decode",
                                   "--decode_workdir=/tmp/m30k"])
   assert args.parts == ["decode"]
+
+
+def test_table_figures_by_hand(capsys):
+  peak = accelerator.train_step.Peak(2048)
+  peak.best = 2 * 2048 ** 3 / 0.5  # one product in 0.5 s
+  accelerator.print_table([
+      accelerator.peak_row(peak),
+      accelerator.Row("train step base", "b", 4096, "tokens", 0.25,
+                      achieved=peak.best / 4, compile_seconds=3.0),
+      accelerator.Row("decode beam 4", "d", 128, "sentences", 0.7118,
+                      compile_seconds=51.234, bleu=29.8149)], peak.best)
+  rows = table_rows(capsys.readouterr().out)
+  assert [[r[h] for h in ("part", "work", "seconds", "rate", "achieved",
+                          "MFU", "compile s", "BLEU")] for r in rows] == [
+      ["matmul peak", "17.18 GFLOP", "0.5000", "34.36 GFLOP/s",
+       "34.36 GFLOP/s", "", "", ""],
+      ["train step base", "4096 tokens", "0.2500", "16384 tokens/s",
+       "8.59 GFLOP/s", "25.0%", "3", ""],
+      ["decode beam 4", "128 sentences", "0.7118", "179.8 sentences/s", "",
+       "", "51.23", "29.81"]]
