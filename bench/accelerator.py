@@ -1,39 +1,41 @@
 r"""One command for a new machine: quickstart, train step, decoding, one table.
 
-    python bench/accelerator.py            # < 10 min on a GPU or TPU
-    python bench/accelerator.py --small    # about a minute on 2 CPU cores
+    python bench/accelerator.py            # meant for < 10 min on a GPU/TPU
+    python bench/accelerator.py --small    # every part, a smoke test's size
     python bench/accelerator.py --decode_workdir=/tmp/m30k  # decode that
 
 On whatever JAX sees (a CPU here; a GPU or TPU where one is at hand), in
-order, each part the existing bench or command run as a function:
+order, each part an existing command or bench run as a function:
 
-1. the float32 matmul peak of the first device (`bench/common.py`: a jitted
+1. the README's quickstart, as a user runs it: `train.py
+   --config=configs/quickstart.py`, then `eval.py` on its workdir, each a
+   fresh process, with a fresh compilation cache, before this process
+   touches the devices (a TPU is one process's at a time): the commands'
+   wall time, the trainer's steady steps/s (the median of its logged
+   windows after the first), eval.py's decoding time, compile time, BLEU;
+2. the float32 matmul peak of the first device (`bench/common.py`: a jitted
    N x N `jnp.dot`, N 2048 on a CPU, 8192 on an accelerator; the best of
    every measurement of the run, as `bench/train_step.py` keeps it);
-2. the README's quickstart, as a user runs it: `train.py
-   --config=configs/quickstart.py`, then `eval.py` on its workdir, each a
-   fresh process, with a fresh compilation cache: the commands' wall time,
-   the trainer's steady steps/s (the median of its logged windows after the
-   first), eval.py's decoding time, compile share and BLEU;
 3. `bench/train_step.py`'s train step (`run_shape`) at the reference shape
    (configs/multi30k.py on Multi30k packed batches, synthetic ones where
    Multi30k is not found) and the base shape (configs/base.py, 64 x 32+32):
    seconds a step, non-padding tokens/s, model FLOP/s, and MFU against the
-   peak of 1;
+   peak of 2;
 4. `bench/decode.py`'s timed passes (`Path`, `_timed`), greedy and beam 4,
-   on the quickstart's trained model (or `--decode_workdir`) and its whole
-   test split: sentences/s, the first pass's compile time, BLEU (beam 4's
-   equals eval.py's in 2: the same model, sentences and search).
+   on the quickstart's trained model (or `--decode_workdir`) and the split
+   eval.py translated: sentences/s, the first pass's compile time, BLEU
+   (beam 4's equals eval.py's in 1: the same model, sentences and search).
 
 The parts print their own figures as they go; the table at the end has one
 row per figure, with its work, seconds and rate (= work / seconds), and
 MFU = achieved / peak. `--small`: the same parts at a smoke test's size
-(quickstart 200 steps without the in-training BLEU, the `tiny` models of
-configs/multi30k.py and configs/base.py on synthetic batches, one timed
-pass per search); its figures say that everything runs, not how fast.
-mha runs here on the process's JAX devices as they are (one CPU device for
-all cores, as `bench/train_step.py`; decode.py's `--cpu_devices=1`).
-Nothing is asserted about time.
+(the quickstart for 100 steps without the in-training BLEU, eval.py and
+decoding on 128 test sentences, the `tiny` models of configs/multi30k.py
+and configs/base.py on synthetic batches, one timed pass per search); its
+figures say that every part runs, not how fast. mha runs here on the
+process's JAX devices as they are (one CPU device for all cores, as
+`bench/train_step.py`; decode.py's `--cpu_devices=1`). Nothing is asserted
+about time.
 """
 import argparse
 import dataclasses
@@ -324,17 +326,21 @@ def main():
   plan = SMALL if args.small else FULL
   start = time.perf_counter()
   print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-        f"{common.machine_line()}; {'--small' if args.small else 'full'} "
-        f"run of {', '.join(args.parts)}", flush=True)
-  accelerator = jax.default_backend() != "cpu"
-  peak = train_step.Peak(args.peak_size or (8192 if accelerator else 2048))
-  peak.measure("start")
+        f"{'--small' if args.small else 'full'} run of "
+        f"{', '.join(args.parts)}", flush=True)
   workdir = args.workdir or tempfile.mkdtemp(prefix="mha_accelerator_")
   os.makedirs(workdir, exist_ok=True)
   rows = []
   try:
+    # The quickstart's processes first: until they end, this process leaves
+    # the devices alone (a TPU is one process's at a time; a GPU's memory
+    # is taken by the first process's allocator).
     if "quickstart" in args.parts:
       rows += run_quickstart(plan, workdir)
+    print(f"\n{common.machine_line()}", flush=True)
+    accelerator = jax.default_backend() != "cpu"
+    peak = train_step.Peak(args.peak_size or (8192 if accelerator else 2048))
+    peak.measure("start")
     if "train_step" in args.parts:
       rows += run_train_steps(plan, peak)
     if "decode" in args.parts:
