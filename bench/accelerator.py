@@ -315,6 +315,10 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
       and not args.decode_workdir):
     parser.error("--parts: decode without quickstart needs --decode_workdir "
                  "(a trained workdir)")
+  if (args.workdir and "quickstart" in args.parts
+      and os.path.exists(os.path.join(args.workdir, "quickstart"))):
+    parser.error(f"--workdir={args.workdir}: holds a quickstart run already "
+                 "(train.py would resume it): give a new folder")
   if args.peak_size is not None and args.peak_size < 1:
     parser.error(f"--peak_size={args.peak_size}: must be at least 1")
   return args

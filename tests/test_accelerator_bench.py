@@ -134,6 +134,16 @@ def test_a_bad_flag_is_one_error_naming_it(flags, named, capsys):
   assert named in error, error
 
 
+def test_a_workdir_with_a_quickstart_run_is_refused(tmp_path, capsys):
+  # train.py would resume the run there: no training would be timed.
+  accelerator.parse_flags([f"--workdir={tmp_path}"])
+  (tmp_path / "quickstart").mkdir()
+  with pytest.raises(SystemExit):
+    accelerator.parse_flags([f"--workdir={tmp_path}"])
+  assert f"--workdir={tmp_path}" in capsys.readouterr().err
+  accelerator.parse_flags([f"--workdir={tmp_path}", "--parts=train_step"])
+
+
 def test_parts_given_are_the_parts_run():
   args = accelerator.parse_flags(["--parts=train_step", "--small"])
   assert args.parts == ["train_step"] and args.small
