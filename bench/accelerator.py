@@ -49,7 +49,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
@@ -60,7 +61,6 @@ from bench import train_step
 from mha.runtime import host_memory
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("quickstart", "train_step", "decode")
 TRAIN_SHAPES = ("reference", "base")
 
