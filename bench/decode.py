@@ -613,7 +613,8 @@ def profile(name, module, model_config, params, batch, *, beam_size, alpha,
             f"{counts[category]:7.0f} op runs")
 
 
-def main():
+def make_parser() -> argparse.ArgumentParser:
+  """The command's flags (bench/accelerator.py takes their defaults too)."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default=None,
                       help="a trained workdir; default: a random model")
@@ -653,6 +654,11 @@ def main():
                       choices=validation.MATMUL_DTYPES,
                       help="the current search's weight products (the "
                       "baseline's: float32)")
+  return parser
+
+
+def main():
+  parser = make_parser()
   args = parser.parse_args()
   if args.ctranslate2 and not args.workdir:
     parser.error("--ctranslate2 needs --workdir (a trained model to export)")

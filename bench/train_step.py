@@ -130,9 +130,10 @@ class ShapeResult:
   xla_flops: float              # XLA cost analysis of the pmapped step
 
 
-def reference_config(args) -> tuple:
-  """(config, [batch dicts] of one epoch, description) of the reference."""
-  config = multi30k.get_config()
+def reference_config(args, config_arg: str | None = None) -> tuple:
+  """(config, [batch dicts] of one epoch, description) of the reference;
+  `config_arg`: configs/multi30k.py's argument (e.g. 'tiny')."""
+  config = multi30k.get_config(config_arg)
   # One batch per update: the step timed is the fused train step.
   config.update(max_tokens=args.max_tokens or (config.max_tokens *
                                                config.grad_accum_steps),
@@ -163,6 +164,30 @@ def reference_config(args) -> tuple:
         f"plan in {time.perf_counter() - start:.1f} s")
   return config, epoch, ("Multi30k " + ("packed" if config.pack_examples
                                         else "token-budget buckets"))
+
+
+def shape_setup(name: str, args, config_arg: str | None = None) -> tuple:
+  """(config, [batch dicts], description) of the shape `name`.
+
+  Args:
+    name: 'reference' (configs/multi30k.py, `reference_config`) or 'base'
+      (configs/base.py on synthetic `--base_rows` x `--base_length` batches).
+    args: the command's flags (`make_parser`).
+    config_arg: the config file's argument (e.g. 'tiny'), None: its default.
+  """
+  if name == "reference":
+    config, epoch, description = reference_config(args, config_arg)
+  elif name == "base":
+    config = base_configs.get_config(config_arg)
+    epoch = synthetic_batches(config, args.base_rows, args.base_length,
+                              args.base_length, seed=1,
+                              count=args.warmup + args.steps)
+    description = (f"synthetic {args.base_rows}x{args.base_length} "
+                   "per side, no padding")
+  else:
+    raise ValueError(f"Unknown shape {name!r}; known: reference, base.")
+  config.attention_impl = args.attention_impl
+  return config, epoch, description
 
 
 def synthetic_batches(config, rows: int, source_len: int, target_len: int,
@@ -506,7 +531,8 @@ def compare_shape(name, config, epoch, packages, peak, args):
   return summary
 
 
-def main():
+def make_parser() -> argparse.ArgumentParser:
+  """The command's flags (bench/accelerator.py takes their defaults too)."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--shapes", default="reference,base",
                       help="comma-separated: reference, base")
@@ -548,7 +574,11 @@ def main():
                       help="a git revision (e.g. HEAD~3): time its mha/ and "
                       "this tree's in turn, round by round, on the same "
                       "batches, and print both and their ratio")
-  args = parser.parse_args()
+  return parser
+
+
+def main():
+  args = make_parser().parse_args()
   args.warmup = max(args.warmup, 1)
   # The commands' rule (mha/runtime/host_memory.py), forced on or off by the
   # flag.
@@ -567,18 +597,7 @@ def main():
     importlib.import_module(baseline.__name__ + ".trainer")
   summaries = {}
   for name in [s.strip() for s in args.shapes.split(",") if s.strip()]:
-    if name == "reference":
-      config, epoch, description = reference_config(args)
-    elif name == "base":
-      config = base_configs.get_config()
-      epoch = synthetic_batches(config, args.base_rows, args.base_length,
-                                args.base_length, seed=1,
-                                count=args.warmup + args.steps)
-      description = (f"synthetic {args.base_rows}x{args.base_length} "
-                     "per side, no padding")
-    else:
-      raise ValueError(f"Unknown shape {name!r}; known: reference, base.")
-    config.attention_impl = args.attention_impl
+    config, epoch, description = shape_setup(name, args)
     if args.baseline:
       summaries[name] = compare_shape(
           name, config, epoch, {args.baseline: baseline, "this tree": mha},
