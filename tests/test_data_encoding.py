@@ -3,6 +3,9 @@
 chunks taken back in order with a bounded read-ahead; how many processes
 a split gets; the field's rule."""
 import dataclasses
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -77,28 +80,28 @@ def test_two_processes_give_the_one_process_arrays_multi30k(
 
 
 class _Pool:
-  """A pool that runs each task when it is taken, recording the order of
-  submissions and takes."""
+  """An executor that runs each task when it is taken, recording the order
+  of submissions and takes."""
 
   def __init__(self):
     self.events = []
 
-  def apply_async(self, function, args):
-    self.events.append(("submit", args[0]))
+  def submit(self, function, chunk):
+    self.events.append(("submit", chunk))
     pool = self
 
-    class _Result:
-      def get(self):
-        pool.events.append(("take", args[0]))
-        return function(*args)
+    class _Future:
+      def result(self):
+        pool.events.append(("take", chunk))
+        return function(chunk)
 
-    return _Result()
+    return _Future()
 
 
 def test_results_in_order_with_a_bounded_read_ahead():
   pool = _Pool()
   results = encoding._in_order(  # pylint: disable=protected-access
-      pool, lambda x: 10 * x, iter(range(5)), in_flight=2)
+      pool.submit, lambda x: 10 * x, iter(range(5)), in_flight=2)
   assert list(results) == [0, 10, 20, 30, 40]
   # At most 2 chunks read and not yet taken: never the whole split.
   assert pool.events == [
@@ -138,3 +141,35 @@ def test_the_worker_builds_the_same_tokenizer(tmp_path):
   assert np.array_equal(
       encoding.encode_texts(again, [text, "x"], np.uint16)[0],
       encoding.encode_texts(tok, [text, "x"], np.uint16)[0])
+
+
+_UNGUARDED = """
+import sys
+sys.path.insert(0, {repo!r})
+from configs import base
+from mha import data
+config = base.get_config("tiny")
+config.update(dict(dataset_name="synthetic", source_lang="src",
+                   target_lang="tgt", vocab_size=100, tokenize_processes=2))
+tok = data.get_tokenizer(config, {workdir!r})
+data.tokenized.tokenize_split(config, tok, "train[:50]")
+"""
+
+
+def test_a_script_without_a_main_guard_gets_an_error_not_a_hang(tmp_path):
+  # Each worker imports the main script ('spawn'): one that tokenizes at
+  # its top level would start workers of its own. It stops with the way
+  # out named, in seconds.
+  script = tmp_path / "unguarded.py"
+  script.write_text(_UNGUARDED.format(
+      repo=str(pathlib.Path(__file__).resolve().parents[1]),
+      workdir=str(tmp_path / "work")))
+  done = subprocess.run([sys.executable, str(script)], capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert done.returncode == 1
+  last = done.stderr.strip().splitlines()[-1]
+  assert last.startswith("mha.errors.DataError: A tokenization worker "
+                         "stopped")
+  assert ("config.tokenize_processes) imports the main script: its code "
+          "must run under `if __name__ == '__main__':`; or set "
+          "config.tokenize_processes=1.") in last

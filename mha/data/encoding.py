@@ -9,25 +9,34 @@ chunks' order, so that both give the same arrays, bit for bit.
 
 How the workers get the vocabulary: a SentencePiece processor cannot be
 pickled or shared between processes, so each worker builds its own, once,
-from the model's serialized bytes (`Tokenizer.model_proto`, a few hundred
-KB) handed to the pool's initializer; the chunks' texts go to the workers
-and their ids come back through the pool's pipes. The workers are started
+from the model's serialized bytes (`Tokenizer.model_proto`), which the
+parent writes to a temporary file whose name the pool's initializer gets
+(not the bytes themselves: a worker that dies at its start would leave
+the parent blocked writing more than a pipe holds); the chunks' texts go
+to the workers and their ids come back through the pool's pipes. The workers are started
 with 'spawn' (a fork of a process where JAX or TensorFlow runs threads
-may deadlock); each imports only this module's light dependencies (NumPy,
-SentencePiece). At most `2 * processes` chunks are in flight, so the
+may deadlock); each imports this module's light dependencies (NumPy,
+SentencePiece) and, as 'spawn' does, the main script: a script that
+tokenizes on several processes keeps its code under `if __name__ ==
+"__main__":` (else its workers stop, and `chunk_encoder` raises). At most `2 * processes` chunks are in flight, so the
 memory of a WMT-sized split is not read ahead.
 """
 import collections
+from concurrent import futures
+from concurrent.futures import process
 import contextlib
 import functools
 import itertools
 import multiprocessing
 import os
+import signal
+import tempfile
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from mha.data.token_ids import EOS_ID
+from mha.errors import DataError
 from mha.data.tokenizer import Tokenizer
 
 Chunk = tuple[list[str], list[str]]
@@ -35,6 +44,11 @@ Chunk = tuple[list[str], list[str]]
 Encoded = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 ChunkEncoder = Callable[[Iterable[Chunk]], Iterator[Encoded]]
 
+_WORKER_STOPPED = (
+    "Each of the {processes} tokenization processes "
+    "(config.tokenize_processes) imports the main script: its code must run "
+    "under `if __name__ == '__main__':`; or set "
+    "config.tokenize_processes=1.")
 # Chunks in flight per worker: one being encoded, one waiting.
 _IN_FLIGHT = 2
 
@@ -70,26 +84,31 @@ def encode_chunk(tok: Tokenizer, chunk: Chunk, dtype) -> Encoded:
 _worker_tokenizer: Tokenizer | None = None
 
 
-def _start_worker(model_proto: bytes) -> None:
+def _start_worker(model_path: str) -> None:
   global _worker_tokenizer
-  _worker_tokenizer = Tokenizer(model_proto)
+  # A Ctrl-C at a terminal reaches the whole process group: the parent
+  # stops the pool, the workers print no traceback of their own.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  with open(model_path, "rb") as f:
+    _worker_tokenizer = Tokenizer(f.read())
 
 
 def _encode_in_worker(chunk: Chunk, dtype) -> Encoded:
   return encode_chunk(_worker_tokenizer, chunk, dtype)
 
 
-def _in_order(pool, function: Callable[[Chunk], Encoded],
+def _in_order(submit: Callable, function: Callable[[Chunk], Encoded],
               chunks: Iterable[Chunk], in_flight: int) -> Iterator[Encoded]:
-  """`function` of each chunk on `pool`, in order, `in_flight` at most
-  submitted and not yet taken (`Pool.imap` would read every chunk ahead)."""
+  """`function` of each chunk through `submit` (an executor's), in order,
+  `in_flight` at most submitted and not yet taken (`Executor.map` would
+  read every chunk ahead)."""
   pending = collections.deque()
   for chunk in chunks:
-    pending.append(pool.apply_async(function, (chunk,)))
+    pending.append(submit(function, chunk))
     if len(pending) >= in_flight:
-      yield pending.popleft().get()
+      yield pending.popleft().result()
   while pending:
-    yield pending.popleft().get()
+    yield pending.popleft().result()
 
 
 @contextlib.contextmanager
@@ -105,13 +124,41 @@ def chunk_encoder(tok: Tokenizer, dtype, processes: int
 
   Yields:
     `encode(chunks)`: an iterator of each chunk's `encode_chunk`.
+
+  Raises:
+    DataError: a worker died (a script without `if __name__ ==
+      "__main__":`, which each worker imports, or out of memory).
   """
   if processes == 1:
     yield lambda chunks: (encode_chunk(tok, c, dtype) for c in chunks)
     return
-  context = multiprocessing.get_context("spawn")
-  with context.Pool(processes, initializer=_start_worker,
-                    initargs=(tok.model_proto,)) as pool:
-    function = functools.partial(_encode_in_worker, dtype=dtype)
-    yield lambda chunks: _in_order(pool, function, chunks,
-                                   _IN_FLIGHT * processes)
+  if getattr(multiprocessing.current_process(), "_inheriting", False):
+    # A worker importing a main script that tokenizes (multiprocessing's
+    # own check of it, `spawn._check_not_importing_main`): stopped here
+    # with the message, before a pool of its own would wait forever.
+    raise DataError(_WORKER_STOPPED.format(processes=processes))
+  with tempfile.TemporaryDirectory(prefix="mha_tokenize_") as folder:
+    model_path = os.path.join(folder, "spm.model")
+    with open(model_path, "wb") as f:
+      f.write(tok.model_proto)
+    with _pool(processes, model_path) as pool:
+      function = functools.partial(_encode_in_worker, dtype=dtype)
+      yield lambda chunks: _in_order(pool.submit, function, chunks,
+                                     _IN_FLIGHT * processes)
+
+
+@contextlib.contextmanager
+def _pool(processes: int, model_path: str
+          ) -> Iterator[futures.ProcessPoolExecutor]:
+  """`processes` workers that load the model at `model_path`, shut down on
+  leaving (the chunks being encoded finish, the others are cancelled)."""
+  pool = futures.ProcessPoolExecutor(
+      processes, mp_context=multiprocessing.get_context("spawn"),
+      initializer=_start_worker, initargs=(model_path,))
+  try:
+    yield pool
+  except process.BrokenProcessPool as e:
+    raise DataError(f"A tokenization worker stopped ({e}). "
+                    + _WORKER_STOPPED.format(processes=processes)) from None
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
