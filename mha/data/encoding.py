@@ -13,13 +13,15 @@ from the model's serialized bytes (`Tokenizer.model_proto`), which the
 parent writes to a temporary file whose name the pool's initializer gets
 (not the bytes themselves: a worker that dies at its start would leave
 the parent blocked writing more than a pipe holds); the chunks' texts go
-to the workers and their ids come back through the pool's pipes. The workers are started
-with 'spawn' (a fork of a process where JAX or TensorFlow runs threads
-may deadlock); each imports this module's light dependencies (NumPy,
-SentencePiece) and, as 'spawn' does, the main script: a script that
-tokenizes on several processes keeps its code under `if __name__ ==
-"__main__":` (else its workers stop, and `chunk_encoder` raises). At most `2 * processes` chunks are in flight, so the
-memory of a WMT-sized split is not read ahead.
+to the workers and their ids come back through the pool's pipes.
+
+The workers are started with 'spawn' (a fork of a process where JAX or
+TensorFlow runs threads may deadlock); each imports this module's light
+dependencies (NumPy, SentencePiece) and, as 'spawn' does, the main
+script: a script that tokenizes on several processes keeps its code under
+`if __name__ == "__main__":` (else its workers stop, and `chunk_encoder`
+raises). At most `2 * processes` chunks are in flight, so the memory of a
+WMT-sized split is not read ahead.
 """
 import collections
 from concurrent import futures
