@@ -18,7 +18,6 @@ import dataclasses
 import io
 import os
 import time
-from typing import Iterator
 import zipfile
 
 from absl import logging
@@ -113,25 +112,17 @@ def _encode_split(text_split: sources.TextSplit, tok: Tokenizer,
     what += f" ({processes} processes)"
   with encoding.chunk_encoder(tok, dtype, processes) as encode, \
       progress.Progress(what, text_split.size) as counter:
-    for encoded in encode(_counted(text_split.read(CHUNK_PAIRS), counter)):
+    for encoded in encode(text_split.read(CHUNK_PAIRS)):
       for side, (flat, lengths) in zip(parts, encoded):
         parts[side][0].append(flat)
         parts[side][1].append(lengths)
+      counter.add(len(encoded[0][1]))
   arrays = {}
   for side, (flats, lengths) in parts.items():
     arrays[side] = (np.concatenate(flats) if flats
                     else np.zeros(0, dtype))
     arrays[f"{side}_offsets"] = _offsets(lengths)
   return TokenizedSplit(**arrays)
-
-
-def _counted(chunks: Iterator[sources.Chunk], counter: progress.Progress
-             ) -> Iterator[sources.Chunk]:
-  """The chunks, each counted once read (workers encode the chunks read
-  last while this counts)."""
-  for chunk in chunks:
-    counter.add(len(chunk[0]))
-    yield chunk
 
 
 def _read_cache(path: str) -> TokenizedSplit | None:
