@@ -16,9 +16,10 @@ it, with a fresh workdir and TFDS dir, so that each run prepares the
 folder, trains the vocabulary and tokenizes the split: the seconds from
 the start to the data steps' log lines and to the first step's, the peak
 resident memory of its processes (the sum over the process tree, sampled
-every 0.2 s) and the disk it wrote. The run is stopped after its first
-step. `--processes`: values of `config.tokenize_processes` (0: every
-core), `default` passes none (a revision without the field).
+every 0.2 s), the disk it wrote, and its longest silence (seconds without
+a line of output until the split is tokenized). The run is stopped after
+its first step. `--processes`: values of `config.tokenize_processes` (0:
+every core), `default` passes none (a revision without the field).
 """
 import argparse
 import gzip
@@ -129,9 +130,10 @@ def run_set_up(repo: str, corpus: str, processes: str, scratch: str,
 
   sampler = threading.Thread(target=sample, daemon=True)
   sampler.start()
-  seconds, log = {}, []
+  seconds, log, times = {}, [], []
   for line in child.stdout:
     log.append(line)
+    times.append(time.perf_counter() - start)
     for event, pattern in EVENTS.items():
       if event not in seconds and pattern.search(line):
         seconds[event] = time.perf_counter() - start
@@ -144,7 +146,10 @@ def run_set_up(repo: str, corpus: str, processes: str, scratch: str,
   if "first step" not in seconds:
     sys.stdout.write("".join(log[-40:]))
     sys.exit(f"train.py ({processes}) did not reach its first step.")
-  return dict(seconds=seconds, peak_rss=peak[0],
+  # The longest time without a line until the split is tokenized.
+  until = sum(1 for t in times if t <= seconds.get("tokenized", 0))
+  silence = float(np.max(np.diff([0.0] + times[:until]), initial=0.0))
+  return dict(seconds=seconds, peak_rss=peak[0], silence=silence,
               disk=disk_bytes(workdir) + disk_bytes(tfds_dir),
               tokenize_line=next((x.strip() for x in log
                                   if EVENTS["tokenized"].search(x)), ""))
@@ -187,12 +192,14 @@ def main(argv=None) -> None:
   print("seconds from the start of train.py to each step's end:")
   print(f"{'tokenize_processes':>18} " + " ".join(
       f"{e:>11}" for e in EVENTS) + f" {'tokenizing':>11}"
-        f" {'peak RSS GiB':>12} {'disk GiB':>9} {'load':>10}")
+        f" {'silence':>8} {'peak RSS GiB':>12} {'disk GiB':>9}"
+        f" {'load':>10}")
   for processes, r in results.items():
     at = r["seconds"]
     print(f"{processes:>18} " + " ".join(
         f"{at.get(e, float('nan')):>11.1f}" for e in EVENTS) +
           f" {at['tokenized'] - at['vocabulary']:>11.1f}"
+          f" {r['silence']:>8.1f}"
           f" {r['peak_rss'] / 2**30:>12.2f} {r['disk'] / 2**30:>9.2f} "
           f"{r['load'][0]:>4.1f}-{r['load'][1]:<4.1f}")
   if len(results) > 1:
