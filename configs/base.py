@@ -142,6 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.pack_examples = False
   c.seed = 0                      # init, dropout and data order
   c.synthetic_seed = 0            # the language of dataset_name='synthetic'
+  # Processes that tokenize a split (the same ids on any count): 0 = every
+  # core of the host for a split of 64k pairs or more (mha/data/tokenized.py).
+  c.tokenize_processes = 0
 
   # Loop.
   c.num_train_steps = 100_000

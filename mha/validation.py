@@ -205,6 +205,7 @@ FIELDS: dict[str, Rule] = {
     "max_target_length": integer(1), "max_tokens": integer(1),
     "max_tokens_counts": one_of(TOKEN_COUNTS), "pack_examples": _boolean,
     "seed": integer(0), "synthetic_seed": integer(0),
+    "tokenize_processes": integer(0),
     # loop
     "num_train_steps": integer(0), "checkpoint_every_steps": integer(1),
     "keep_checkpoints": integer(1), "eval_every_steps": integer(1),

@@ -128,7 +128,7 @@ def test_corpus_respects_max_corpus_chars():
 
 class _OneLineSplit:
   """A text split of one pair."""
-  key, description = "one", "a split of one pair"
+  key, description, size = "one", "a split of one pair", 1
 
   def read(self, chunk_size):
     del chunk_size
@@ -148,7 +148,7 @@ def test_ids_above_32767_are_stored_unchanged():
   # A vocabulary of up to 65,536 pieces is stored as uint16: ids up to
   # 65,535 survive, with the EOS appended.
   split = tokenized._encode_split(  # pylint: disable=protected-access
-      _OneLineSplit(), _LargeIds())
+      _OneLineSplit(), _LargeIds(), processes=1)
   assert split.inputs_of(0).tolist() == [39_999, 32_768, data.EOS_ID]
   assert split.targets_of(0).tolist() == [39_999, 32_768, data.EOS_ID]
 

@@ -9,6 +9,8 @@
 Modules: `sources` (which dataset a config names), `parallel_text` (the TFDS
 builder of local text folders), `synthetic` (the made-up language pair),
 `tokenizer` (SentencePiece), `tokenized` (encoded splits and their cache),
+`encoding` (sentences to ids on one process or on every core), `progress`
+(the progress lines of the long steps),
 `batching` (token-budget and packed batch plans), `pipeline` (the batch
 iterators), `multihost` (process 0 prepares, the others wait), `token_ids`
 (PAD 0, EOS 1, UNK 2).
@@ -23,8 +25,9 @@ _EXPORTS = {
     "train_batches": "mha.data.pipeline",
 }
 
-_MODULES = ("batching", "multihost", "parallel_text", "pipeline", "sources",
-            "synthetic", "token_ids", "tokenized", "tokenizer")
+_MODULES = ("batching", "encoding", "multihost", "parallel_text", "pipeline",
+            "progress", "sources", "synthetic", "token_ids", "tokenized",
+            "tokenizer")
 
 __all__ = sorted(_EXPORTS)
 

@@ -28,9 +28,11 @@ import hashlib
 import os
 import re
 
+from absl import logging
 import tensorflow_datasets as tfds
 
 from mha.data import multihost
+from mha.data.progress import Progress
 from mha.errors import DataError
 from mha.errors import LanguageNotFound
 from mha.runtime.files import read_lines
@@ -181,10 +183,15 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
     return {split: self._generate_examples(dict(files))
             for split, files in self.builder_config.splits}
 
+  # Counts the examples generated (`make_builder` sets it while preparing).
+  progress: Progress | None = None
+
   def _generate_examples(self, files: dict[str, str]):
     columns = {lang: read_lines(path) for lang, path in files.items()}
     for i, texts in enumerate(zip(*columns.values())):
       yield i, dict(zip(columns, texts))
+      if self.progress is not None:
+        self.progress.add(1)
 
 
 def _fingerprint(folder: str, splits) -> str:
@@ -224,9 +231,12 @@ def make_builder(folder: str, languages: tuple[str, str]) -> ParallelText:
   def prepare():
     builder = ParallelText(config=config, data_dir=tfds_dir())
     if not builder.is_prepared():
-      for split, files in splits:
-        check_split(split, dict(files))
-      builder.download_and_prepare(file_format=ParallelText.FILE_FORMAT)
+      total = sum(check_split(split, dict(files)) for split, files in splits)
+      with Progress(f"Preparing {folder} ({config.name})", total) as counter:
+        builder.progress = counter
+        builder.download_and_prepare(file_format=ParallelText.FILE_FORMAT)
+      logging.info("Prepared %d pairs of %s in %.0f s.", total, folder,
+                   counter.elapsed())
     return builder
 
   return multihost.process_zero_first(f"prepare {folder}", prepare)

@@ -45,10 +45,13 @@ class TextSplit:
     description: a human-readable name for messages.
     read: `read(chunk_size)` iterates over (sources, targets) chunks in the
       split's order.
+    size: the number of sentence pairs, or None if unknown (for progress
+      lines).
   """
   key: str
   description: str
   read: Callable[[int], Iterator[Chunk]]
+  size: int | None = None
 
 
 def _check_languages(config: ml_collections.ConfigDict,
@@ -142,7 +145,8 @@ def _synthetic_split(config: ml_collections.ConfigDict, split: str
 
   direction = f"{config.source_lang}-{config.target_lang}"
   return TextSplit(key=f"synthetic/seed{seed}/v1/{direction}/{split}",
-                   description=f"synthetic {direction} {split}", read=read)
+                   description=f"synthetic {direction} {split}", read=read,
+                   size=len(range(size)[rows]))
 
 
 def _tfds_reader(builder, split: str, source_lang: str, target_lang: str
@@ -174,6 +178,14 @@ def _data_source_reader(builder, split: str, source_lang: str,
   return read
 
 
+def _split_size(builder, split: str) -> int | None:
+  """The number of examples of a TFDS split spec, None if TFDS has none."""
+  try:
+    return builder.info.splits[split].num_examples
+  except (KeyError, ValueError):
+    return None
+
+
 def _parallel_text_split(config: ml_collections.ConfigDict, split: str
                          ) -> TextSplit:
   # Imports TFDS; kept out of module import time.
@@ -191,7 +203,8 @@ def _parallel_text_split(config: ml_collections.ConfigDict, split: str
       key=f"parallel_text/{builder.builder_config.name}/{direction}/{split}",
       description=f"{config.data_dir} {direction} {split}",
       read=_data_source_reader(builder, split, config.source_lang,
-                               config.target_lang))
+                               config.target_lang),
+      size=_split_size(builder, split))
 
 
 def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
@@ -239,7 +252,8 @@ def _tfds_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:
            f"{split}"),
       description=f"{name} {direction} {split}",
       read=_tfds_reader(builder, split, config.source_lang,
-                        config.target_lang))
+                        config.target_lang),
+      size=_split_size(builder, split))
 
 
 def open_split(config: ml_collections.ConfigDict, split: str) -> TextSplit:

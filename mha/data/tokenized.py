@@ -8,11 +8,16 @@ vectorized indexing. The arrays are cached in
 version or file fingerprint, the direction, the split and the SentencePiece
 model, so a changed vocabulary or dataset never reads a stale cache. A cache
 file that cannot be read (damaged) is made again, with a warning.
+
+A split is read in chunks of `CHUNK_PAIRS` pairs, encoded on
+`processes_for(config, size)` processes (`config.tokenize_processes`;
+mha/data/encoding.py), the same arrays on any count, with a progress line
+(mha/data/progress.py) at least every 30 seconds.
 """
 import dataclasses
 import io
-import itertools
 import os
+import time
 import zipfile
 
 from absl import logging
@@ -20,16 +25,22 @@ import ml_collections
 import numpy as np
 
 from mha.runtime import files
+from mha.data import encoding
 from mha.data import multihost
+from mha.data import progress
 from mha.data import sources
 from mha.data.tokenizer import Tokenizer
 from mha.errors import DataError
-from mha.data.token_ids import EOS_ID
 
 # The cache folder beside the vocabulary (mha.store.workdir.Workdir's layout).
 TOKENIZED_DIR = "tokenized"
 
 _CACHE_VERSION = "1"
+# Sentence pairs read and encoded at a time.
+CHUNK_PAIRS = 8192
+# The smallest split that `config.tokenize_processes=0` tokenizes on every
+# core (a smaller one on one).
+POOL_MIN_PAIRS = 65_536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,33 +78,45 @@ class TokenizedSplit:
     return self.targets[self.targets_offsets[i]:self.targets_offsets[i + 1]]
 
 
-def _encode(tok: Tokenizer, texts: list[str], dtype) -> tuple[np.ndarray,
-                                                                np.ndarray]:
-  """Flat ids with an EOS after each text, and the lengths (EOS included)."""
-  ids = tok.encode_batch(texts)
-  lengths = np.fromiter((len(x) + 1 for x in ids), np.int64, len(ids))
-  flat = np.full(int(lengths.sum()), EOS_ID, dtype=dtype)
-  not_eos = np.ones(len(flat), dtype=bool)
-  not_eos[np.cumsum(lengths) - 1] = False
-  flat[not_eos] = np.fromiter(itertools.chain.from_iterable(ids), dtype,
-                              int(not_eos.sum()))
-  return flat, lengths
-
-
 def _offsets(lengths: list[np.ndarray]) -> np.ndarray:
   lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
   return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
-def _encode_split(text_split: sources.TextSplit, tok: Tokenizer
-                  ) -> TokenizedSplit:
+def processes_for(config: ml_collections.ConfigDict,
+                  size: int | None) -> int:
+  """How many processes tokenize a split of `size` pairs (None: unknown).
+
+  `config.tokenize_processes` when set (>= 1); 0 (the default): every core
+  of the host (`encoding.host_cores`), but one process for a split of less
+  than `POOL_MIN_PAIRS` pairs, where starting workers costs more than they
+  save, and never more processes than the split has chunks.
+  """
+  setting = int(config.get("tokenize_processes", 0))
+  if setting:
+    return setting
+  if size is None:
+    return encoding.host_cores()
+  if size < POOL_MIN_PAIRS:
+    return 1
+  return min(encoding.host_cores(), -(-size // CHUNK_PAIRS))
+
+
+def _encode_split(text_split: sources.TextSplit, tok: Tokenizer,
+                  processes: int) -> TokenizedSplit:
+  """The split's arrays, its chunks encoded on `processes` processes."""
   dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
   parts = {"inputs": ([], []), "targets": ([], [])}
-  for chunk in text_split.read(8192):
-    for side, texts in zip(parts, chunk):
-      flat, lengths = _encode(tok, texts, dtype)
-      parts[side][0].append(flat)
-      parts[side][1].append(lengths)
+  what = f"Tokenizing {text_split.description}"
+  if processes > 1:
+    what += f" ({processes} processes)"
+  with encoding.chunk_encoder(tok, dtype, processes) as encode, \
+      progress.Progress(what, text_split.size) as counter:
+    for encoded in encode(text_split.read(CHUNK_PAIRS)):
+      for side, (flat, lengths) in zip(parts, encoded):
+        parts[side][0].append(flat)
+        parts[side][1].append(lengths)
+      counter.add(len(encoded[0][1]))
   arrays = {}
   for side, (flats, lengths) in parts.items():
     arrays[side] = (np.concatenate(flats) if flats
@@ -141,16 +164,19 @@ def tokenize_split(config: ml_collections.ConfigDict, tok: Tokenizer,
         logging.info("Read %d tokenized pairs of %s from %s.", len(result),
                      text_split.description, path)
         return result
-    result = _encode_split(text_split, tok)
+    start = time.monotonic()
+    processes = processes_for(config, text_split.size)
+    result = _encode_split(text_split, tok, processes)
     if not len(result):
       raise DataError(f"Split {text_split.description} is empty.")
     if path:
       buffer = io.BytesIO()
       np.savez(buffer, **dataclasses.asdict(result))
       files.write_bytes_atomic(path, buffer.getvalue())
-    logging.info("Tokenized %d pairs of %s (%d + %d tokens).", len(result),
-                 text_split.description, len(result.inputs),
-                 len(result.targets))
+    logging.info("Tokenized %d pairs of %s (%d + %d tokens) in %.0f s on %d "
+                 "process(es).", len(result), text_split.description,
+                 len(result.inputs), len(result.targets),
+                 time.monotonic() - start, processes)
     return result
 
   return multihost.process_zero_first(

@@ -26,6 +26,7 @@ import sentencepiece as spm
 
 from mha.runtime import files
 from mha.data import multihost
+from mha.data import progress
 from mha.data import sources
 from mha.errors import DataError
 from mha.data.token_ids import EOS_ID
@@ -68,6 +69,11 @@ class Tokenizer:
           f"SentencePiece model {path or '(in memory)'} has special ids "
           f"pad/eos/unk/bos = {ids}; the project needs "
           f"({PAD_ID}, {EOS_ID}, {UNK_ID}, -1). Delete it to retrain.")
+
+  @property
+  def model_proto(self) -> bytes:
+    """The serialized model: `Tokenizer(tok.model_proto)` encodes alike."""
+    return self._sp.serialized_model_proto()
 
   @property
   def vocab_size(self) -> int:
@@ -133,12 +139,16 @@ def train_model(config: ml_collections.ConfigDict) -> bytes:
   # Opened first, so that a bad dataset raises its own error here.
   text_split = sources.open_split(config, config.train_split)
   count, error = 0, None
+  counter = progress.Progress(
+      f"Training the vocabulary on {text_split.description}", None,
+      "sentences")
 
   def counted():
     nonlocal count, error
     try:
       for sentence in _corpus(text_split, config.max_corpus_chars):
         count += 1
+        counter.add(1)
         yield sentence
     except Exception as e:  # SentencePiece would hide it: raised below.
       error = e
@@ -147,13 +157,14 @@ def train_model(config: ml_collections.ConfigDict) -> bytes:
   writer = io.BytesIO()
   spm.set_random_generator_seed(_TRAIN_SEED)
   try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=counted(), model_writer=writer,
-        vocab_size=config.vocab_size, model_type="bpe",
-        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-        character_coverage=1.0, input_sentence_size=0,
-        shuffle_input_sentence=False, num_threads=_TRAIN_THREADS,
-        minloglevel=2)
+    with counter:  # a line while SentencePiece trains, too
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=counted(), model_writer=writer,
+          vocab_size=config.vocab_size, model_type="bpe",
+          pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+          character_coverage=1.0, input_sentence_size=0,
+          shuffle_input_sentence=False, num_threads=_TRAIN_THREADS,
+          minloglevel=2)
   except RuntimeError as e:
     if error is not None:
       raise error from None
