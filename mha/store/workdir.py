@@ -39,13 +39,17 @@ from mha.errors import UserError
 from mha.errors import WorkdirError
 from mha.errors import os_reason
 
-# Fields that change the shapes of the parameters or the vocabulary: a workdir
-# trained with other values cannot be resumed with these.
+# Fields that change the shapes of the parameters or the vocabulary, or the
+# function the parameters compute: a workdir trained with other values
+# cannot be resumed with these. (A workdir of before a field has none in its
+# config.json: it was the paper's, the field's default, and is not
+# compared.)
 MODEL_SHAPE_FIELDS = (
     "vocab_size", "num_layers", "num_encoder_layers", "num_decoder_layers",
     "d_model", "d_ff", "num_heads", "d_k", "d_v", "attention_type",
     "location_filter_sizes", "location_num_filters", "position_encoding",
-    "layer_norm", "share_embeddings", "max_len",
+    "layer_norm", "share_embeddings", "max_len", "layer_norm_epsilon",
+    "ffn_activation", "attention_bias", "output_bias",
 )
 # The language pair: a workdir's model and vocabulary translate one; a run
 # is not resumed with another (a warm start, `init_from`, begins a new one).
