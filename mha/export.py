@@ -463,6 +463,11 @@ def export(workdir: str, output_dir: str, *,
   ctranslate2 = _import_ctranslate2()
   _check_output_dir(output_dir)
   config, tokenizer = trained.load_workdir(workdir)
+  if isinstance(tokenizer, tokenizer_lib.SeparateTokenizer):
+    raise ExportError(
+        f"{workdir} has separate source and target vocabularies "
+        f"({tokenizer.path}): the CTranslate2 export writes one shared "
+        "spm.model, which cannot encode both.")
   model_config = TransformerConfig.from_config(config)
   check_exportable(model_config)
   params, checkpoint_step, steps = trained.load_params(

@@ -22,6 +22,8 @@ import numpy as np
 from mha.runtime import files
 from mha.data import multihost
 from mha.data import sources
+from mha.data.tokenizer import SOURCE
+from mha.data.tokenizer import TARGET
 from mha.data.tokenizer import Tokenizer
 from mha.errors import DataError
 from mha.data.token_ids import EOS_ID
@@ -67,10 +69,11 @@ class TokenizedSplit:
     return self.targets[self.targets_offsets[i]:self.targets_offsets[i + 1]]
 
 
-def _encode(tok: Tokenizer, texts: list[str], dtype) -> tuple[np.ndarray,
-                                                                np.ndarray]:
-  """Flat ids with an EOS after each text, and the lengths (EOS included)."""
-  ids = tok.encode_batch(texts)
+def _encode(tok: Tokenizer, texts: list[str], dtype, side: str
+            ) -> tuple[np.ndarray, np.ndarray]:
+  """Flat ids with an EOS after each text, and the lengths (EOS included);
+  `side` 'source' or 'target' (a separate vocabulary's model)."""
+  ids = tok.encode_batch(texts, side=side)
   lengths = np.fromiter((len(x) + 1 for x in ids), np.int64, len(ids))
   flat = np.full(int(lengths.sum()), EOS_ID, dtype=dtype)
   not_eos = np.ones(len(flat), dtype=bool)
@@ -90,8 +93,8 @@ def _encode_split(text_split: sources.TextSplit, tok: Tokenizer
   dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.int32
   parts = {"inputs": ([], []), "targets": ([], [])}
   for chunk in text_split.read(8192):
-    for side, texts in zip(parts, chunk):
-      flat, lengths = _encode(tok, texts, dtype)
+    for side, texts, which in zip(parts, chunk, (SOURCE, TARGET)):
+      flat, lengths = _encode(tok, texts, dtype, which)
       parts[side][0].append(flat)
       parts[side][1].append(lengths)
   arrays = {}

@@ -2,7 +2,9 @@
 
     <workdir>/lock            the running trainer: host, pid, start time
     <workdir>/config.json     the resolved config
-    <workdir>/spm.model       the shared SentencePiece vocabulary
+    <workdir>/spm.model       the shared SentencePiece vocabulary, or
+    <workdir>/source.spm, target.spm, vocab.json   separate ones with one
+                              id table (an imported Marian model's)
     <workdir>/tokenized/      encoded splits (a cache)
     <workdir>/checkpoints/<step>/
     <workdir>/metrics.jsonl   and TensorBoard event files
@@ -267,7 +269,8 @@ def is_workdir(path: str) -> bool:
   config.json and a checkpoints/ folder or a vocabulary."""
   return (os.path.isfile(os.path.join(path, CONFIG_FILE)) and (
       os.path.isdir(os.path.join(path, CHECKPOINTS_DIR)) or
-      os.path.isfile(os.path.join(path, VOCABULARY_FILE))))
+      os.path.isfile(os.path.join(path, VOCABULARY_FILE)) or
+      os.path.isfile(os.path.join(path, tokenizer.ID_TABLE_FILENAME))))
 
 
 class WorkdirLock:
@@ -400,19 +403,26 @@ class Workdir:
     """`<workdir>/eval/<split>_<step>`: one evaluation's outputs."""
     return os.path.join(self.eval_root, f"{split}_{step}")
 
+  def has_vocabulary(self) -> bool:
+    """The workdir holds a vocabulary: its shared `spm.model`, or a
+    separate one (`vocab.json` with `source.spm` and `target.spm`)."""
+    return (files.exists(self.vocabulary_path)
+            or tokenizer.has_separate(self.path))
+
   def load_tokenizer(self, config: ml_collections.ConfigDict
-                     ) -> tokenizer.Tokenizer:
-    """The workdir's vocabulary, read only: never trains or writes one.
+                     ) -> tokenizer.Tokenizer | tokenizer.SeparateTokenizer:
+    """The workdir's vocabulary (`tokenizer.workdir_tokenizer`), read
+    only: never trains or writes one.
 
     Raises:
-      WorkdirError: the workdir has no spm.model.
+      WorkdirError: the workdir has no spm.model (nor vocab.json).
       DataError: it cannot be read, or is not of `config.vocab_size`
         pieces (names the file).
     """
-    if not files.exists(self.vocabulary_path):
+    if not self.has_vocabulary():
       raise WorkdirError(f"{self.vocabulary_path} does not exist: the "
                          "workdir has no vocabulary.")
-    return tokenizer.load_tokenizer(config, self.vocabulary_path)
+    return tokenizer.workdir_tokenizer(config, self.path)
 
   def check_not_export(self) -> None:
     """Refuses a folder mha-export wrote (it has a config.json and an

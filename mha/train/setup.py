@@ -114,7 +114,7 @@ def check_inputs(config: ml_collections.ConfigDict,
   saved = workdir.check_usable()
   workdir_lib.check_saved_config(config, saved, workdir.path)
   tokenizer = (workdir.load_tokenizer(config)  # reads it: writes nothing
-               if files.exists(workdir.vocabulary_path) else None)
+               if workdir.has_vocabulary() else None)
   latest = (checkpoints.latest_step(workdir.path)
             if files.isdir(workdir.checkpoints_path) else None)
   inputs = Inputs(saved, model_config, tokenizer, latest)
