@@ -210,3 +210,57 @@ def test_vocab_size_must_be_the_tables(marian_files, tmp_path):
   with pytest.raises(DataError, match="vocab.json has a vocabulary of"):
     tokenizer.load_separate_tokenizer(_synthetic(vocab_size=999),
                                       str(folder))
+
+
+def test_a_marian_like_workdir_translates_and_scores(marian_files,
+                                                     tmp_path):
+  """`mha.load` of a workdir with a separate vocabulary and OPUS-MT's model
+  options (random parameters): its scores are the model's teacher-forced
+  log-probabilities of the ids by hand (source by source.spm, target by
+  target.spm), and its greedy translations are the target model's text of
+  a greedy search written out with the full forward pass."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import mha  # pylint: disable=g-import-not-at-top
+  import paper_reference  # pylint: disable=g-import-not-at-top
+  from mha.store import checkpoints  # pylint: disable=g-import-not-at-top
+  files, _ = marian_files
+  size = len(json.loads(files[tokenizer.ID_TABLE_FILENAME]))
+  config = _synthetic(vocab_size=size, ffn_activation="swish",
+                      attention_bias=True, output_bias=True,
+                      layer_norm_epsilon=1e-5, max_decode_extra=4)
+  folder = _folder(tmp_path / "run", files)
+  workdir_lib.write_config(config, str(folder))
+  model = mha.create_model(config, deterministic=True)
+  ids = np.ones((1, 4), np.int32)
+  params = paper_reference.random_params(
+      jax.eval_shape(model.init, jax.random.key(0), ids, ids)["params"], 3)
+  manager = checkpoints.make_manager(str(folder), keep=1)
+  checkpoints.save(manager, 1, {"params": params}, {"step": 1})
+  manager.close()
+  translator = mha.load(str(folder))
+  pairs = list(zip(*next(iter(data_sources.open_split(
+      config, "test").read(3)))))
+  scores = translator.score([s for s, _ in pairs], [t for _, t in pairs])
+  for (source, target), score in zip(pairs, scores):
+    src = np.array([_by_hand(files, "source.spm", source) + [1]], np.int32)
+    tgt = np.array([_by_hand(files, "target.spm", target) + [1]], np.int32)
+    log_probs = jax.nn.log_softmax(
+        model.apply({"params": params}, src, tgt), axis=-1)
+    np.testing.assert_allclose(
+        score.token_log_probs,
+        np.take_along_axis(np.asarray(log_probs)[0], tgt[0][:, None], -1
+                           )[:, 0], atol=1e-4)
+  source = pairs[0][0]
+  src = np.array([_by_hand(files, "source.spm", source) + [1]], np.int32)
+  output = []
+  for _ in range(src.shape[1] + 4):
+    logits = model.apply({"params": params}, src,
+                         np.array([output + [1]], np.int32))
+    output.append(int(np.argmax(logits[0, len(output)])))
+    if output[-1] == 1:
+      break
+  table = {i: p for p, i in json.loads(files["vocab.json"]).items()}
+  target_sp = spm.SentencePieceProcessor(model_proto=files["target.spm"])
+  expected = target_sp.decode_pieces(
+      [table[i] for i in output if i not in (0, 1)])
+  assert translator.translate([source], beam_size=1) == [expected]
