@@ -212,6 +212,32 @@ def test_vocab_size_must_be_the_tables(marian_files, tmp_path):
                                       str(folder))
 
 
+def _marian_workdir(folder, files):
+  """A workdir as an import would leave it: the separate vocabulary,
+  OPUS-MT's model options in config.json, random parameters (biases not
+  0) as checkpoint 1. Returns (config, params)."""
+  # pylint: disable=g-import-not-at-top
+  import jax
+  import mha
+  import paper_reference
+  from mha.store import checkpoints
+  # pylint: enable=g-import-not-at-top
+  size = len(json.loads(files[tokenizer.ID_TABLE_FILENAME]))
+  config = _synthetic(vocab_size=size, ffn_activation="swish",
+                      attention_bias=True, output_bias=True,
+                      layer_norm_epsilon=1e-5, max_decode_extra=4)
+  _folder(folder, files)
+  workdir_lib.write_config(config, str(folder))
+  model = mha.create_model(config, deterministic=True)
+  ids = np.ones((1, 4), np.int32)
+  params = paper_reference.random_params(
+      jax.eval_shape(model.init, jax.random.key(0), ids, ids)["params"], 3)
+  manager = checkpoints.make_manager(str(folder), keep=1)
+  checkpoints.save(manager, 1, {"params": params}, {"step": 1})
+  manager.close()
+  return config, params
+
+
 def test_a_marian_like_workdir_translates_and_scores(marian_files,
                                                      tmp_path):
   """`mha.load` of a workdir with a separate vocabulary and OPUS-MT's model
@@ -221,22 +247,10 @@ def test_a_marian_like_workdir_translates_and_scores(marian_files,
   a greedy search written out with the full forward pass."""
   import jax  # pylint: disable=g-import-not-at-top
   import mha  # pylint: disable=g-import-not-at-top
-  import paper_reference  # pylint: disable=g-import-not-at-top
-  from mha.store import checkpoints  # pylint: disable=g-import-not-at-top
   files, _ = marian_files
-  size = len(json.loads(files[tokenizer.ID_TABLE_FILENAME]))
-  config = _synthetic(vocab_size=size, ffn_activation="swish",
-                      attention_bias=True, output_bias=True,
-                      layer_norm_epsilon=1e-5, max_decode_extra=4)
-  folder = _folder(tmp_path / "run", files)
-  workdir_lib.write_config(config, str(folder))
+  folder = tmp_path / "run"
+  config, params = _marian_workdir(folder, files)
   model = mha.create_model(config, deterministic=True)
-  ids = np.ones((1, 4), np.int32)
-  params = paper_reference.random_params(
-      jax.eval_shape(model.init, jax.random.key(0), ids, ids)["params"], 3)
-  manager = checkpoints.make_manager(str(folder), keep=1)
-  checkpoints.save(manager, 1, {"params": params}, {"step": 1})
-  manager.close()
   translator = mha.load(str(folder))
   pairs = list(zip(*next(iter(data_sources.open_split(
       config, "test").read(3)))))
@@ -264,3 +278,35 @@ def test_a_marian_like_workdir_translates_and_scores(marian_files,
   expected = target_sp.decode_pieces(
       [table[i] for i in output if i not in (0, 1)])
   assert translator.translate([source], beam_size=1) == [expected]
+
+
+def test_a_warm_start_shares_the_separate_vocabulary(marian_files,
+                                                     tmp_path):
+  """`init_from` a workdir with a separate vocabulary: its three files are
+  the new run's (no spm.model trained), its parameters the first step's,
+  and a new workdir holding a shared spm.model is refused."""
+  # pylint: disable=g-import-not-at-top
+  from mha.errors import ConfigError
+  from mha.store import checkpoints
+  from mha.train import trainer
+  from mha.train import warm_start
+  # pylint: enable=g-import-not-at-top
+  files, _ = marian_files
+  source = tmp_path / "imported"
+  config, _ = _marian_workdir(source, files)
+  assert warm_start.vocabulary(str(source), str(tmp_path / "new")) == files
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "spm.model").write_bytes(b"a shared vocabulary")
+  with pytest.raises(ConfigError, match="other/spm.model differs from "
+                     ".*imported/spm.model"):
+    warm_start.vocabulary(str(source), str(other))
+  new = tmp_path / "new"
+  config.update(init_from=str(source), num_train_steps=2,
+                checkpoint_every_steps=2, eval_every_steps=100,
+                eval_split="validation[:8]")
+  trainer.train_and_evaluate(config, str(new))
+  for name, content in files.items():
+    assert (new / name).read_bytes() == content
+  assert not (new / "spm.model").exists()
+  assert checkpoints.latest_step(str(new)) == 2

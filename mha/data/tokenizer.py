@@ -375,6 +375,21 @@ def load_separate_tokenizer(config: ml_collections.ConfigDict,
   return tok
 
 
+def from_files(contents: dict[str, bytes], folder: str
+               ) -> Tokenizer | SeparateTokenizer:
+  """The vocabulary of the files `contents` ({file name: bytes}: spm.model,
+  or source.spm, target.spm and vocab.json) as stored in `folder`.
+
+  Raises:
+    DataError: as `Tokenizer` and `SeparateTokenizer`, naming the file.
+  """
+  if ID_TABLE_FILENAME in contents:
+    return SeparateTokenizer(*(contents[n] for n in SEPARATE_FILENAMES),
+                             folder=folder)
+  return Tokenizer(contents[MODEL_FILENAME],
+                   path=os.path.join(folder, MODEL_FILENAME))
+
+
 def workdir_tokenizer(config: ml_collections.ConfigDict, folder: str
                       ) -> Tokenizer | SeparateTokenizer:
   """The vocabulary stored in `folder`: the separate one where it has a
