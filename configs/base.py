@@ -106,6 +106,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.attention_impl = "einsum"     # einsum | xla (jax.nn.dot_product_attention)
   c.position_encoding = "sinusoidal"  # sinusoidal | learned
   c.layer_norm = "post"           # post (the paper) | pre
+  c.layer_norm_epsilon = 1e-6     # every LayerNorm's ε (flax's default)
+  # The feed-forward network's activation (mha/model/transformer.py's
+  # FFN_ACTIVATIONS): relu, eq. 2's max(0, x); swish, x·sigmoid(x) (SiLU,
+  # Marian's and OPUS-MT's); gelu, the exact x·Φ(x) with erf (PyTorch's
+  # default, not the tanh approximation).
+  c.ffn_activation = "relu"
+  # Biases on the attention's Q, K, V and output projections (Marian's);
+  # the paper's projections (§3.2.2) have none. The FFN has its biases
+  # (eq. 2) either way.
+  c.attention_bias = False
+  # A learned bias on the pre-softmax logits with shared embeddings
+  # (Marian's final_logits_bias); the separate output projection
+  # (share_embeddings=False) has its own bias either way.
+  c.output_bias = False
   c.share_embeddings = True       # one matrix: source, target, pre-softmax
   c.dtype = "float32"             # computation dtype: float32 | bfloat16
   c.max_len = 512                 # longest position the model can encode

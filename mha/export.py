@@ -37,13 +37,17 @@ How the model maps onto `ctranslate2.specs.TransformerSpec`:
   the source ends with EOS (`add_source_eos`), as in `mha.search.texts`;
 * post-LN (`pre_norm=False`, LayerNorm(x + Sublayer(x)), no final norm) or
   pre-LN (`pre_norm=True` with the final encoder and decoder norms); layer
-  norm ε = flax's 1e-6;
-* the h heads' projections (no bias, §3.2.2) fused as CTranslate2 reads
-  them (`[h·d_k, d_model]`, heads major; it takes d_k from their size, so
-  h·d_k ≠ d_model is fine), and the logit scale 1/√d_k (scaled dot) or 1
-  (`dot`, `queries_scale`);
-* the pre-softmax map: the shared embedding matrix (§3.4), or the separate
-  projection with its bias.
+  norm ε = `config.layer_norm_epsilon` (flax's 1e-6 by default);
+* the FFN's activation (`config.ffn_activation`): relu, swish or gelu,
+  CTranslate2's RELU, SWISH and GELU (its exact erf form, as ours);
+* the h heads' projections (no bias, §3.2.2; with `config.attention_bias`
+  their biases, fused the same way) fused as CTranslate2 reads them
+  (`[h·d_k, d_model]`, heads major; it takes d_k from their size, so h·d_k
+  ≠ d_model is fine), and the logit scale 1/√d_k (scaled dot) or 1 (`dot`,
+  `queries_scale`);
+* the pre-softmax map: the shared embedding matrix (§3.4) with
+  `output_bias` where `config.output_bias`, or the separate projection
+  with its bias.
 
 Additive and location-aware attention, and keys and values of different
 sizes (d_k ≠ d_v), have no CTranslate2 layer: they are refused with one line
@@ -81,8 +85,8 @@ FORMATS = validation.EXPORT_FORMATS
 QUANTIZATIONS = validation.QUANTIZATIONS
 MANIFEST_FILE = workdir_lib.EXPORT_MANIFEST  # marks a folder written here
 VOCABULARY_FILE = "spm.model"
-# flax.linen.LayerNorm's default epsilon, which every norm of the model uses.
-LAYER_NORM_EPSILON = 1e-6
+# config.ffn_activation -> the name of CTranslate2's `specs.Activation`.
+ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU"}
 
 
 def check_exportable(model_config: TransformerConfig) -> None:
@@ -91,6 +95,10 @@ def check_exportable(model_config: TransformerConfig) -> None:
   Raises:
     ExportError: naming the config field at fault.
   """
+  if model_config.ffn_activation not in ACTIVATIONS:
+    raise ExportError(
+        f"config.ffn_activation={model_config.ffn_activation!r} cannot be "
+        f"exported to CTranslate2: it has {', '.join(ACTIVATIONS)} here.")
   if model_config.attention_type not in ("scaled_dot", "dot"):
     raise ExportError(
         f"config.attention_type={model_config.attention_type!r} cannot be "
@@ -130,18 +138,30 @@ def _heads_kernel(kernel: Any) -> np.ndarray:
   return kernel.reshape(kernel.shape[0], -1)
 
 
+def _fused(p: dict, names: tuple[str, ...], part: str) -> np.ndarray | None:
+  """The projections `names` side by side, heads major: their kernels
+  (`part` 'kernel', `[d_model, h·d]` each) or biases ('bias', `[h·d]`
+  each; None for a model without them)."""
+  if f"{names[0]}_{part}" not in p:
+    return None
+  arrays = [np.asarray(p[f"{n}_{part}"]) for n in names]
+  if part == "kernel":
+    arrays = [_heads_kernel(a) for a in arrays]
+  return np.concatenate([a.reshape(a.shape[0], -1) if part == "kernel"
+                         else a.reshape(-1) for a in arrays], axis=-1)
+
+
 def _attention(spec, p: dict, self_attention: bool, scale: float) -> None:
   """linear_0 = [Q; K; V] (self) or Q, linear_1 = [K; V] (cross), last =
-  W^O `[h, d_v, d_model]` as `[h·d_v, d_model]`."""
-  q, k, v = (_heads_kernel(p[f"{n}_kernel"]) for n in ("query", "key",
-                                                       "value"))
-  if self_attention:
-    _linear(spec.linear[0], np.concatenate([q, k, v], axis=1))
-  else:
-    _linear(spec.linear[0], q)
-    _linear(spec.linear[1], np.concatenate([k, v], axis=1))
+  W^O `[h, d_v, d_model]` as `[h·d_v, d_model]`; with their biases where
+  the model has them (config.attention_bias)."""
+  groups = ([("query", "key", "value")] if self_attention
+            else [("query",), ("key", "value")])
+  for linear, names in zip(spec.linear, groups):
+    _linear(linear, _fused(p, names, "kernel"), _fused(p, names, "bias"))
   w_out = np.asarray(p["out_kernel"])
-  _linear(spec.linear[-1], w_out.reshape(-1, w_out.shape[-1]))
+  _linear(spec.linear[-1], w_out.reshape(-1, w_out.shape[-1]),
+          p.get("out_bias"))
   spec.queries_scale = np.float32(scale)
 
 
@@ -179,18 +199,20 @@ def build_spec(model_config: TransformerConfig, params: dict,
   from ctranslate2 import specs  # pylint: disable=import-outside-toplevel
   check_exportable(model_config)
   pre_norm = model_config.layer_norm == "pre"
+  activation = getattr(specs.Activation,
+                       ACTIVATIONS[model_config.ffn_activation])
   # No head_dim: CTranslate2 takes the head size from the projections' rows
   # (h·d_k may differ from d_model; a head_dim given here is not read).
   encoder = specs.TransformerEncoderSpec(
       model_config.num_encoder_layers, model_config.num_heads,
-      pre_norm=pre_norm)
+      pre_norm=pre_norm, activation=activation)
   decoder = specs.TransformerDecoderSpec(
       model_config.num_decoder_layers, model_config.num_heads,
-      pre_norm=pre_norm)
+      pre_norm=pre_norm, activation=activation)
   _fill_encoder(encoder, model_config, params)
   _fill_decoder(decoder, model_config, params)
   spec = specs.TransformerSpec(encoder, decoder)
-  spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+  spec.config.layer_norm_epsilon = model_config.layer_norm_epsilon
   spec.config.unk_token = pieces[tokenizer_lib.UNK_ID]
   spec.config.eos_token = pieces[tokenizer_lib.EOS_ID]
   # No BOS in the project's vocabulary; the decoder starts from token 0.
@@ -238,6 +260,8 @@ def _fill_decoder(spec, model_config: TransformerConfig, params: dict
     _layer_norm(spec.layer_norm, params["decoder_norm"])
   if model_config.share_embeddings:  # §3.4: the embedding matrix, [V, M]
     spec.projection.weight = _f32(params["source_embed"]["embedding"])
+    if model_config.output_bias:
+      spec.projection.bias = _f32(params["output_bias"])
   else:
     projection = params["output_projection"]
     _linear(spec.projection, projection["kernel"], projection["bias"])
@@ -539,6 +563,11 @@ def export(workdir: str, output_dir: str, *,
   ctranslate2 = _import_ctranslate2()
   _check_output_dir(output_dir)
   config, tokenizer = trained.load_workdir(workdir)
+  if isinstance(tokenizer, tokenizer_lib.SeparateTokenizer):
+    raise ExportError(
+        f"{workdir} has separate source and target vocabularies "
+        f"({tokenizer.path}): the CTranslate2 export writes one shared "
+        "spm.model, which cannot encode both.")
   model_config = TransformerConfig.from_config(config)
   check_exportable(model_config)
   with validation.choosing_step("export", "step"):  # a damaged step's advice

@@ -48,6 +48,9 @@ LEARNING_RATE_SCHEDULES = ("noam", "constant_warmup")
 ATTENTION_IMPLS = ("einsum", "xla")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 LAYER_NORMS = ("post", "pre")
+# The feed-forward activations (`mha.model.transformer.FFN_ACTIVATIONS`, in
+# its order: tests/test_model_options.py keeps them equal).
+FFN_ACTIVATIONS = ("relu", "swish", "gelu")
 DTYPES = ("float32", "bfloat16", "float16")  # jax.numpy's names
 TOKEN_COUNTS = ("padded", "real")  # what max_tokens counts
 EXPORT_FORMATS = ("ctranslate2", "huggingface")  # mha-export --format
@@ -192,6 +195,9 @@ FIELDS: dict[str, Rule] = {
     "position_encoding": one_of(POSITION_ENCODINGS),
     "layer_norm": one_of(LAYER_NORMS), "dtype": one_of(DTYPES),
     "share_embeddings": _boolean,
+    "ffn_activation": one_of(FFN_ACTIVATIONS),
+    "attention_bias": _boolean, "output_bias": _boolean,
+    "layer_norm_epsilon": real(0.0, low_excluded=True),
     # optimizer
     "warmup_steps": integer(1), "grad_accum_steps": integer(1),
     "learning_rate_scale": real(0.0, low_excluded=True),

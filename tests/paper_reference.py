@@ -15,6 +15,13 @@ Dropout is supplied by the caller: `drop(x, kind)` with kind `residual`,
 `embedding` or `attention` returns x with dropout applied (or x itself
 without dropout), so a test can apply the very masks the model drew.
 `param_count` counts the parameters of those shapes by hand.
+
+Beyond the paper, the options an OPUS-MT (Marian) model needs, each written
+from its formula: the FFN's activation (`ACTIVATIONS`: swish x/(1 + e^-x),
+the exact gelu x·(1 + erf(x/√2))/2), the layer norms' ε, and the biases of
+the attention projections and of the pre-softmax logits, used wherever the
+parameter tree holds them (`query_bias`, `key_bias`, `value_bias`,
+`out_bias`, `output_bias`).
 """
 from typing import Callable, Sequence
 
@@ -23,6 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 
 Drop = Callable[[jax.Array, str], jax.Array]
+
+ACTIVATIONS = {
+    "relu": lambda x: jnp.maximum(x, 0.0),  # eq. 2
+    "swish": lambda x: x / (1.0 + jnp.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1.0 + jax.scipy.special.erf(
+        x / np.sqrt(2.0))),
+}
 
 
 def no_dropout(x: jax.Array, kind: str) -> jax.Array:
@@ -55,9 +69,12 @@ def attention(p, x_q: jax.Array, x_kv: jax.Array, mask: np.ndarray,
   `mask` [B, Q, K] (True = may attend); a query row with no key gets zeros.
   Kernels [d_model, h, d_k], out_kernel [h, d_v, d_model].
   """
-  q = jnp.einsum("bqm,mhd->bhqd", x_q, p["query_kernel"])
-  k = jnp.einsum("bkm,mhd->bhkd", x_kv, p["key_kernel"])
-  v = jnp.einsum("bkm,mhd->bhkd", x_kv, p["value_kernel"])
+  bias = lambda name: (jnp.asarray(p[name])[None, :, None, :] if name in p
+                       else 0.0)  # [h, d] -> [1, h, 1, d]
+  q = jnp.einsum("bqm,mhd->bhqd", x_q, p["query_kernel"]) + bias("query_bias")
+  k = jnp.einsum("bkm,mhd->bhkd", x_kv, p["key_kernel"]) + bias("key_bias")
+  v = jnp.einsum("bkm,mhd->bhkd", x_kv, p["value_kernel"]) + bias(
+      "value_bias")
   d_k = q.shape[-1]
   logits = jnp.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(d_k)
   mask = jnp.asarray(mask)[:, None]  # [B, 1, Q, K]
@@ -67,26 +84,30 @@ def attention(p, x_q: jax.Array, x_kv: jax.Array, mask: np.ndarray,
   weights = jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
   weights = drop(weights, "attention")
   heads = jnp.einsum("bhqk,bhkv->bqhv", weights, v)
-  return jnp.einsum("bqhv,hvm->bqm", heads, p["out_kernel"])
+  return (jnp.einsum("bqhv,hvm->bqm", heads, p["out_kernel"])
+          + p.get("out_bias", 0.0))
 
 
-def feed_forward(p, x: jax.Array) -> jax.Array:
-  h = jnp.maximum(x @ p["w1"]["kernel"] + p["w1"]["bias"], 0.0)
+def feed_forward(p, x: jax.Array, activation: str = "relu") -> jax.Array:
+  h = ACTIVATIONS[activation](x @ p["w1"]["kernel"] + p["w1"]["bias"])
   return h @ p["w2"]["kernel"] + p["w2"]["bias"]
 
 
 def residual(p_norm, x: jax.Array, sublayer: Callable, drop: Drop,
-             layer_norm_kind: str) -> jax.Array:
+             layer_norm_kind: str, eps: float = 1e-6) -> jax.Array:
   if layer_norm_kind == "pre":  # x + Dropout(Sublayer(LayerNorm(x)))
-    return x + drop(sublayer(layer_norm(p_norm, x)), "residual")
+    return x + drop(sublayer(layer_norm(p_norm, x, eps)), "residual")
   # The paper: LayerNorm(x + Dropout(Sublayer(x))).
-  return layer_norm(p_norm, x + drop(sublayer(x), "residual"))
+  return layer_norm(p_norm, x + drop(sublayer(x), "residual"), eps)
 
 
 def logits(params, inputs: np.ndarray, targets: np.ndarray, *,
            num_layers: int, drop: Drop = no_dropout,
-           layer_norm_kind: str = "post") -> jax.Array:
-  """Teacher-forced logits [B, T, V] for source and target ids (0 = pad)."""
+           layer_norm_kind: str = "post", activation: str = "relu",
+           eps: float = 1e-6) -> jax.Array:
+  """Teacher-forced logits [B, T, V] for source and target ids (0 = pad);
+  `activation` (a name of `ACTIVATIONS`) and `eps` (every layer norm's)
+  beyond the paper."""
   inputs, targets = jnp.asarray(inputs), jnp.asarray(targets)
   table = params["source_embed"]["embedding"]  # [V, d_model]
   d_model = table.shape[1]
@@ -102,12 +123,12 @@ def logits(params, inputs: np.ndarray, targets: np.ndarray, *,
     x = residual(p["attention_block"]["layer_norm"], x,
                  lambda y, p=p: attention(p["self_attention"], y, y,
                                           enc_mask, drop),
-                 drop, layer_norm_kind)
+                 drop, layer_norm_kind, eps)
     x = residual(p["ffn_block"]["layer_norm"], x,
-                 lambda y, p=p: feed_forward(p["ffn"], y), drop,
-                 layer_norm_kind)
+                 lambda y, p=p: feed_forward(p["ffn"], y, activation), drop,
+                 layer_norm_kind, eps)
   if layer_norm_kind == "pre":
-    x = layer_norm(params["encoder_norm"], x)
+    x = layer_norm(params["encoder_norm"], x, eps)
 
   shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # start symbol 0
   y = table[shifted] * np.sqrt(d_model) + pe[:t]
@@ -120,17 +141,19 @@ def logits(params, inputs: np.ndarray, targets: np.ndarray, *,
     y = residual(p["self_attention_block"]["layer_norm"], y,
                  lambda z, p=p: attention(p["self_attention"], z, z,
                                           self_mask, drop),
-                 drop, layer_norm_kind)
+                 drop, layer_norm_kind, eps)
     y = residual(p["cross_attention_block"]["layer_norm"], y,
                  lambda z, p=p: attention(p["cross_attention"], z, x,
                                           cross_mask, drop),
-                 drop, layer_norm_kind)
+                 drop, layer_norm_kind, eps)
     y = residual(p["ffn_block"]["layer_norm"], y,
-                 lambda z, p=p: feed_forward(p["ffn"], z), drop,
-                 layer_norm_kind)
+                 lambda z, p=p: feed_forward(p["ffn"], z, activation), drop,
+                 layer_norm_kind, eps)
   if layer_norm_kind == "pre":
-    y = layer_norm(params["decoder_norm"], y)
-  return y @ table.T  # the pre-softmax projection shares the embeddings
+    y = layer_norm(params["decoder_norm"], y, eps)
+  # The pre-softmax projection shares the embeddings (§3.4); Marian's
+  # final_logits_bias where the model has one.
+  return y @ table.T + params.get("output_bias", 0.0)
 
 
 def smoothed_loss(logits_: jax.Array, targets: jax.Array,

@@ -139,8 +139,8 @@ def test_the_worker_builds_the_same_tokenizer(tmp_path):
   assert again.encode(text) == tok.encode(text)
   assert again.sha256 == tok.sha256
   assert np.array_equal(
-      encoding.encode_texts(again, [text, "x"], np.uint16)[0],
-      encoding.encode_texts(tok, [text, "x"], np.uint16)[0])
+      encoding.encode_texts(again, [text, "x"], np.uint16, "source")[0],
+      encoding.encode_texts(tok, [text, "x"], np.uint16, "source")[0])
 
 
 _UNGUARDED = """

@@ -300,6 +300,15 @@ VARIANTS = {
                                          num_encoder_layers=1,
                                          num_decoder_layers=2), 1.0),
     "dot_eight_heads": (dict(attention_type="dot", num_heads=8), 1.0),
+    # OPUS-MT's options: swish, the attention and output biases (random,
+    # not 0), ε 1e-5.
+    "marian": (dict(ffn_activation="swish", attention_bias=True,
+                    output_bias=True, layer_norm_epsilon=1e-5), 1.0),
+    # The exact gelu (not CTranslate2's GELUTanh) and an ε large enough to
+    # show in every norm, the final pre-LN ones too.
+    "gelu_pre_ln_epsilon": (dict(ffn_activation="gelu", layer_norm="pre",
+                                 layer_norm_epsilon=0.25,
+                                 attention_bias=True), 1.0),
 }
 
 

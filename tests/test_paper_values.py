@@ -57,6 +57,8 @@ RECIPE = dict(
     adam_eps=1e-9, grad_clip_norm=0.0, grad_accum_steps=1,
     attention_type="scaled_dot", attention_dropout_rate=0.0,
     layer_norm="post", share_embeddings=True, vocab_size=37000,
+    ffn_activation="relu", attention_bias=False, output_bias=False,
+    layer_norm_epsilon=1e-6,
     max_tokens=25_000, beam_size=4, alpha=0.6, max_decode_extra=50)
 CHECKPOINTS_AVERAGED = {"base": 5, "big": 20}
 

@@ -83,10 +83,12 @@ def test_the_vocabulary_is_the_sources_and_another_one_is_refused(
   new.mkdir()
   vocabulary = (tiny_workdir / "spm.model").read_bytes()
   (source / "spm.model").write_bytes(vocabulary)
-  assert warm_start.vocabulary(f"{source}:4", str(new)) == vocabulary
+  assert warm_start.vocabulary(f"{source}:4", str(new)) == {
+      "spm.model": vocabulary}
   # Already copied (a set-up that stopped after the copy): the same bytes.
   (new / "spm.model").write_bytes(vocabulary)
-  assert warm_start.vocabulary(str(source), str(new)) == vocabulary
+  assert warm_start.vocabulary(str(source), str(new)) == {
+      "spm.model": vocabulary}
   # Ids mean nothing with another vocabulary: a new workdir that holds
   # another one is refused.
   (new / "spm.model").write_bytes(b"another vocabulary")

@@ -9,8 +9,9 @@ chunks' order, so that both give the same arrays, bit for bit.
 
 How the workers get the vocabulary: a SentencePiece processor cannot be
 pickled or shared between processes, so each worker builds its own, once,
-from the model's serialized bytes (`Tokenizer.model_proto`), which the
-parent writes to a temporary file whose name the pool's initializer gets
+from the vocabulary's files (`tok.files`: spm.model, or a separate
+vocabulary's source.spm, target.spm and vocab.json), which the parent
+writes to a temporary folder whose name the pool's initializer gets
 (not the bytes themselves: a worker that dies at its start would leave
 the parent blocked writing more than a pipe holds); the chunks' texts go
 to the workers and their ids come back through the pool's pipes.
@@ -39,6 +40,9 @@ import numpy as np
 
 from mha.data.token_ids import EOS_ID
 from mha.errors import DataError
+from mha.data import tokenizer
+from mha.data.tokenizer import SOURCE
+from mha.data.tokenizer import TARGET
 from mha.data.tokenizer import Tokenizer
 
 Chunk = tuple[list[str], list[str]]
@@ -63,10 +67,11 @@ def host_cores() -> int:
     return os.cpu_count() or 1
 
 
-def encode_texts(tok: Tokenizer, texts: list[str], dtype
+def encode_texts(tok: Tokenizer, texts: list[str], dtype, side: str
                  ) -> tuple[np.ndarray, np.ndarray]:
-  """Flat ids with an EOS after each text, and the lengths (EOS included)."""
-  ids = tok.encode_batch(texts)
+  """Flat ids with an EOS after each text, and the lengths (EOS included);
+  `side` SOURCE or TARGET (a separate vocabulary's model)."""
+  ids = tok.encode_batch(texts, side=side)
   lengths = np.fromiter((len(x) + 1 for x in ids), np.int64, len(ids))
   flat = np.full(int(lengths.sum()), EOS_ID, dtype=dtype)
   not_eos = np.ones(len(flat), dtype=bool)
@@ -79,20 +84,24 @@ def encode_texts(tok: Tokenizer, texts: list[str], dtype
 def encode_chunk(tok: Tokenizer, chunk: Chunk, dtype) -> Encoded:
   """Both sides of a chunk (`encode_texts`)."""
   sources, targets = chunk
-  return encode_texts(tok, sources, dtype), encode_texts(tok, targets, dtype)
+  return (encode_texts(tok, sources, dtype, SOURCE),
+          encode_texts(tok, targets, dtype, TARGET))
 
 
 # The worker's tokenizer, made once by `_start_worker`.
 _worker_tokenizer: Tokenizer | None = None
 
 
-def _start_worker(model_path: str) -> None:
+def _start_worker(folder: str) -> None:
   global _worker_tokenizer
   # A Ctrl-C at a terminal reaches the whole process group: the parent
   # stops the pool, the workers print no traceback of their own.
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  with open(model_path, "rb") as f:
-    _worker_tokenizer = Tokenizer(f.read())
+  contents = {}
+  for name in os.listdir(folder):
+    with open(os.path.join(folder, name), "rb") as f:
+      contents[name] = f.read()
+  _worker_tokenizer = tokenizer.from_files(contents, folder)
 
 
 def _encode_in_worker(chunk: Chunk, dtype) -> Encoded:
@@ -140,23 +149,23 @@ def chunk_encoder(tok: Tokenizer, dtype, processes: int
     # with the message, before a pool of its own would wait forever.
     raise DataError(_WORKER_STOPPED.format(processes=processes))
   with tempfile.TemporaryDirectory(prefix="mha_tokenize_") as folder:
-    model_path = os.path.join(folder, "spm.model")
-    with open(model_path, "wb") as f:
-      f.write(tok.model_proto)
-    with _pool(processes, model_path) as pool:
+    for name, contents in tok.files.items():
+      with open(os.path.join(folder, name), "wb") as f:
+        f.write(contents)
+    with _pool(processes, folder) as pool:
       function = functools.partial(_encode_in_worker, dtype=dtype)
       yield lambda chunks: _in_order(pool.submit, function, chunks,
                                      _IN_FLIGHT * processes)
 
 
 @contextlib.contextmanager
-def _pool(processes: int, model_path: str
+def _pool(processes: int, folder: str
           ) -> Iterator[futures.ProcessPoolExecutor]:
-  """`processes` workers that load the model at `model_path`, shut down on
+  """`processes` workers that load the vocabulary in `folder`, shut down on
   leaving (the chunks being encoded finish, the others are cancelled)."""
   pool = futures.ProcessPoolExecutor(
       processes, mp_context=multiprocessing.get_context("spawn"),
-      initializer=_start_worker, initargs=(model_path,))
+      initializer=_start_worker, initargs=(folder,))
   try:
     yield pool
   except process.BrokenProcessPool as e:

@@ -311,6 +311,9 @@ class MultiHeadAttention(nn.Module):
     dtype: computation dtype; parameters stay in float32.
     matmul_dtype: the projections' products (`weight_product`).
     kernel_init: initializer of the projections.
+    use_bias: biases on the Q, K, V projections (`<name>_bias`, `[h,
+      head_size]`) and on W^O (`out_bias`, `[out_features]`), zero at
+      init (config.attention_bias, Marian's); the paper's have none.
   """
   num_heads: int
   d_k: int | None = None
@@ -326,14 +329,17 @@ class MultiHeadAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   matmul_dtype: str = "float32"
   kernel_init: Callable = nn.initializers.xavier_uniform()
+  use_bias: bool = False
 
   def _projection(self, name: str, d_model: int, head_size: int) -> jax.Array:
     """The fused kernel [d_model, h, head_size] of the h heads' projections.
 
-    As in §3.2.2 the projections are linear maps without bias. (A key bias
-    would add q·b, the same for every key, to a row of logits: the softmax
-    cancels it, its gradient is rounding noise, and Adam's normalisation
-    turns that noise into full-size updates.)
+    As in §3.2.2 the projections are linear maps without bias, unless
+    `use_bias` (`_biased`). (A key bias adds q·b, the same for every key,
+    to a row of logits: the softmax cancels it, its gradient is rounding
+    noise, and Adam's normalisation turns that noise into full-size
+    updates; Marian's models have one, kept so that they are represented
+    exactly.)
     """
     # W^Q = [W_1^Q, ..., W_h^Q] ∈ R^{d_model × h × d_k};
     # W_i^Q = kernel[:, i, :].
@@ -344,12 +350,21 @@ class MultiHeadAttention(nn.Module):
         (d_model, self.num_heads, head_size))
     return kernel.astype(self.dtype)
 
+  def _bias(self, name: str, shape: tuple[int, ...]) -> jax.Array | None:
+    """The bias `name` (zeros at init) where `use_bias`, else None."""
+    if not self.use_bias:
+      return None
+    return self.param(name, nn.initializers.zeros_init(), shape
+                      ).astype(self.dtype)
+
   def _project(self, name: str, x: jax.Array, head_size: int) -> jax.Array:
-    """x [B, L, M] -> [B, L, H, head_size] through a fused kernel."""
+    """x [B, L, M] -> [B, L, H, head_size] through a fused kernel (and its
+    bias, `_bias`)."""
     kernel = self._projection(name, x.shape[-1], head_size)
     # [B, L, M] x [M, H, D] -> [B, L, H, D]
-    return weight_product("BLM,MHD->BLHD", x.astype(self.dtype), kernel,
-                          self.matmul_dtype)
+    return _plus(weight_product("BLM,MHD->BLHD", x.astype(self.dtype), kernel,
+                                self.matmul_dtype),
+                 self._bias(f"{name}_bias", (self.num_heads, head_size)))
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
@@ -403,8 +418,9 @@ class MultiHeadAttention(nn.Module):
     # Concat(head_1..head_h) W^O: [B, Q, H, V] x [H, V, M] -> [B, Q, M]
     # Rows by sentence (cached cross-attention) back to one row per query.
     heads = heads.reshape(inputs_q.shape[:2] + heads.shape[2:])
-    return weight_product("BQHV,HVM->BQM", heads, w_out.astype(self.dtype),
-                          self.matmul_dtype)
+    return _plus(weight_product("BQHV,HVM->BQM", heads,
+                                w_out.astype(self.dtype), self.matmul_dtype),
+                 self._bias("out_bias", (out_features,)))
 
   def _heads(self, query: jax.Array, key: jax.Array, value: jax.Array,
              mask: jax.Array | None,
@@ -497,13 +513,15 @@ class MultiHeadAttention(nn.Module):
     d_model = inputs_kv.shape[-1]
     w_key = self._projection("key", d_model, d_k)
     w_value = self._projection("value", d_model, d_v)
+    b_key = self._bias("key_bias", (self.num_heads, d_k))
+    b_value = self._bias("value_bias", (self.num_heads, d_v))
     inputs_kv = inputs_kv.astype(self.dtype)
 
     def project():
-      return (weight_product("BLM,MHD->BLHD", inputs_kv, w_key,
-                             self.matmul_dtype),   # [b, S, H, d_k]
-              weight_product("BLM,MHD->BLHD", inputs_kv, w_value,
-                             self.matmul_dtype))   # [b, S, H, d_v]
+      return (_plus(weight_product("BLM,MHD->BLHD", inputs_kv, w_key,
+                                   self.matmul_dtype), b_key),  # [b,S,H,d_k]
+              _plus(weight_product("BLM,MHD->BLHD", inputs_kv, w_value,
+                                   self.matmul_dtype), b_value))
 
     batch = inputs_kv.shape[0]
     if not initialized:
@@ -529,6 +547,11 @@ class MultiHeadAttention(nn.Module):
     cached_key.value, cached_value.value = key, value
     filled.value = jnp.array(True)
     return key, value, mask
+
+
+def _plus(y: jax.Array, bias: jax.Array | None) -> jax.Array:
+  """`y + bias`, or `y` itself (the same array) for no bias."""
+  return y if bias is None else y + bias
 
 
 def _write_position(cache: jax.Array, x: jax.Array,

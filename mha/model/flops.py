@@ -16,8 +16,10 @@ key size d_k and value size d_v, L_e / L_d layers and vocabulary V:
 
 i.e. 6·(non-embedding parameters)·tokens plus the vocabulary projection and
 the attention products, each ×3. The embedding lookup is a gather (0 FLOPs);
-softmax, layer norm, the loss and Adam are not counted (as in MFU
-conventions). `cpu_model` names the CPU a figure was measured on.
+softmax, layer norm, the FFN's activation (`ffn_activation`), the biases
+(`attention_bias`, `output_bias`: additions), the loss and Adam are not
+counted (as in MFU conventions), so those options leave the count as it
+is. `cpu_model` names the CPU a figure was measured on.
 """
 import platform
 

@@ -7,7 +7,8 @@ and `*_positions` (position within each sentence); the masks keep sentences
 apart.
 """
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -23,6 +24,18 @@ from mha.errors import ConfigError
 from mha.model.positional import AddPositionEncoding
 
 _DTYPES = {name: getattr(jnp, name) for name in validation.DTYPES}
+
+# The one table of feed-forward activations: config.ffn_activation -> the
+# function FFN applies between its two linear maps. A new one is an entry
+# here and its name in `mha.validation.FFN_ACTIVATIONS`, in the same order
+# (a test keeps the two equal).
+FFN_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": nn.relu,  # eq. 2: max(0, x)
+    "swish": nn.swish,  # x · sigmoid(x) (SiLU): Marian's, OPUS-MT's
+    # x · Φ(x) with the exact normal CDF (erf): PyTorch's and Hugging
+    # Face's "gelu"; flax's default is the tanh approximation.
+    "gelu": functools.partial(nn.gelu, approximate=False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +62,10 @@ class TransformerConfig:
   location_num_filters: int = 8
   position_encoding: str = "sinusoidal"
   layer_norm: str = "post"
+  layer_norm_epsilon: float = 1e-6  # flax's default
+  ffn_activation: str = "relu"  # eq. 2
+  attention_bias: bool = False  # §3.2.2: none
+  output_bias: bool = False  # a bias on the shared pre-softmax map
   share_embeddings: bool = True
   dtype: Any = jnp.float32
   # A search setting (`mha.SearchSettings`, set by mha.search.texts): the
@@ -98,6 +115,11 @@ class TransformerConfig:
     if (self.d_k is None or self.d_v is None) and self.d_model % self.num_heads:
       raise ConfigError(f"config.d_model={self.d_model} is not divisible by "
                        f"config.num_heads={self.num_heads}; set d_k and d_v.")
+    if self.output_bias and not self.share_embeddings:
+      raise ConfigError(
+          "config.output_bias=True is the bias of the shared embeddings' "
+          "pre-softmax map; with config.share_embeddings=False the output "
+          "projection has its own bias: set output_bias=False.")
     attention_lib.ATTENTION_VARIANTS[self.attention_type].check(self)
 
 
@@ -118,7 +140,8 @@ def create_model(config: "ml_collections.ConfigDict | TransformerConfig",
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (eq. 2), inner size d_ff."""
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (eq. 2), inner size d_ff; max(0,
+  ·) is `config.ffn_activation`'s function (`FFN_ACTIVATIONS`)."""
   config: TransformerConfig
 
   @nn.compact
@@ -128,7 +151,7 @@ class FeedForward(nn.Module):
     product = attention_lib.dot_general_of(cfg.matmul_dtype)
     h = nn.Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=init,
                  dot_general=product, name="w1")(x)
-    h = nn.relu(h)  # [B, L, d_ff]
+    h = FFN_ACTIVATIONS[cfg.ffn_activation](h)  # [B, L, d_ff]
     return nn.Dense(x.shape[-1], dtype=cfg.dtype, kernel_init=init,
                     dot_general=product, name="w2")(h)
 
@@ -157,7 +180,8 @@ class ResidualSublayer(nn.Module):
   @nn.compact
   def __call__(self, sublayer, x: jax.Array, *args, **kwargs) -> jax.Array:
     cfg = self.config
-    norm = nn.LayerNorm(dtype=cfg.dtype, name="layer_norm")
+    norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
+                        name="layer_norm")
     dropout = Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)
     if cfg.layer_norm == "pre":
       return x + dropout(sublayer(norm(x), *args, **kwargs))
@@ -176,7 +200,7 @@ def _attention(cfg: TransformerConfig, name: str) -> MultiHeadAttention:
       location_num_filters=cfg.location_num_filters,
       dropout_rate=cfg.attention_dropout_rate,
       deterministic=cfg.deterministic, decode=cfg.decode, dtype=cfg.dtype,
-      matmul_dtype=cfg.matmul_dtype, name=name)
+      matmul_dtype=cfg.matmul_dtype, use_bias=cfg.attention_bias, name=name)
 
 
 class EncoderLayer(nn.Module):
@@ -283,8 +307,13 @@ class Transformer(nn.Module):
     self.decoder_layers = [DecoderLayer(cfg)
                            for _ in range(cfg.num_decoder_layers)]
     if cfg.layer_norm == "pre":
-      self.encoder_norm = nn.LayerNorm(dtype=cfg.dtype)
-      self.decoder_norm = nn.LayerNorm(dtype=cfg.dtype)
+      self.encoder_norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon,
+                                       dtype=cfg.dtype)
+      self.decoder_norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon,
+                                       dtype=cfg.dtype)
+    if cfg.output_bias:  # Marian's final_logits_bias
+      self.output_bias = self.param("output_bias", nn.initializers.zeros_init(),
+                                    (cfg.vocab_size,))
 
   def encode(self, inputs: jax.Array,
              inputs_positions: jax.Array | None = None,
@@ -318,9 +347,11 @@ class Transformer(nn.Module):
 
   def output_weights(self) -> tuple[jax.Array, jax.Array | None]:
     """(kernel `[V, M]`, bias `[V]` or None) of the pre-softmax linear map:
-    the shared embedding matrix (§3.4), else `output_projection`'s."""
+    the shared embedding matrix (§3.4) and `output_bias` where
+    `config.output_bias`, else `output_projection`'s."""
     if self.config.share_embeddings:
-      return self.target_embed.embedding, None
+      return (self.target_embed.embedding,
+              self.output_bias if self.config.output_bias else None)
     return self.output_projection.kernel.T, self.output_projection.bias
 
   def hidden_and_output_weights(

@@ -527,7 +527,7 @@ def score_ids(model_config: TransformerConfig, params: Any,
   if not sources:
     return []
   target_ids = [ids + [data.EOS_ID] for ids in
-                tokenizer.encode_batch(list(targets))]
+                tokenizer.encode_batch(list(targets), side="target")]
   too_long = [i for i, ids in enumerate(target_ids)
               if len(ids) > model_config.max_len]
   if too_long:

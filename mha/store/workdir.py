@@ -2,7 +2,9 @@
 
     <workdir>/lock            the running trainer: host, pid, start time
     <workdir>/config.json     the resolved config
-    <workdir>/spm.model       the shared SentencePiece vocabulary
+    <workdir>/spm.model       the shared SentencePiece vocabulary, or
+    <workdir>/source.spm, target.spm, vocab.json   separate ones with one
+                              id table (an imported Marian model's)
     <workdir>/tokenized/      encoded splits (a cache)
     <workdir>/checkpoints/<step>/
     <workdir>/metrics.jsonl   and TensorBoard event files
@@ -39,13 +41,17 @@ from mha.errors import UserError
 from mha.errors import WorkdirError
 from mha.errors import os_reason
 
-# Fields that change the shapes of the parameters or the vocabulary: a workdir
-# trained with other values cannot be resumed with these.
+# Fields that change the shapes of the parameters or the vocabulary, or the
+# function the parameters compute: a workdir trained with other values
+# cannot be resumed with these. (A workdir of before a field has none in its
+# config.json: it was the paper's, the field's default, and is not
+# compared.)
 MODEL_SHAPE_FIELDS = (
     "vocab_size", "num_layers", "num_encoder_layers", "num_decoder_layers",
     "d_model", "d_ff", "num_heads", "d_k", "d_v", "attention_type",
     "location_filter_sizes", "location_num_filters", "position_encoding",
-    "layer_norm", "share_embeddings", "max_len",
+    "layer_norm", "share_embeddings", "max_len", "layer_norm_epsilon",
+    "ffn_activation", "attention_bias", "output_bias",
 )
 # The language pair: a workdir's model and vocabulary translate one; a run
 # is not resumed with another (a warm start, `init_from`, begins a new one).
@@ -263,7 +269,8 @@ def is_workdir(path: str) -> bool:
   config.json and a checkpoints/ folder or a vocabulary."""
   return (os.path.isfile(os.path.join(path, CONFIG_FILE)) and (
       os.path.isdir(os.path.join(path, CHECKPOINTS_DIR)) or
-      os.path.isfile(os.path.join(path, VOCABULARY_FILE))))
+      os.path.isfile(os.path.join(path, VOCABULARY_FILE)) or
+      os.path.isfile(os.path.join(path, tokenizer.ID_TABLE_FILENAME))))
 
 
 class WorkdirLock:
@@ -396,19 +403,26 @@ class Workdir:
     """`<workdir>/eval/<split>_<step>`: one evaluation's outputs."""
     return os.path.join(self.eval_root, f"{split}_{step}")
 
+  def has_vocabulary(self) -> bool:
+    """The workdir holds a vocabulary: its shared `spm.model`, or a
+    separate one (`vocab.json` with `source.spm` and `target.spm`)."""
+    return (files.exists(self.vocabulary_path)
+            or tokenizer.has_separate(self.path))
+
   def load_tokenizer(self, config: ml_collections.ConfigDict
-                     ) -> tokenizer.Tokenizer:
-    """The workdir's vocabulary, read only: never trains or writes one.
+                     ) -> tokenizer.Tokenizer | tokenizer.SeparateTokenizer:
+    """The workdir's vocabulary (`tokenizer.workdir_tokenizer`), read
+    only: never trains or writes one.
 
     Raises:
-      WorkdirError: the workdir has no spm.model.
+      WorkdirError: the workdir has no spm.model (nor vocab.json).
       DataError: it cannot be read, or is not of `config.vocab_size`
         pieces (names the file).
     """
-    if not files.exists(self.vocabulary_path):
+    if not self.has_vocabulary():
       raise WorkdirError(f"{self.vocabulary_path} does not exist: the "
                          "workdir has no vocabulary.")
-    return tokenizer.load_tokenizer(config, self.vocabulary_path)
+    return tokenizer.workdir_tokenizer(config, self.path)
 
   def check_not_export(self) -> None:
     """Refuses a folder mha-export wrote (it has a config.json and an

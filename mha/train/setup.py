@@ -16,6 +16,7 @@ leaves the workdir as it was.
 """
 import contextlib
 import dataclasses
+import os
 from typing import Any, Iterator
 
 from absl import logging
@@ -28,6 +29,7 @@ import numpy as np
 from mha import data
 from mha import errors
 from mha.data import sources
+from mha.data import tokenizer as tokenizer_lib
 from mha.errors import WorkdirError
 from mha.model import optim
 from mha.model.transformer import TransformerConfig
@@ -52,9 +54,10 @@ from mha.train.step import init_state
 
 @dataclasses.dataclass
 class WarmStart:
-  """`config.init_from` as loaded: its vocabulary (the bytes of its
-  spm.model), its parameters on the host, and the step they are of."""
-  vocabulary: bytes
+  """`config.init_from` as loaded: its vocabulary ({file name: bytes}:
+  its spm.model, or its separate vocabulary's files), its parameters on the
+  host, and the step they are of."""
+  vocabulary: dict[str, bytes]
   params: Any
   step: int
 
@@ -114,7 +117,7 @@ def check_inputs(config: ml_collections.ConfigDict,
   saved = workdir.check_usable()
   workdir_lib.check_saved_config(config, saved, workdir.path)
   tokenizer = (workdir.load_tokenizer(config)  # reads it: writes nothing
-               if files.exists(workdir.vocabulary_path) else None)
+               if workdir.has_vocabulary() else None)
   latest = (checkpoints.latest_step(workdir.path)
             if files.isdir(workdir.checkpoints_path) else None)
   inputs = Inputs(saved, model_config, tokenizer, latest)
@@ -327,9 +330,11 @@ def _vocabulary(config: ml_collections.ConfigDict,
   if absent). Several processes all go through `get_tokenizer`, whose
   process-0-first step none may wait at alone."""
   if warm is not None:
-    if jax.process_index() == 0 and not files.exists(folder.vocabulary_path):
-      files.write_bytes_atomic(folder.vocabulary_path, warm.vocabulary)
-    return data.Tokenizer(warm.vocabulary, path=folder.vocabulary_path)
+    for name, content in warm.vocabulary.items():
+      path = os.path.join(folder.path, name)
+      if jax.process_index() == 0 and not files.exists(path):
+        files.write_bytes_atomic(path, content)
+    return tokenizer_lib.from_files(warm.vocabulary, folder.path)
   if loaded is not None and jax.process_count() == 1:
     return loaded
   return data.get_tokenizer(config, folder.path)

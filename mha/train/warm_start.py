@@ -34,8 +34,10 @@ def parse(spec: str) -> tuple[str, int | None]:
   return spec, None
 
 
-def vocabulary(spec: str, workdir: str) -> bytes:
-  """The SentencePiece model of `spec`'s workdir, which the new run shares.
+def vocabulary(spec: str, workdir: str) -> dict[str, bytes]:
+  """The vocabulary of `spec`'s workdir, which the new run shares: {file
+  name: bytes} of its spm.model, or of its separate vocabulary's
+  source.spm, target.spm and vocab.json (`tokenizer.from_files`).
 
   Ids mean nothing without the vocabulary that made them, so a warm-started
   run reads its text with the vocabulary of the run it starts from: it is
@@ -43,30 +45,37 @@ def vocabulary(spec: str, workdir: str) -> bytes:
   one is refused.
 
   Raises:
-    ConfigError: the source has no readable spm.model (or one that is no
-      SentencePiece model), or `workdir` holds a different one.
+    ConfigError: the source has no readable vocabulary (or files that are
+      not one), or `workdir` holds a different one.
   """
   source, _ = parse(spec)
-  path = os.path.join(source, tokenizer.MODEL_FILENAME)
+  separate = tokenizer.has_separate(source)
+  names = (tokenizer.SEPARATE_FILENAMES if separate
+           else (tokenizer.MODEL_FILENAME,))
+  contents = {}
+  for name in names:
+    path = os.path.join(source, name)
+    try:
+      contents[name] = files.read_bytes(path)
+    except OSError as e:
+      raise ConfigError(f"config.init_from={spec!r}: {path} cannot be read "
+                        f"({e.strerror or e}); warm start needs the "
+                        "vocabulary of the run it starts from.") from None
   try:
-    proto = files.read_bytes(path)
-  except OSError as e:
-    raise ConfigError(f"config.init_from={spec!r}: {path} cannot be read "
-                      f"({e.strerror or e}); warm start needs the "
-                      "vocabulary of the run it starts from.") from None
-  try:
-    tokenizer.Tokenizer(proto, path)  # parsed here: the error names it
+    tokenizer.from_files(contents, source)  # parsed: the error names it
   except DataError as e:  # its first sentence: what is wrong with it
     raise ConfigError(
         f"config.init_from={spec!r}: {str(e).split('. ')[0]}; warm start "
         "needs the vocabulary of the run it starts from.") from None
-  mine = os.path.join(workdir, tokenizer.MODEL_FILENAME)
-  if files.exists(mine) and files.read_bytes(mine) != proto:
-    raise ConfigError(
-        f"config.init_from={spec!r}: {mine} differs from {path}; a warm "
-        "start shares the vocabulary of the run it starts from. Use a new "
-        "--workdir.")
-  return proto
+  for name in (tokenizer.MODEL_FILENAME, *tokenizer.SEPARATE_FILENAMES):
+    mine = os.path.join(workdir, name)
+    if files.exists(mine) and (name not in contents
+                               or files.read_bytes(mine) != contents[name]):
+      raise ConfigError(
+          f"config.init_from={spec!r}: {mine} differs from "
+          f"{os.path.join(source, name)}; a warm start shares the "
+          "vocabulary of the run it starts from. Use a new --workdir.")
+  return contents
 
 
 def load(spec: str, target_params: PyTree) -> tuple[PyTree, int]:
