@@ -321,3 +321,104 @@ def test_command(hf_folder, tmp_path):
   assert f"--config.init_from={tmp_path / 'w'}" in good.stdout
   saved = json.loads((tmp_path / "w" / "config.json").read_text())
   assert saved["d_model"] == 32 and saved["max_tokens"] != 768
+
+
+# ------------------------------------------ a model made by transformers
+
+
+@pytest.fixture(name="hf_torch", scope="module")
+def hf_torch_fixture():
+  """(torch, transformers, test_huggingface_torch) or a named skip."""
+  torch = pytest.importorskip(
+      "torch", reason="torch is not installed (the [hf] extra's reader; CI's "
+      "Python 3.11 run has it)")
+  transformers = pytest.importorskip(
+      "transformers", reason="transformers is not installed (the [hf] extra)")
+  import test_huggingface_torch  # pylint: disable=import-outside-toplevel
+  return torch, transformers, test_huggingface_torch
+
+
+@pytest.fixture(scope="module")
+def transformers_model(hf_torch, copy_model, copy_workdir,
+                       tmp_path_factory):
+  """A random MarianMTModel made by transformers (relu, post-LN, shared
+  embeddings, zero biases, random layer norms, mha's special ids) with the
+  copy model's SentencePiece model, saved by `save_pretrained`, and the
+  workdir mha-import makes of it."""
+  torch, transformers, _ = hf_torch
+  config, model_config, _, tokenizer = copy_model
+  torch.manual_seed(0)
+  hf_config = transformers.MarianConfig(
+      vocab_size=512, decoder_vocab_size=512, d_model=32, encoder_layers=2,
+      decoder_layers=3, encoder_attention_heads=4,
+      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+      max_position_embeddings=64, activation_function="relu",
+      scale_embedding=True, pad_token_id=0, eos_token_id=1,
+      decoder_start_token_id=0, forced_eos_token_id=None, dropout=0.0,
+      init_std=0.3, share_encoder_decoder_embeddings=True)
+  model = transformers.MarianMTModel(hf_config).eval()
+  with torch.no_grad():
+    for module in model.modules():
+      if isinstance(module, torch.nn.LayerNorm):
+        module.weight.normal_(1.0, 0.2)
+        module.bias.normal_(0.0, 0.2)
+  folder = tmp_path_factory.mktemp("transformers") / "model"
+  model.save_pretrained(str(folder))
+  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+  for name, content in hf_export.tokenizer_files(
+      model_config, pieces,
+      (copy_workdir / "spm.model").read_bytes()).items():
+    (folder / name).write_bytes(content)
+  workdir = tmp_path_factory.mktemp("from_transformers") / "run"
+  _import(folder, workdir, config)
+  return folder, workdir
+
+
+@pytest.mark.torch
+def test_transformers_model_imports_and_scores_as_transformers(
+    hf_torch, transformers_model, copy_model, caplog):
+  _, _, hf_tests = hf_torch
+  folder, workdir = transformers_model
+  model, hf_tokenizer = hf_tests.load(folder, caplog)
+  saved, tokenizer = trained.load_workdir(str(workdir))
+  params, _, _ = trained.load_params(str(workdir))
+  model_config = TransformerConfig.from_config(saved, deterministic=True)
+  assert (model_config.num_encoder_layers, model_config.num_decoder_layers
+          ) == (2, 3)
+  pairs = first_test_pairs(copy_model[0])
+  ours = np.concatenate(mha_log_probs(
+      model_config, params, [tokenizer.encode(s) + [EOS] for s, _ in pairs],
+      [tokenizer.encode(t) + [EOS] for _, t in pairs]))
+  theirs = np.concatenate(hf_tests.hf_log_probs(model, hf_tokenizer, pairs))
+  np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
+  assert np.std(theirs) > 0.5  # not a uniform distribution
+  # HF -> mha -> HF: the tensors transformers saved, bit for bit.
+  from safetensors import numpy as st  # pylint: disable=g-import-not-at-top
+  state = st.load_file(str(folder / "model.safetensors"))
+  again = marian.params_to_marian(model_config, params)
+  for name, tensor in again.items():
+    np.testing.assert_array_equal(tensor, state[name], err_msg=name)
+
+
+@pytest.mark.torch
+def test_transformers_model_greedy_outputs_are_generates(
+    hf_torch, transformers_model, copy_model, caplog):
+  _, _, hf_tests = hf_torch
+  folder, workdir = transformers_model
+  model, hf_tokenizer = hf_tests.load(folder, caplog)
+  saved, tokenizer = trained.load_workdir(str(workdir))
+  params, _, _ = trained.load_params(str(workdir))
+  model_config = TransformerConfig.from_config(saved, deterministic=True)
+  extra = saved.max_decode_extra
+  sources = [s for s, _ in first_test_pairs(copy_model[0])]
+  pairs = hf_tests.translate.translate_ids(
+      model_config, params, tokenizer, sources, beam_size=1, alpha=0.0,
+      max_decode_extra=extra)
+  limits = [min(len(src) + extra, model_config.max_len) for src, _ in pairs]
+  # pylint: disable=protected-access
+  ours = [hf_tests._mha_hypothesis(out, limit)
+          for (_, out), limit in zip(pairs, limits)]
+  theirs = hf_tests._generate(
+      model, hf_tokenizer, sources, limits, num_beams=1)
+  assert theirs == ours
+  assert len({tuple(o) for o in ours}) >= 4  # not one output
