@@ -114,6 +114,12 @@ class ExportError(UserError, ValueError):
   """A model, flag or output folder the export cannot use."""
 
 
+class ModelImportError(UserError, ValueError):
+  """A model folder the import cannot read or mha's model cannot compute,
+  or a target workdir it may not write: the message names the file, the
+  field or the flag."""
+
+
 class TrainingDiverged(UserError, FloatingPointError):
   """A non-finite loss: the run stops before saving anything of that step."""
 

@@ -1,4 +1,5 @@
-"""The project's commands: mha-train, mha-eval, mha-translate, mha-export.
+"""The project's commands: mha-train, mha-eval, mha-translate, mha-export,
+mha-import.
 
 Each module parses its flags and calls one library function; the preamble
 they share (huge pages, quiet library logs, the compilation cache,

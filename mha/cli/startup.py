@@ -53,7 +53,8 @@ FLAGS = flags.FLAGS
 # The mha package's folder (with a separator: not mha_other/).
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The console scripts' names, for messages: the command as the user typed it.
-_SCRIPTS = ("mha-train", "mha-eval", "mha-translate", "mha-export")
+_SCRIPTS = ("mha-train", "mha-eval", "mha-translate", "mha-export",
+            "mha-import")
 
 
 def define_flags() -> None:

@@ -1,0 +1,424 @@
+"""mha-import --from=huggingface (mha/huggingface/importer.py).
+
+Round trips on the export of tests/test_export.py's copy model: mha → HF →
+mha gives the checkpoint's parameters and HF → mha → HF the folder's
+tensors, both bit-identical (the mapping is a permutation and reshapes:
+no arithmetic); the imported workdir translates and scores as the original
+does, eval.py evaluates it, and a warm start (`init_from`) fine-tunes it.
+Each bad input is one line naming the file or field and leaves no workdir.
+The torch tests (marked `torch`) import a MarianMTModel made by
+transformers itself and compare with transformers' own computation.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT
+from conftest import TINY_WORKDIR_LOOP
+from conftest import tiny_config
+# pylint: disable=unused-import  (fixtures, found by name)
+from test_export import copy_model  # noqa: F401
+from test_export import copy_workdir  # noqa: F401
+from test_export import first_test_pairs
+from test_export import mha_log_probs
+from test_huggingface import hf_folder  # noqa: F401
+from test_huggingface import safetensors_numpy_fixture  # noqa: F401
+# pylint: enable=unused-import
+import mha
+from mha.errors import ModelImportError
+from mha.huggingface import export as hf_export
+from mha.huggingface import importer
+from mha.huggingface import marian
+from mha.model.transformer import TransformerConfig
+from mha.store import checkpoints
+from mha.store import trained
+
+EOS = 1
+
+
+def _import(source, workdir, base):
+  return importer.import_model(str(source), str(workdir), base)
+
+
+@pytest.fixture(scope="module")
+def imported(hf_folder, copy_model, tmp_path_factory):
+  """The copy model's Hugging Face export imported as a workdir."""
+  workdir = tmp_path_factory.mktemp("imported") / "run"
+  _import(hf_folder[0], workdir, copy_model[0])
+  return workdir
+
+
+def _leaves(params):
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  return {checkpoints.param_path_name(p): np.asarray(x) for p, x in flat}
+
+
+def test_the_workdir_is_what_training_leaves(imported, copy_model):
+  config = copy_model[0]
+  assert sorted(os.listdir(imported)) == ["checkpoints", "config.json",
+                                          "spm.model"]
+  assert checkpoints.all_steps(str(imported)) == [importer.STEP]
+  saved, _ = trained.load_workdir(str(imported))
+  for field in ("d_model", "d_ff", "num_heads", "vocab_size", "max_len",
+                "share_embeddings", "dropout_rate", "dataset_name",
+                "beam_size", "alpha"):
+    assert saved[field] == config[field], field
+  assert (TransformerConfig.from_config(saved)
+          == TransformerConfig.from_config(config))
+  assert not [n for n in os.listdir(imported.parent) if n != "run"]
+
+
+def test_mha_to_hf_to_mha_is_bit_identical(imported, copy_model,
+                                           copy_workdir):
+  params = _leaves(copy_model[2])
+  back, step = checkpoints.restore_params(str(imported))
+  assert step == importer.STEP
+  back = _leaves(back)
+  assert sorted(back) == sorted(params)
+  for name, value in params.items():
+    assert back[name].dtype == value.dtype, name
+    np.testing.assert_array_equal(back[name], value, err_msg=name)
+  assert ((imported / "spm.model").read_bytes()
+          == (copy_workdir / "spm.model").read_bytes())
+
+
+def test_hf_to_mha_to_hf_is_bit_identical(imported, hf_folder,
+                                          safetensors_numpy, tmp_path):
+  again = tmp_path / "again"
+  hf_export.export_model(str(imported), str(again))
+  first = safetensors_numpy.load_file(str(hf_folder[0] / "model.safetensors"))
+  second = safetensors_numpy.load_file(str(again / "model.safetensors"))
+  assert sorted(first) == sorted(second)
+  for name, tensor in first.items():
+    np.testing.assert_array_equal(second[name], tensor, err_msg=name)
+  for name in ("config.json", "source.spm", "target.spm", "vocab.json",
+               "tokenizer_config.json", "generation_config.json"):
+    assert (again / name).read_bytes() == (hf_folder[0] / name).read_bytes()
+
+
+def test_imported_model_translates_and_scores_identically(imported,
+                                                          copy_workdir,
+                                                          copy_model):
+  config, model_config, params, tokenizer = copy_model
+  pairs = first_test_pairs(config)
+  sources = [s for s, _ in pairs]
+  original, ours = mha.load(str(copy_workdir)), mha.load(str(imported))
+  assert ours.translate(sources) == original.translate(sources)
+  assert (ours.translate(sources, beam_size=1)
+          == original.translate(sources, beam_size=1))
+  scores = ours.score(sources, [t for _, t in pairs])
+  expected = mha_log_probs(
+      model_config, params, [tokenizer.encode(s) + [EOS] for s in sources],
+      [tokenizer.encode(t) + [EOS] for _, t in pairs])
+  for score, want in zip(scores, expected):
+    np.testing.assert_allclose(score.token_log_probs, want, rtol=0,
+                               atol=1e-5)
+
+
+def test_eval_py_evaluates_the_imported_workdir(imported, copy_model,
+                                                copy_workdir, tmp_path):
+  """eval.py's greedy outputs of the import, scored against the original
+  workdir's greedy outputs: BLEU 100."""
+  sources = [s for s, _ in first_test_pairs(copy_model[0])]
+  references = mha.load(str(copy_workdir)).translate(sources, beam_size=1)
+  (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources))
+  (tmp_path / "ref.txt").write_text("".join(t + "\n" for t in references))
+  workdir = tmp_path / "run"
+  shutil.copytree(imported, workdir)
+  result = subprocess.run(
+      [sys.executable, str(REPO_ROOT / "eval.py"), f"--workdir={workdir}",
+       f"--source_file={tmp_path / 'src.txt'}",
+       f"--reference_file={tmp_path / 'ref.txt'}",
+       f"--output_dir={tmp_path / 'out'}", "--beam_size=1"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+      check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+  assert metrics["bleu"] == pytest.approx(100.0)
+
+
+def _metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_a_warm_start_from_the_import_fine_tunes(imported, tmp_path):
+  from mha.train import trainer  # pylint: disable=import-outside-toplevel
+  saved, _ = trained.load_workdir(str(imported))
+  config = ml_collections.ConfigDict(saved.to_dict())
+  config.update(TINY_WORKDIR_LOOP)
+  config.update(num_train_steps=12, log_every_steps=1, eval_every_steps=100,
+                checkpoint_every_steps=12, init_from=str(imported),
+                learning_rate_schedule="constant_warmup", warmup_steps=1,
+                learning_rate_scale=0.02)
+  trainer.train_and_evaluate(config, str(tmp_path / "tuned"))
+  losses = [m["loss"] for m in _metrics(tmp_path / "tuned") if "loss" in m]
+  assert len(losses) >= 10, losses
+  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
+  assert ((tmp_path / "tuned" / "spm.model").read_bytes()
+          == (imported / "spm.model").read_bytes())
+
+
+def test_train_overrides_name_the_model_shape(imported):
+  saved, _ = trained.load_workdir(str(imported))
+  overrides = importer.train_overrides(saved)
+  assert f"--config.d_model={saved.d_model}" in overrides.split()
+  assert f"--config.vocab_size={saved.vocab_size}" in overrides.split()
+  assert "--config.share_embeddings=True" in overrides.split()
+
+
+# ---------------------------------------------------------- bad input
+
+
+def _damaged(tmp_path, hf_folder, change):
+  """A copy of the export, changed by `change(folder)`."""
+  folder = tmp_path / "bad"
+  shutil.copytree(hf_folder[0], folder)
+  change(folder)
+  return folder
+
+
+def _edit_json(name, **changes):
+  def change(folder):
+    value = json.loads((folder / name).read_text())
+    value.update(changes)
+    (folder / name).write_text(json.dumps(value))
+  return change
+
+
+def _truncate(folder):
+  path = folder / "model.safetensors"
+  path.write_bytes(path.read_bytes()[:-1000])
+
+
+def _edit_weights(**changes):
+  """Sets tensors of model.safetensors: name -> function of the tensor."""
+  def change(folder):
+    from safetensors import numpy as st  # pylint: disable=g-import-not-at-top
+    path = str(folder / "model.safetensors")
+    state = st.load_file(path)
+    for name, edit in changes.items():
+      state[name.replace("__", ".")] = edit(
+          state.get(name.replace("__", "."), np.zeros(4, np.float32)))
+    st.save_file(state, path, metadata={"format": "pt"})
+  return change
+
+
+def _swap_vocab(folder):
+  vocab = json.loads((folder / "vocab.json").read_text())
+  pieces = sorted(vocab, key=vocab.get)
+  vocab[pieces[5]], vocab[pieces[6]] = 6, 5
+  (folder / "vocab.json").write_text(json.dumps(vocab))
+
+
+def _other_target_spm(folder):
+  (folder / "target.spm").write_bytes(
+      (folder / "target.spm").read_bytes() + b"\0")
+
+
+_ONE = lambda x: np.ones_like(x)  # noqa: E731
+BAD_INPUTS = {
+    "not_marian": (_edit_json("config.json", model_type="bart"),
+                   r"config\.json: model_type='bart'"),
+    "no_config": (lambda f: (f / "config.json").unlink(),
+                  r"config\.json: missing"),
+    "truncated_weights": (_truncate, r"model\.safetensors: damaged"),
+    "no_weights": (lambda f: (f / "model.safetensors").unlink(),
+                   r"model\.safetensors: missing"),
+    "vocab_json": (_swap_vocab, r"vocab\.json: .* has id 6, source\.spm "
+                   r"id 5"),
+    "target_spm": (_other_target_spm, r"target\.spm: differs from "
+                   r"source\.spm"),
+    "pre_ln": (_edit_json("config.json", normalize_before=True),
+               r"config\.json: normalize_before=True"),
+    "swish": (_edit_json("config.json", activation_function="swish"),
+              r"config\.json: activation_function='swish'.*ReLU"),
+    "opus_special_ids": (_edit_json("config.json", pad_token_id=511),
+                         r"config\.json: pad_token_id=511"),
+    "separate_heads": (_edit_json("config.json", decoder_attention_heads=2),
+                       r"config\.json: decoder_attention_heads=2 differs"),
+    "attention_bias": (_edit_weights(
+        model__decoder__layers__0__encoder_attn__k_proj__bias=_ONE),
+        r"model\.safetensors: model\.decoder\.layers\.0\.encoder_attn\."
+        r"k_proj\.bias is not zero"),
+    "final_logits_bias": (_edit_weights(final_logits_bias=_ONE),
+                          r"model\.safetensors: final_logits_bias is not "
+                          r"zero"),
+    "bart_embedding_norm": (_edit_weights(
+        model__encoder__layernorm_embedding__weight=_ONE),
+        r"model\.safetensors: holds model\.encoder\.layernorm_embedding"),
+    "wrong_shape": (_edit_weights(
+        model__encoder__layers__0__fc1__bias=lambda x: x[:-1]),
+        r"model\.safetensors: does not fit config\.json: .*fc1|"
+        r"model\.safetensors: .*w1"),
+    "vocab_size": (_edit_json("config.json", vocab_size=500,
+                              decoder_vocab_size=500),
+                   r"config\.json: vocab_size=500 but source\.spm has 512"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_leaves_no_workdir(case, hf_folder,
+                                                     copy_model, tmp_path):
+  change, message = BAD_INPUTS[case]
+  source = _damaged(tmp_path, hf_folder, change)
+  target = tmp_path / "out" / "run"
+  with pytest.raises(ModelImportError, match=rf"^{source}/{message}") as e:
+    _import(source, target, copy_model[0])
+  assert "\n" not in str(e.value)
+  assert not target.exists()
+  assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+
+
+def test_an_existing_workdir_is_refused(hf_folder, copy_model, tmp_path):
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "notes.txt").write_text("mine")
+  with pytest.raises(ModelImportError, match="exists and is not an empty"):
+    _import(hf_folder[0], tmp_path / "run", copy_model[0])
+  assert os.listdir(tmp_path / "run") == ["notes.txt"]
+  (tmp_path / "run" / "notes.txt").unlink()  # an empty folder is used
+  _import(hf_folder[0], tmp_path / "run", copy_model[0])
+  assert checkpoints.all_steps(str(tmp_path / "run")) == [importer.STEP]
+
+
+def test_a_failed_write_leaves_no_workdir(hf_folder, copy_model, tmp_path,
+                                          monkeypatch):
+  def fail(*args, **kwargs):
+    raise OSError("disk full")
+  monkeypatch.setattr(checkpoints, "save", fail)
+  with pytest.raises(OSError, match="disk full"):
+    _import(hf_folder[0], tmp_path / "run", copy_model[0])
+  assert os.listdir(tmp_path) == []
+
+
+def _mha_import(*args):
+  return subprocess.run(
+      [sys.executable, "-m", "mha.cli.import_", *args], cwd=REPO_ROOT,
+      capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_command(hf_folder, tmp_path):
+  config = f"--config={REPO_ROOT / 'configs' / 'quickstart.py'}:tiny"
+  bad = _mha_import("--from=huggingface", f"--source={tmp_path}",
+                    f"--workdir={tmp_path / 'w'}", config)
+  assert bad.returncode == 1
+  # python -m names the command import_.py; the console script mha-import.
+  assert [line.split(": ", 1)[1] for line in bad.stderr.splitlines()
+          if not line.startswith("I")] == [
+      f"{tmp_path}/config.json: missing: --source is not a "
+      "Hugging Face MarianMT folder."]
+  assert not (tmp_path / "w").exists()
+  good = _mha_import("--from=huggingface", f"--source={hf_folder[0]}",
+                     f"--workdir={tmp_path / 'w'}", config)
+  assert good.returncode == 0, good.stderr[-2000:]
+  assert f"--config.init_from={tmp_path / 'w'}" in good.stdout
+  saved = json.loads((tmp_path / "w" / "config.json").read_text())
+  assert saved["d_model"] == 32 and saved["max_tokens"] != 768
+
+
+# ------------------------------------------ a model made by transformers
+
+
+@pytest.fixture(name="hf_torch", scope="module")
+def hf_torch_fixture():
+  """(torch, transformers, test_huggingface_torch) or a named skip."""
+  torch = pytest.importorskip(
+      "torch", reason="torch is not installed (the [hf] extra's reader; CI's "
+      "Python 3.11 run has it)")
+  transformers = pytest.importorskip(
+      "transformers", reason="transformers is not installed (the [hf] extra)")
+  import test_huggingface_torch  # pylint: disable=import-outside-toplevel
+  return torch, transformers, test_huggingface_torch
+
+
+@pytest.fixture(scope="module")
+def transformers_model(hf_torch, copy_model, copy_workdir,
+                       tmp_path_factory):
+  """A random MarianMTModel made by transformers (relu, post-LN, shared
+  embeddings, zero biases, random layer norms, mha's special ids) with the
+  copy model's SentencePiece model, saved by `save_pretrained`, and the
+  workdir mha-import makes of it."""
+  torch, transformers, _ = hf_torch
+  config, model_config, _, tokenizer = copy_model
+  torch.manual_seed(0)
+  hf_config = transformers.MarianConfig(
+      vocab_size=512, decoder_vocab_size=512, d_model=32, encoder_layers=2,
+      decoder_layers=3, encoder_attention_heads=4,
+      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+      max_position_embeddings=64, activation_function="relu",
+      scale_embedding=True, pad_token_id=0, eos_token_id=1,
+      decoder_start_token_id=0, forced_eos_token_id=None, dropout=0.0,
+      init_std=0.3, share_encoder_decoder_embeddings=True)
+  model = transformers.MarianMTModel(hf_config).eval()
+  with torch.no_grad():
+    for module in model.modules():
+      if isinstance(module, torch.nn.LayerNorm):
+        module.weight.normal_(1.0, 0.2)
+        module.bias.normal_(0.0, 0.2)
+  folder = tmp_path_factory.mktemp("transformers") / "model"
+  model.save_pretrained(str(folder))
+  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+  for name, content in hf_export.tokenizer_files(
+      model_config, pieces,
+      (copy_workdir / "spm.model").read_bytes()).items():
+    (folder / name).write_bytes(content)
+  workdir = tmp_path_factory.mktemp("from_transformers") / "run"
+  _import(folder, workdir, config)
+  return folder, workdir
+
+
+@pytest.mark.torch
+def test_transformers_model_imports_and_scores_as_transformers(
+    hf_torch, transformers_model, copy_model, caplog):
+  _, _, hf_tests = hf_torch
+  folder, workdir = transformers_model
+  model, hf_tokenizer = hf_tests.load(folder, caplog)
+  saved, tokenizer = trained.load_workdir(str(workdir))
+  params, _, _ = trained.load_params(str(workdir))
+  model_config = TransformerConfig.from_config(saved, deterministic=True)
+  assert (model_config.num_encoder_layers, model_config.num_decoder_layers
+          ) == (2, 3)
+  pairs = first_test_pairs(copy_model[0])
+  ours = np.concatenate(mha_log_probs(
+      model_config, params, [tokenizer.encode(s) + [EOS] for s, _ in pairs],
+      [tokenizer.encode(t) + [EOS] for _, t in pairs]))
+  theirs = np.concatenate(hf_tests.hf_log_probs(model, hf_tokenizer, pairs))
+  np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
+  assert np.std(theirs) > 0.5  # not a uniform distribution
+  # HF -> mha -> HF: the tensors transformers saved, bit for bit.
+  from safetensors import numpy as st  # pylint: disable=g-import-not-at-top
+  state = st.load_file(str(folder / "model.safetensors"))
+  again = marian.params_to_marian(model_config, params)
+  for name, tensor in again.items():
+    np.testing.assert_array_equal(tensor, state[name], err_msg=name)
+
+
+@pytest.mark.torch
+def test_transformers_model_greedy_outputs_are_generates(
+    hf_torch, transformers_model, copy_model, caplog):
+  _, _, hf_tests = hf_torch
+  folder, workdir = transformers_model
+  model, hf_tokenizer = hf_tests.load(folder, caplog)
+  saved, tokenizer = trained.load_workdir(str(workdir))
+  params, _, _ = trained.load_params(str(workdir))
+  model_config = TransformerConfig.from_config(saved, deterministic=True)
+  extra = saved.max_decode_extra
+  sources = [s for s, _ in first_test_pairs(copy_model[0])]
+  pairs = hf_tests.translate.translate_ids(
+      model_config, params, tokenizer, sources, beam_size=1, alpha=0.0,
+      max_decode_extra=extra)
+  limits = [min(len(src) + extra, model_config.max_len) for src, _ in pairs]
+  # pylint: disable=protected-access
+  ours = [hf_tests._mha_hypothesis(out, limit)
+          for (_, out), limit in zip(pairs, limits)]
+  theirs = hf_tests._generate(
+      model, hf_tokenizer, sources, limits, num_beams=1)
+  assert theirs == ours
+  assert len({tuple(o) for o in ours}) >= 4  # not one output
