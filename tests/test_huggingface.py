@@ -10,6 +10,7 @@ measures what Marian's ε changes. tests/test_huggingface_torch.py checks the
 same folder against transformers itself.
 """
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -88,8 +89,17 @@ def _attention(x, memory, mask, state, name, heads):
   return _linear(heads_out.reshape(x.shape), state, f"{name}.out_proj")
 
 
-def _ffn(x, state, prefix):
-  h = np.maximum(_linear(x, state, f"{prefix}.fc1"), 0.0)
+# transformers' ACT2FN of config.json's activation_function, in numpy.
+_ACTIVATIONS = {
+    "relu": lambda x: np.maximum(x, 0.0),
+    "swish": lambda x: x / (1.0 + np.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1.0 + np.vectorize(math.erf)(
+        x / math.sqrt(2.0))),
+}
+
+
+def _ffn(x, state, prefix, activation="relu"):
+  h = _ACTIVATIONS[activation](_linear(x, state, f"{prefix}.fc1"))
   return _linear(h, state, f"{prefix}.fc2")
 
 
@@ -111,8 +121,8 @@ def marian_log_probs(state, cfg, source, decoder_input, eps):
     x = _layer_norm(x + _attention(x, x, keys, state, f"{p}.self_attn",
                                    cfg.num_heads),
                     state, f"{p}.self_attn_layer_norm", eps)
-    x = _layer_norm(x + _ffn(x, state, p), state, f"{p}.final_layer_norm",
-                    eps)
+    x = _layer_norm(x + _ffn(x, state, p, cfg.ffn_activation), state,
+                    f"{p}.final_layer_norm", eps)
   length = decoder_input.shape[1]
   y = decoder_embed[decoder_input] * scale + table[:length]
   causal = np.tril(np.ones((length, length), bool))[None]
@@ -124,8 +134,8 @@ def marian_log_probs(state, cfg, source, decoder_input, eps):
     y = _layer_norm(y + _attention(y, x, keys, state, f"{p}.encoder_attn",
                                    cfg.num_heads),
                     state, f"{p}.encoder_attn_layer_norm", eps)
-    y = _layer_norm(y + _ffn(y, state, p), state, f"{p}.final_layer_norm",
-                    eps)
+    y = _layer_norm(y + _ffn(y, state, p, cfg.ffn_activation), state,
+                    f"{p}.final_layer_norm", eps)
   output = decoder_embed if shared else state["lm_head.weight"]
   logits = y @ output.T + state["final_logits_bias"]
   logits -= logits.max(-1, keepdims=True)
@@ -174,6 +184,29 @@ def test_marian_equations_on_the_export_compute_mha(share_embeddings):
   for mine, same_eps, their_eps in zip(ours, flax_eps, marian_eps):
     np.testing.assert_allclose(same_eps, mine, rtol=0, atol=2e-5)
     np.testing.assert_allclose(their_eps, mine, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("activation", ["relu", "swish", "gelu"])
+def test_the_model_options_are_exported(activation):
+  """config.ffn_activation becomes config.json's activation_function, the
+  attention biases and the output bias (config.attention_bias,
+  output_bias; random here) Marian's q/k/v/out_proj biases and
+  final_logits_bias: the numpy Marian computes mha."""
+  model_config = TransformerConfig.from_config(
+      tiny_config(ffn_activation=activation, attention_bias=True,
+                  output_bias=True), deterministic=True)
+  params = random_params(model_config, seed=7)
+  state = marian.params_to_marian(model_config, params)
+  assert (hf_export.config_json(model_config)["activation_function"]
+          == activation)
+  assert np.any(state["final_logits_bias"])
+  assert np.any(state["model.decoder.layers.0.encoder_attn.out_proj.bias"])
+  sources = _random_sentences(2, model_config.vocab_size)
+  targets = _random_sentences(3, model_config.vocab_size)
+  ours = mha_log_probs(model_config, params, sources, targets)
+  theirs = _marian_scores(state, model_config, sources, targets, 1e-6)
+  for mine, same in zip(ours, theirs):
+    np.testing.assert_allclose(same, mine, rtol=0, atol=2e-5)
 
 
 # ------------------------------------------------------------- round trip

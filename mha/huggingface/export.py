@@ -65,7 +65,7 @@ def config_json(model_config: TransformerConfig) -> dict[str, Any]:
       "decoder_attention_heads": cfg.num_heads,
       "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff,
       "max_position_embeddings": cfg.max_len,
-      "activation_function": "relu", "dropout": cfg.dropout_rate,
+      "activation_function": cfg.ffn_activation, "dropout": cfg.dropout_rate,
       "attention_dropout": cfg.attention_dropout_rate,
       "activation_dropout": 0.0, "encoder_layerdrop": 0.0,
       "decoder_layerdrop": 0.0, "scale_embedding": True,

@@ -117,16 +117,23 @@ class _Layout:
 def _attention_to_marian(layout: _Layout, p: dict, prefix: str,
                          out: dict[str, np.ndarray]) -> None:
   """q/k/v: our `[M, h, d]` as Marian's `[h·d, M]` (input permuted); out:
-  our `[h, d_v, M]` as `[M, h·d_v]` (output permuted); zero biases."""
+  our `[h, d_v, M]` as `[M, h·d_v]` (output permuted); the biases of
+  `config.attention_bias` (`[h, d]` as `[h·d]`; out's permuted), else
+  zeros."""
   for ours, theirs in _PROJECTIONS:
     kernel = np.asarray(p[f"{ours}_kernel"])
     kernel = kernel.reshape(kernel.shape[0], -1)  # [M, h·d]
     out[f"{prefix}.{theirs}.weight"] = layout.to_marian(kernel, 0).T.copy()
-    out[f"{prefix}.{theirs}.bias"] = np.zeros(kernel.shape[1], np.float32)
+    bias = p.get(f"{ours}_bias")
+    out[f"{prefix}.{theirs}.bias"] = (
+        np.zeros(kernel.shape[1], np.float32) if bias is None
+        else _f32(np.asarray(bias).reshape(-1)))
   w_out = np.asarray(p["out_kernel"])
   w_out = w_out.reshape(-1, w_out.shape[-1])  # [h·d_v, M]
   out[f"{prefix}.out_proj.weight"] = layout.to_marian(w_out, 1).T.copy()
-  out[f"{prefix}.out_proj.bias"] = np.zeros(w_out.shape[1], np.float32)
+  out[f"{prefix}.out_proj.bias"] = (
+      np.zeros(w_out.shape[1], np.float32) if "out_bias" not in p
+      else layout.to_marian(p["out_bias"], 0))
 
 
 def _ffn_to_marian(layout: _Layout, p: dict, prefix: str,
@@ -170,7 +177,9 @@ def params_to_marian(model_config: TransformerConfig,
   vocab_size = source.shape[0]
   if model_config.share_embeddings:
     out["model.shared.weight"] = source
-    out["final_logits_bias"] = np.zeros((1, vocab_size), np.float32)
+    out["final_logits_bias"] = (  # config.output_bias's, else zeros
+        _f32(params["output_bias"])[None] if "output_bias" in params
+        else np.zeros((1, vocab_size), np.float32))
   else:
     out["model.encoder.embed_tokens.weight"] = source
     out["model.decoder.embed_tokens.weight"] = layout.to_marian(
