@@ -8,6 +8,7 @@ CTranslate2), requirements-dev.txt (all of it + the test tools: the test
 command and CI).
 """
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from uv import find_uv_bin
 
 from conftest import REPO_ROOT
+from conftest import xla_flags
 
 LOCKS = {"requirements.txt": [],
          "requirements-tfds.txt": ["tfds", "export"],
@@ -192,3 +194,19 @@ def test_lock_resolves_on_each_platform(file_name, platform, tmp_path):
       name, version = line.split(";")[0].strip().split("==")
       resolved[_name(name)] = version
   assert resolved == read_lock(file_name, platform)
+
+
+def test_xla_flags_leave_out_the_ones_a_jaxlib_does_not_know():
+  removed = "--xla_cpu_use_fusion_emitters=false"
+  old, new = (xla_flags(2, jaxlib=v).split() for v in ((0, 10), (0, 12)))
+  assert removed in old and removed not in new
+  assert set(old) - set(new) == {removed}
+  # The installed jaxlib starts with the suite's flags (an unknown one
+  # aborts XLA's start-up) and makes the devices they ask for.
+  result = subprocess.run(
+      [sys.executable, "-c", "import jax; print(jax.device_count(), "
+       "jax.numpy.arange(4.0).sum())"],
+      env={**os.environ, "XLA_FLAGS": xla_flags(2)}, capture_output=True,
+      text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split() == ["2", "6.0"]
