@@ -11,6 +11,7 @@ later need 3.12), the newest JAX 0.12 and flax 0.12 on Python 3.12-3.14.
 """
 import importlib.metadata
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -273,3 +274,44 @@ def test_xla_flags_leave_out_the_ones_a_jaxlib_does_not_know():
       text=True, timeout=120, check=False)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.split() == ["2", "6.0"]
+
+
+def _find_python313(path: str, home) -> subprocess.CompletedProcess:
+  return subprocess.run(
+      [str(REPO_ROOT / ".ci" / "python3.13")], capture_output=True, text=True,
+      env={"PATH": path, "HOME": str(home)}, timeout=60, check=False)
+
+
+def test_ci_finds_a_python_3_13_or_fails_in_one_line(tmp_path):
+  # No Python 3.13 on PATH nor in pyenv: one line on how to get one.
+  result = _find_python313("/usr/bin:/bin", tmp_path)
+  assert result.returncode == 1 and not result.stdout
+  assert result.stderr.count("\n") == 1
+  assert "pyenv install 3.13" in result.stderr
+  # A python3.13 on PATH that is another Python does not count.
+  fake = tmp_path / "bin"
+  fake.mkdir()
+  (fake / "python3.13").symlink_to(sys.executable)
+  assert _find_python313(f"{fake}:/usr/bin:/bin", tmp_path).returncode == 1
+  # pyenv's, where PATH has none (a fresh machine of ours).
+  found = sorted(pathlib.Path.home().glob(
+      ".pyenv/versions/3.13*/bin/python3.13"))
+  if not found:
+    pytest.skip("no pyenv Python 3.13 on this machine")
+  versions = tmp_path / "home" / ".pyenv" / "versions" / "3.13.0" / "bin"
+  versions.mkdir(parents=True)
+  (versions / "python3.13").symlink_to(found[0])
+  result = _find_python313("/usr/bin:/bin", tmp_path / "home")
+  assert result.returncode == 0
+  assert result.stdout == f"{versions / 'python3.13'}\n"
+
+
+def test_ci_runs_the_suite_on_python_3_13_without_slow_and_torch_tests():
+  lines = (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+  (second,) = [line for line in lines if ".venv313/bin/python -m pytest" in
+               line]
+  assert second.endswith('-m "not slow and not torch"')
+  assert '"$python313" -m venv .venv313 && .venv313/bin/pip install -q -r ' \
+         'requirements-dev.txt -e . && ' in second
+  marks = (REPO_ROOT / "pytest.ini").read_text()
+  assert "\n    torch: " in marks and "\n    slow: " in marks
