@@ -22,6 +22,11 @@ import importlib.util
 import os
 import sys
 
+from mha.runtime import versions as _versions
+
+# An unsupported Python, JAX or flax: one line, before anything imports them.
+_versions.check()
+
 os.environ.setdefault("EPATH_USE_TF", "false")
 
 # Modules that lived at the top of the package before the folders by

@@ -160,6 +160,12 @@ class Terminated(UserError):
   exit_code = 143
 
 
+class UnsupportedVersions(UserError, ImportError):
+  """A Python, JAX or flax outside the versions mha runs on
+  (`mha.runtime.versions`): `import mha` raises it, and uncaught it is
+  printed as one line, its message, without the stack of the import."""
+
+
 class SigTerm(BaseException):
   """A SIGTERM, raised in the main thread of a command that stops on it
   (`cli.startup.stops_on_sigterm`; the command then ends as `Terminated`).

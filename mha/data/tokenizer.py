@@ -74,8 +74,11 @@ class Tokenizer:
   def __init__(self, model_proto: bytes, path: str | None = None):
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+      # Every option given: sentencepiece 0.2.0 defaults the first two to
+      # False, later versions to the model's (▁ for spaces, a leading ▁).
       self._normalizer = spm.SentencePieceNormalizer(
-          model_proto=model_proto, remove_extra_whitespaces=True)
+          model_proto=model_proto, add_dummy_prefix=False,
+          escape_whitespaces=False, remove_extra_whitespaces=True)
     except RuntimeError:  # SentencePiece's parse error names no file
       what = path or "The SentencePiece model"
       raise DataError(
