@@ -6,5 +6,6 @@ Modules: `files` (the one file layer, local and gs://), `distributed`
 SIGTERM as an exception), `library_logs` (the libraries' INFO lines
 hidden), `tensorflow_loader` (TensorFlow imported only where used),
 `compilation_cache` (XLA's persistent cache), `compile_time` (seconds
-spent compiling). Imports nothing of the model, search or training.
+spent compiling), `event_loops` (Orbax's event loops closed with no read
+in flight). Imports nothing of the model, search or training.
 """

@@ -33,6 +33,7 @@ import tensorstore as ts
 from mha.errors import CheckpointError
 from mha.errors import CheckpointNotFound
 from mha.errors import DamagedCheckpointError
+from mha.runtime import event_loops
 
 STATE = 'state'
 META = 'meta'
@@ -78,11 +79,15 @@ def read_errors(directory: str | os.PathLike[str], steps: Sequence[int],
 
   A step deleted meanwhile raises `CheckpointNotFound`; a TensorStore error
   (a status such as 'OUT_OF_RANGE: ...') on a step still there raises
-  `DamagedCheckpointError`; anything else is a bug and propagates.
+  `DamagedCheckpointError`; anything else is a bug and propagates. Orbax's
+  event loops made meanwhile end their pending reads before they close
+  (`event_loops.draining`): a failed read leaves no TensorStore read to
+  call back into a closed loop.
   """
   directory = epath.Path(directory)
   try:
-    yield
+    with event_loops.draining():
+      yield
   except (FileNotFoundError, ValueError, KeyError, AttributeError) as e:
     gone = _deleted([_step_path(directory, step) for step in steps])
     if gone is not None:
