@@ -12,13 +12,20 @@ read still in flight when Orbax closed the event loop of a failed restore
 (mha/runtime/event_loops.py).
 """
 import asyncio
+import logging
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
+import tensorstore as ts
 
 from mha.runtime import event_loops
+from mha.store import trained
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,3 +104,163 @@ def test_draining_changes_only_asyncios_default_policy_and_only_within():
     loop.close()
   with pytest.raises(RuntimeError, match="Event loop is closed"):
     inner.call_soon_threadsafe(print)
+
+
+# The deletion injected at the k-th file access of a reader under
+# `checkpoints/`: Python's file accesses (audit events, in any thread) and
+# the TensorStore stores Orbax opens (whose reads run in TensorStore's own
+# threads). The audit hook cannot be removed: it is added once and does
+# nothing while no injection is armed.
+_ARMED = {}
+_AUDITED = ("open", "os.listdir", "os.scandir")
+
+
+def _access(what: tuple) -> None:
+  injection = _ARMED.get("now")
+  if injection is not None and not injection.running:
+    injection.access(what)
+
+
+def _audit(event, args):
+  if event in _AUDITED and args and isinstance(args[0], (str, bytes)):
+    path = os.fsdecode(args[0])
+    injection = _ARMED.get("now")
+    if injection is not None and path.startswith(injection.under):
+      _access((event, os.path.relpath(path, injection.under)))
+
+
+sys.addaudithook(_audit)
+
+
+class Deletion:
+  """`trainer()` run at the `at`-th access under `under` (None: never; the
+  accesses are recorded in `seen`)."""
+
+  def __init__(self, under: str, at: int | None, trainer):
+    self.under, self.at, self.trainer = under, at, trainer
+    self.seen, self.running = [], False
+
+  def access(self, what: tuple) -> None:
+    self.seen.append(what)
+    if len(self.seen) == self.at:
+      self.running = True  # the trainer's own accesses are not counted
+      try:
+        self.trainer()
+      finally:
+        self.running = False
+
+  def __enter__(self):
+    _ARMED["now"] = self
+    return self
+
+  def __exit__(self, *exc):
+    _ARMED.pop("now")
+
+
+@pytest.fixture
+def stores(monkeypatch):
+  """TensorStore's opens counted as accesses."""
+  for owner, name in ((ts, "open"), (ts.KvStore, "open")):
+    original = getattr(owner, name)
+
+    def counted(*args, _original=original, _name=name, **kwargs):
+      _access((f"tensorstore.{_name}",))
+      return _original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+
+
+def points(seen: list[tuple]) -> list[int]:
+  """The k (1-based) of each distinct point of a read: every access whose
+  kind differs from the one before or after it (a run of TensorStore
+  opens of one phase is tried at its first and its last)."""
+  kinds = [what[0] for what in seen]
+  return [k + 1 for k in range(len(seen))
+          if k in (0, len(seen) - 1) or kinds[k - 1] != kinds[k]
+          or kinds[k + 1] != kinds[k]]
+
+
+@pytest.fixture
+def unraisable(monkeypatch):
+  """The exceptions reported through `sys.unraisablehook` (TensorStore's
+  callbacks report theirs so: a stack on stderr outside pytest)."""
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook",
+                      lambda report: seen.append(repr(report.exc_value)))
+  return seen
+
+
+class KeepOne:
+  """A workdir whose trainer saves every step and keeps one checkpoint:
+  `copy` of tiny_workdir (checkpoints 2, 4, 6) with step 2 alone in
+  checkpoints/, the others in `saved` until `save_next` saves one (put in
+  place whole, as Orbax renames a finished step) and deletes the one
+  before (Orbax's deletion, after the save)."""
+
+  def __init__(self, workdir: pathlib.Path, saved: pathlib.Path):
+    self.workdir, self.saved = workdir, saved
+    self.checkpoints = workdir / "checkpoints"
+
+  def reset(self) -> None:
+    for step in ("2", "4", "6"):
+      if (self.checkpoints / step).exists() and step != "2":
+        shutil.rmtree(self.checkpoints / step)
+      elif step == "2" and not (self.checkpoints / step).exists():
+        shutil.copytree(self.saved / step, self.checkpoints / step)
+
+  def save_next(self) -> None:
+    (present,) = [int(n) for n in os.listdir(self.checkpoints)]
+    new = self.checkpoints / f"{present + 2}.orbax-checkpoint-tmp"
+    shutil.copytree(self.saved / str(present + 2), new)
+    new.rename(self.checkpoints / str(present + 2))
+    shutil.rmtree(self.checkpoints / str(present))
+
+
+@pytest.fixture
+def keep_one(copy, tmp_path) -> KeepOne:
+  saved = tmp_path / "saved"
+  shutil.copytree(copy / "checkpoints", saved)
+  for step in ("4", "6"):
+    shutil.rmtree(copy / "checkpoints" / step)
+  return KeepOne(copy, saved)
+
+
+def _tree_equal(a, b) -> bool:
+  leaves_a, tree_a = jax.tree.flatten(a)
+  leaves_b, tree_b = jax.tree.flatten(b)
+  return tree_a == tree_b and all(
+      np.array_equal(x, y) for x, y in zip(leaves_a, leaves_b))
+
+
+def test_a_loader_reads_a_whole_step_wherever_the_deletion_falls(
+    keep_one, tiny_workdir, stores, unraisable, capfd, caplog):
+  """`trained.load_params` (mha.load's, eval.py's read) with step 2 deleted
+  (step 4 saved first) at each point of its read: it returns step 4, read
+  whole, having chosen its steps again (the documented warning) when it had
+  chosen step 2; never an error, never a stack; the same run after run."""
+  reference = {s: trained.load_params(str(tiny_workdir), s)[0]
+               for s in (2, 4)}
+
+  def load(at):
+    keep_one.reset()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), Deletion(
+        str(keep_one.checkpoints), at, keep_one.save_next) as deletion:
+      params, step, steps = trained.load_params(str(keep_one.workdir))
+    assert steps == [step] and _tree_equal(params, reference[step]), at
+    warned = [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.WARNING and r.name == "absl"
+              and "Attempt" in r.getMessage()]
+    return step, warned, deletion.seen
+
+  step, warned, seen = load(None)
+  assert step == 2 and not warned
+  outcomes = [load(k)[:2] for k in points(seen)]
+  assert len(outcomes) >= 8
+  for (step, warned), k in zip(outcomes, points(seen)):
+    assert step == 4, k
+    assert all(w.startswith("Attempt 1 of 3: Checkpoint ")
+               and "was deleted while it was read" in w
+               for w in warned), (k, warned)
+  assert [load(k)[:2] for k in points(seen)] == outcomes
+  assert unraisable == [] and "Traceback" not in capfd.readouterr().err
