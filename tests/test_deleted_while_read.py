@@ -12,6 +12,7 @@ read still in flight when Orbax closed the event loop of a failed restore
 (mha/runtime/event_loops.py).
 """
 import asyncio
+import contextlib
 import logging
 import os
 import pathlib
@@ -25,6 +26,7 @@ import pytest
 import tensorstore as ts
 
 from mha.runtime import event_loops
+from mha.evaluation import follow
 from mha.store import trained
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,11 +145,17 @@ class Deletion:
   def access(self, what: tuple) -> None:
     self.seen.append(what)
     if len(self.seen) == self.at:
-      self.running = True  # the trainer's own accesses are not counted
-      try:
+      with self.untracked():
         self.trainer()
-      finally:
-        self.running = False
+
+  @contextlib.contextmanager
+  def untracked(self):
+    """The trainer's own accesses are not counted."""
+    self.running = True
+    try:
+      yield
+    finally:
+      self.running = False
 
   def __enter__(self):
     _ARMED["now"] = self
@@ -202,6 +210,8 @@ class KeepOne:
     self.checkpoints = workdir / "checkpoints"
 
   def reset(self) -> None:
+    """Step 2 alone, nothing evaluated (no follower's record)."""
+    shutil.rmtree(self.workdir / "eval", ignore_errors=True)
     for step in ("2", "4", "6"):
       if (self.checkpoints / step).exists() and step != "2":
         shutil.rmtree(self.checkpoints / step)
@@ -262,5 +272,52 @@ def test_a_loader_reads_a_whole_step_wherever_the_deletion_falls(
     assert all(w.startswith("Attempt 1 of 3: Checkpoint ")
                and "was deleted while it was read" in w
                for w in warned), (k, warned)
-  assert [load(k)[:2] for k in points(seen)] == outcomes
+  assert [load(k)[:2] for k in points(seen)[::3]] == outcomes[::3]
+  assert unraisable == [] and "Traceback" not in capfd.readouterr().err
+
+
+def test_a_follower_skips_a_step_deleted_at_any_point_of_its_read(
+    keep_one, stores, unraisable, capfd, caplog):
+  """eval.py --follow beside the same trainer, step 2 deleted (step 4
+  saved) at each point of the follower's read of it, step 6 saved at its
+  next poll: step 2 is evaluated or skipped with the documented line, 4
+  and 6 are evaluated; no error, no stack; the same run after run."""
+  trainer = keep_one.save_next
+  checkpoints = str(keep_one.checkpoints)
+
+  def run(at):
+    keep_one.reset()
+    caplog.clear()
+    ends = []
+
+    def sleep(seconds):
+      del seconds
+      if not (keep_one.checkpoints / "6").exists():
+        with deletion.untracked():
+          trainer()
+
+    with caplog.at_level(logging.INFO), Deletion(
+        checkpoints, at, trainer) as deletion:
+      results = follow.follow(
+          str(keep_one.workdir), split="test[:4]", timeout_seconds=0,
+          report=lambda r: ends.append(len(deletion.seen)), sleep=sleep)
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "absl" and r.pathname.endswith("follow.py")
+             and r.getMessage().startswith("Step ")]
+    return [r["checkpoint_step"] for r in results], lines, (
+        deletion.seen[:ends[0]] if ends else [])
+
+  evaluated, lines, seen = run(None)  # the accesses of step 2's evaluation
+  assert evaluated == [2, 4, 6] and lines == []
+  ks = [k for k in points(seen) if k == 1 or seen[k - 2][0] != seen[k - 1][0]]
+  outcomes = [run(k)[:2] for k in ks]
+  assert len(outcomes) >= 6
+  # Deleted before the first listing: never seen, nothing to say.
+  assert outcomes[0] == ([4, 6], [])
+  for (evaluated, lines), k in zip(outcomes[1:], ks[1:]):
+    assert evaluated == [4, 6], k
+    assert len(lines) == 1 and lines[0].startswith(
+        "Step 2 (test_4) was deleted while it was read (the trainer keeps "
+        "the last keep_checkpoints): skipped."), (k, lines)
+  assert [run(k)[:2] for k in ks[::3]] == outcomes[::3]
   assert unraisable == [] and "Traceback" not in capfd.readouterr().err
