@@ -13,18 +13,21 @@ read still in flight when Orbax closed the event loop of a failed restore
 """
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
 import pytest
 import tensorstore as ts
 
+from conftest import TINY_OVERRIDES, xla_flags
 from mha.runtime import event_loops
 from mha.evaluation import follow
 from mha.store import trained
@@ -321,3 +324,53 @@ def test_a_follower_skips_a_step_deleted_at_any_point_of_its_read(
         "the last keep_checkpoints): skipped."), (k, lines)
   assert [run(k)[:2] for k in ks[::3]] == outcomes[::3]
   assert unraisable == [] and "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_real_follower_beside_a_real_trainer_keeping_one_checkpoint(
+    tiny_workdir, tmp_path):
+  """train.py saving every step and keeping one checkpoint, eval.py
+  --follow beside it, each in a process of its own: both end with status
+  0; every step the follower saw is evaluated or skipped with the
+  documented line, the last one evaluated; no stack in either log."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  shutil.copy(tiny_workdir / "spm.model", workdir / "spm.model")
+  shutil.copytree(tiny_workdir / "tokenized", workdir / "tokenized")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(2))
+  changes = dict(TINY_OVERRIDES, num_train_steps=8, checkpoint_every_steps=1,
+                 keep_checkpoints=1, eval_every_steps=100000, num_layers=1)
+  trainer = subprocess.Popen(
+      [sys.executable, "train.py", f"--workdir={workdir}",
+       "--config=configs/quickstart.py:tiny"] + [
+           f"--config.{k}={v}" for k, v in changes.items()],
+      cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True)
+  try:
+    while not (workdir / "config.json").exists() and trainer.poll() is None:
+      threading.Event().wait(0.05)
+    follower = subprocess.run(
+        [sys.executable, "eval.py", f"--workdir={workdir}", "--follow",
+         "--split=test[:4]", "--follow_interval=0.05",
+         "--follow_timeout=600"], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=900)
+    trained_log = trainer.communicate(timeout=900)[1]
+  finally:
+    trainer.kill()
+  assert trainer.returncode == 0, trained_log[-3000:]
+  assert follower.returncode == 0, follower.stderr[-3000:]
+  for log in (trained_log, follower.stderr):
+    assert "Traceback" not in log and "Event loop is closed" not in log
+  record = json.loads((workdir / "eval" / "follow_test_4.json").read_text())
+  seen = record["evaluated"]["test_4"]
+  evaluated = sorted(int(p.name.rsplit("_", 1)[1])
+                     for p in (workdir / "eval").glob("test_4_*"))
+  skipped = sorted(int(line.split()[1]) for line in
+                   follower.stderr.splitlines() if "] Step " in line
+                   for line in [line.split("] ", 1)[1]])
+  assert seen == sorted(evaluated + skipped) and seen[-1] == 8 == evaluated[-1]
+  for line in follower.stderr.splitlines():
+    if "] Step " in line:
+      assert ("was deleted while it was read (the trainer keeps the last "
+              "keep_checkpoints): skipped." in line
+              or "deleted before its turn, not evaluated" in line), line
