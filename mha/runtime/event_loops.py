@@ -79,7 +79,8 @@ def draining() -> Iterator[None]:
   with _lock:
     if _active == 0:
       policy = asyncio.get_event_loop_policy()
-      if type(policy) is asyncio.DefaultEventLoopPolicy:  # pylint: disable=unidiomatic-typecheck
+      # Exactly asyncio's own, not a subclass of the user's.
+      if type(policy) is asyncio.DefaultEventLoopPolicy:  # noqa: E721
         policy.new_event_loop = DrainingEventLoop
         _patched = policy
     _active += 1
