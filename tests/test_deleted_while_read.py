@@ -215,18 +215,25 @@ class KeepOne:
   def reset(self) -> None:
     """Step 2 alone, nothing evaluated (no follower's record)."""
     shutil.rmtree(self.workdir / "eval", ignore_errors=True)
-    for step in ("2", "4", "6"):
-      if (self.checkpoints / step).exists() and step != "2":
-        shutil.rmtree(self.checkpoints / step)
-      elif step == "2" and not (self.checkpoints / step).exists():
-        shutil.copytree(self.saved / step, self.checkpoints / step)
+    shutil.rmtree(self.checkpoints)
+    shutil.copytree(self.saved / "2", self.checkpoints / "2")
 
-  def save_next(self) -> None:
-    (present,) = [int(n) for n in os.listdir(self.checkpoints)]
+  def save_next(self, stalled: bool = False) -> None:
+    """With `stalled`, the old step's files are deleted and its folders
+    left for the rest of the read (Orbax deletes the files first, in
+    threads, then the folders: a deleter stalled in between)."""
+    (present,) = [int(n) for n in os.listdir(self.checkpoints)
+                  if n.isdigit()]
     new = self.checkpoints / f"{present + 2}.orbax-checkpoint-tmp"
     shutil.copytree(self.saved / str(present + 2), new)
     new.rename(self.checkpoints / str(present + 2))
-    shutil.rmtree(self.checkpoints / str(present))
+    old = self.checkpoints / str(present)
+    if not stalled:
+      shutil.rmtree(old)
+      return
+    for folder, _, names in os.walk(old):
+      for name in names:
+        os.remove(os.path.join(folder, name))
 
 
 @pytest.fixture
@@ -245,12 +252,14 @@ def _tree_equal(a, b) -> bool:
       np.array_equal(x, y) for x, y in zip(leaves_a, leaves_b))
 
 
+@pytest.mark.parametrize("stalled", [False, True])
 def test_a_loader_reads_a_whole_step_wherever_the_deletion_falls(
-    keep_one, tiny_workdir, stores, unraisable, capfd, caplog):
+    keep_one, tiny_workdir, stores, unraisable, capfd, caplog, stalled):
   """`trained.load_params` (mha.load's, eval.py's read) with step 2 deleted
-  (step 4 saved first) at each point of its read: it returns step 4, read
-  whole, having chosen its steps again (the documented warning) when it had
-  chosen step 2; never an error, never a stack; the same run after run."""
+  (step 4 saved first) at each point of its read, whole or (`stalled`) its
+  files only: it returns step 4, read whole, having chosen its steps again
+  (the documented warning) when it had chosen step 2; never an error,
+  never a stack; the same run after run."""
   reference = {s: trained.load_params(str(tiny_workdir), s)[0]
                for s in (2, 4)}
 
@@ -258,7 +267,8 @@ def test_a_loader_reads_a_whole_step_wherever_the_deletion_falls(
     keep_one.reset()
     caplog.clear()
     with caplog.at_level(logging.WARNING), Deletion(
-        str(keep_one.checkpoints), at, keep_one.save_next) as deletion:
+        str(keep_one.checkpoints), at,
+        lambda: keep_one.save_next(stalled)) as deletion:
       params, step, steps = trained.load_params(str(keep_one.workdir))
     assert steps == [step] and _tree_equal(params, reference[step]), at
     warned = [r.getMessage() for r in caplog.records
@@ -272,8 +282,10 @@ def test_a_loader_reads_a_whole_step_wherever_the_deletion_falls(
   assert len(outcomes) >= 8
   for (step, warned), k in zip(outcomes, points(seen)):
     assert step == 4, k
-    assert all(w.startswith("Attempt 1 of 3: Checkpoint ")
-               and "was deleted while it was read" in w
+    assert all(w.startswith("Attempt 1 of 3: Checkpoint ") and (
+        "was deleted while it was read" in w
+        or "is damaged: " in w and "The checkpoints changed meanwhile (a "
+        "trainer saving and deleting): choosing the steps again." in w)
                for w in warned), (k, warned)
   assert [load(k)[:2] for k in points(seen)[::3]] == outcomes[::3]
   assert unraisable == [] and "Traceback" not in capfd.readouterr().err
