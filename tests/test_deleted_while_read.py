@@ -28,6 +28,7 @@ import pytest
 import tensorstore as ts
 
 from conftest import TINY_OVERRIDES, xla_flags
+from mha.errors import DamagedCheckpointError
 from mha.runtime import event_loops
 from mha.evaluation import follow
 from mha.store import trained
@@ -41,6 +42,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FAILED_READ = """
 import asyncio, sys, threading
 import tensorstore as ts
+from mha.errors import DamagedCheckpointError
 from mha.runtime import event_loops
 
 promise, future = ts.Promise.new()
@@ -291,14 +293,17 @@ def test_a_loader_reads_a_whole_step_wherever_the_deletion_falls(
   assert unraisable == [] and "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("stalled", [False, True])
 def test_a_follower_skips_a_step_deleted_at_any_point_of_its_read(
-    keep_one, stores, unraisable, capfd, caplog):
+    keep_one, stores, unraisable, capfd, caplog, stalled):
   """eval.py --follow beside the same trainer, step 2 deleted (step 4
   saved) at each point of the follower's read of it, step 6 saved at its
   next poll: step 2 is evaluated or skipped with the documented line, 4
   and 6 are evaluated; no error, no stack; the same run after run."""
-  trainer = keep_one.save_next
   checkpoints = str(keep_one.checkpoints)
+
+  def trainer():
+    keep_one.save_next(stalled)
 
   def run(at):
     keep_one.reset()
@@ -307,9 +312,12 @@ def test_a_follower_skips_a_step_deleted_at_any_point_of_its_read(
 
     def sleep(seconds):
       del seconds
-      if not (keep_one.checkpoints / "6").exists():
-        with deletion.untracked():
-          trainer()
+      with deletion.untracked():
+        for step in keep_one.checkpoints.iterdir():  # stalled ones end
+          if not any(p.is_file() for p in step.rglob("*")):
+            shutil.rmtree(step)
+        if not (keep_one.checkpoints / "6").exists():
+          keep_one.save_next()
 
     with caplog.at_level(logging.INFO), Deletion(
         checkpoints, at, trainer) as deletion:
@@ -327,13 +335,21 @@ def test_a_follower_skips_a_step_deleted_at_any_point_of_its_read(
   ks = [k for k in points(seen) if k == 1 or seen[k - 2][0] != seen[k - 1][0]]
   outcomes = [run(k)[:2] for k in ks]
   assert len(outcomes) >= 6
-  # Deleted before the first listing: never seen, nothing to say.
-  assert outcomes[0] == ([4, 6], [])
-  for (evaluated, lines), k in zip(outcomes[1:], ks[1:]):
+  for (evaluated, lines), k in zip(outcomes, ks):
     assert evaluated == [4, 6], k
-    assert len(lines) == 1 and lines[0].startswith(
+    if stalled:  # its empty folders listed: found damaged, tried again
+      assert lines[0].startswith(
+          "Step 2 (test_4) cannot be read now: tried again after the next "
+          "poll (a trainer deletes a step's files before its folder)."), k
+      lines = lines[1:]
+    elif k == 1:  # deleted before the first listing: never seen
+      assert lines == []
+      continue
+    assert len(lines) == 1 and (lines[0].startswith(
         "Step 2 (test_4) was deleted while it was read (the trainer keeps "
-        "the last keep_checkpoints): skipped."), (k, lines)
+        "the last keep_checkpoints): skipped.") or lines[0] == (
+            "Step 2: deleted before its turn, not evaluated (test_4).")), (
+                k, lines)
   assert [run(k)[:2] for k in ks[::3]] == outcomes[::3]
   assert unraisable == [] and "Traceback" not in capfd.readouterr().err
 
@@ -386,3 +402,21 @@ def test_a_real_follower_beside_a_real_trainer_keeping_one_checkpoint(
       assert ("was deleted while it was read (the trainer keeps the last "
               "keep_checkpoints): skipped." in line
               or "deleted before its turn, not evaluated" in line), line
+
+
+def test_a_follower_stops_on_a_step_still_damaged_after_a_poll(keep_one,
+                                                               caplog):
+  """A damaged step that no trainer deletes: tried again after one poll,
+  then the error naming it (eval.py's one line, status 1)."""
+  keep_one.reset()
+  (keep_one.checkpoints / "2" / "state" / "_METADATA").unlink()
+  sleeps = []
+  with caplog.at_level(logging.INFO), pytest.raises(
+      DamagedCheckpointError, match="checkpoints/2 is damaged: "
+      "state/_METADATA is missing"):
+    follow.follow(str(keep_one.workdir), split="test[:4]", timeout_seconds=0,
+                  sleep=sleeps.append)
+  assert len(sleeps) == 1
+  assert [r.getMessage()[:39] for r in caplog.records
+          if r.getMessage().startswith("Step ")] == [
+              "Step 2 (test_4) cannot be read now: tri"]
