@@ -411,11 +411,16 @@ def test_a_follower_stops_on_a_step_still_damaged_after_a_poll(keep_one,
   keep_one.reset()
   (keep_one.checkpoints / "2" / "state" / "_METADATA").unlink()
   sleeps = []
+
+  def sleep(seconds):
+    sleeps.append(seconds)
+    assert len(sleeps) < 5, "still polling a damaged step"
+
   with caplog.at_level(logging.INFO), pytest.raises(
       DamagedCheckpointError, match="checkpoints/2 is damaged: "
       "state/_METADATA is missing"):
     follow.follow(str(keep_one.workdir), split="test[:4]", timeout_seconds=0,
-                  sleep=sleeps.append)
+                  sleep=sleep)
   assert len(sleeps) == 1
   assert [r.getMessage()[:39] for r in caplog.records
           if r.getMessage().startswith("Step ")] == [

@@ -19,7 +19,9 @@ trainer's own tags (`eval_bleu`, `eval_chrf`, ...) have no '/'.
 
 It reads the workdir as eval.py does and never takes the trainer's `lock`.
 The trainer deletes old checkpoints (`keep_checkpoints`): a step deleted
-before or while it is read is skipped with one log line. Steps are
+before or while it is read is skipped with one log line; one found
+damaged is tried again after the next poll (the trainer deletes a step's
+files before its folders), skipped if gone by then. Steps are
 evaluated oldest first, one at a time, the checkpoint folder listed again
 after each, so a follower slower than the trainer's saves skips the steps
 deleted before their turn.
