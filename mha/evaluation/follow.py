@@ -19,7 +19,9 @@ trainer's own tags (`eval_bleu`, `eval_chrf`, ...) have no '/'.
 
 It reads the workdir as eval.py does and never takes the trainer's `lock`.
 The trainer deletes old checkpoints (`keep_checkpoints`): a step deleted
-before or while it is read is skipped with one log line. Steps are
+before or while it is read is skipped with one log line; one found
+damaged is tried again after the next poll (the trainer deletes a step's
+files before its folders), skipped if gone by then. Steps are
 evaluated oldest first, one at a time, the checkpoint folder listed again
 after each, so a follower slower than the trainer's saves skips the steps
 deleted before their turn.
@@ -53,6 +55,7 @@ from mha.store import metrics as metrics_lib
 from mha import validation
 from mha.store import workdir as workdir_lib
 from mha.errors import CheckpointError
+from mha.errors import DamagedCheckpointError
 from mha.errors import UserError
 from mha.evaluation.output import EvalError
 from mha.search.settings import SearchSettings
@@ -158,10 +161,24 @@ class _Follower:
   record: Record
   report: Callable[[dict[str, Any]], None] | None
   writer: metrics_lib.MetricsWriter | None = None
+  # (step, name) found damaged once: tried again after the next poll (a
+  # trainer deletes a step's files before its folders); `held`: not polled
+  # since.
+  retried: set[tuple[int, str]] = dataclasses.field(default_factory=set)
+  held: set[tuple[int, str]] = dataclasses.field(default_factory=set)
 
   def pending(self, step: int) -> list[tuple[str, int | None]]:
     return [(name, n) for name, n in self.evaluations
             if not self.record.has(name, step)]
+
+  def todo(self, steps: list[int]) -> list[tuple[int, tuple[str, int | None]]]:
+    """What to evaluate now, oldest first: the pending evaluations of the
+    steps present, but those held until the next poll, and of the steps
+    tried again that are gone now (skipped, with their line)."""
+    gone = {s for s, _ in self.retried} - set(steps)
+    return [(s, e) for s in sorted(set(steps) | gone) for e in self.pending(s)
+            if (s, e[0]) not in self.held
+            and (s in steps or (s, e[0]) in self.retried)]
 
   def evaluate(self, step: int, name: str, average_last: int | None
                ) -> dict[str, Any] | None:
@@ -180,7 +197,15 @@ class _Follower:
                                     **self.options)
       except (CheckpointError, EvalError) as e:
         if _readable(self.workdir, step, count):
-          raise  # not a deletion: bad input or a damaged checkpoint
+          if (not isinstance(e, DamagedCheckpointError)
+              or (step, name) in self.retried):
+            raise  # not a deletion: bad input or a damaged checkpoint
+          self.retried.add((step, name))
+          self.held.add((step, name))
+          logging.info("Step %d (%s) cannot be read now: tried again after "
+                       "the next poll (a trainer deletes a step's files "
+                       "before its folder). (%s)", step, name, e)
+          return None
         logging.warning("Step %d (%s) was deleted while it was read (the "
                         "trainer keeps the last keep_checkpoints): skipped. "
                         "(%s)", step, name, e)
@@ -285,14 +310,15 @@ def _poll(follower: _Follower, poll_seconds: float, timeout_seconds: float,
       if set(steps) - seen:
         seen.update(steps)
         last_new = clock()
-      todo = [(s, e) for s in steps for e in follower.pending(s)]
+      todo = follower.todo(steps)
       if todo:
         (step, (name, count)) = todo[0]
         result = follower.evaluate(step, name, count)
         if result is not None:
           results.append(result)
         continue
-      if _finished(follower.workdir, max(seen, default=None)):
+      if not follower.held and _finished(follower.workdir,
+                                         max(seen, default=None)):
         logging.info("The run's last step, %d, is evaluated: done.",
                      max(seen))
         return results
@@ -301,6 +327,7 @@ def _poll(follower: _Follower, poll_seconds: float, timeout_seconds: float,
                      "stopping.", timeout_seconds)
         return results
       sleep(poll_seconds)
+      follower.held.clear()
   finally:
     if follower.writer is not None:
       follower.writer.close()

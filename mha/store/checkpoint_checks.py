@@ -36,6 +36,7 @@ from mha import validation
 from mha.errors import CheckpointError
 from mha.errors import CheckpointNotFound
 from mha.errors import DamagedCheckpointError
+from mha.runtime import event_loops
 
 STATE = 'state'
 META = 'meta'
@@ -76,18 +77,31 @@ def verify(directory: str | os.PathLike[str], step: int,
 @contextlib.contextmanager
 def read_errors(directory: str | os.PathLike[str], steps: Sequence[int],
                 items: Sequence[str], purpose: Purpose,
-                params_only: bool = False) -> Iterator[None]:
+                params_only: bool = False,
+                verified: bool = True) -> Iterator[None]:
   """Orbax's errors while reading `steps` as this project's errors.
 
-  A step deleted meanwhile raises `CheckpointNotFound`; a TensorStore error
+  A step deleted meanwhile raises `CheckpointNotFound`: its folder is gone
+  or, `verified` (`verify` found the items' required files just before),
+  one of those files is (a trainer deletes a step's files first, then its
+  folders, which may stay a while on a loaded machine); a TensorStore error
   (a status such as 'OUT_OF_RANGE: ...') on a step still there raises
-  `DamagedCheckpointError`; anything else is a bug and propagates.
+  `DamagedCheckpointError`; anything else is a bug and propagates. Orbax's
+  event loops made meanwhile end their pending reads before they close
+  (`event_loops.draining`): a failed read leaves no TensorStore read to
+  call back into a closed loop.
   """
   directory = epath.Path(directory)
   try:
-    yield
+    with event_loops.draining():
+      yield
   except (FileNotFoundError, ValueError, KeyError, AttributeError) as e:
-    gone = _deleted([_step_path(directory, step) for step in steps])
+    paths = [_step_path(directory, step) for step in steps]
+    gone = _deleted(paths)
+    if gone is None and verified:
+      gone = next((p for p in paths if any(
+          not (p / name).exists() for item in items
+          for name in REQUIRED_FILES[item])), None)
     if gone is not None:
       raise _deleted_error(gone) from None
     status = re.match(r'^[A-Z_]+: ', str(e))

@@ -331,7 +331,7 @@ def open_reader(workdir: str | os.PathLike[str], steps: Sequence[int],
   meanwhile raises `CheckpointNotFound` (`read_errors`).
   """
   directory = workdir_lib.Workdir(workdir).checkpoints_path
-  with read_errors(directory, steps, items, purpose):
+  with read_errors(directory, steps, items, purpose, verified=False):
     reader = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(create=False),

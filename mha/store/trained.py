@@ -16,6 +16,7 @@ from absl import logging
 
 from mha import data
 from mha import validation
+from mha.errors import DamagedCheckpointError
 from mha.errors import EvalError
 from mha.errors import UserError
 from mha.model.transformer import TransformerConfig
@@ -55,8 +56,10 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
   A running trainer deletes its oldest checkpoint after each save
   (`keep_checkpoints`), possibly while they are read here. The steps are
   chosen from those present; if one of them is deleted before or while it is
-  read, they are chosen again from those present then (at most
-  `READ_ATTEMPTS` times), and the steps returned are those actually read.
+  read, or found damaged while the steps present have changed (a trainer
+  deletes a step's files before its folder), they are chosen again from
+  those present then (at most `READ_ATTEMPTS` times), and the steps
+  returned are those actually read.
 
   Args:
     workdir: the training workdir.
@@ -84,6 +87,15 @@ def load_params(workdir: str, checkpoint_step: int | None = None,
     except checkpoints.CheckpointNotFound as e:
       logging.warning("Attempt %d of %d: %s Choosing the steps again.",
                       attempt + 1, READ_ATTEMPTS, e)
+    except DamagedCheckpointError as e:
+      # Files missing from a step whose folder is still there: a damaged
+      # step, or one a trainer is deleting (its files first, then its
+      # folders) after saving a newer one; then the steps chosen now differ.
+      if choose_steps(workdir, checkpoint_step, average_last) == steps:
+        raise
+      logging.warning("Attempt %d of %d: %s The checkpoints changed "
+                      "meanwhile (a trainer saving and deleting): choosing "
+                      "the steps again.", attempt + 1, READ_ATTEMPTS, e)
   raise EvalError(
       f"Checkpoints of {workdir_lib.Workdir(workdir).checkpoints_path} were "
       f"deleted while they were read, {READ_ATTEMPTS} times: the trainer "
