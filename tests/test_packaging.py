@@ -94,18 +94,28 @@ def with_imports_recorded(out, script: str, *args: str) -> list[str]:
   return [sys.executable, "-c", _IMPORTS_RECORDED, str(out), script, *args]
 
 
+# Modules a core package imports only where they are installed (`try:
+# import x / except ImportError`), which the dev lock brings: jax's
+# compilation cache imports filelock (jax/_src/lru_cache.py; needed only for
+# jax_compilation_cache_max_size, which mha does not set), and filelock
+# comes with torch and huggingface-hub.
+OPTIONAL_IMPORTS = ("filelock",)
+
+
 def outside_the_core(modules: list[str]) -> list[str]:
   """The distributions of the imported `modules` (sys.modules names) that
   the core lock, requirements.txt, does not hold: what a process that
   imported them would lack when installed with the README's main command.
-  The standard library and this repository's own packages count as held."""
+  The standard library, this repository's own packages and
+  OPTIONAL_IMPORTS count as held."""
   core = read_lock("requirements.txt")
   owners = importlib.metadata.packages_distributions()
   missing = set()
   for module in modules:
     top = module.split(".")[0]
     if top in sys.stdlib_module_names or top in ("mha", "configs",
-                                                 "__main__"):
+                                                 "__main__",
+                                                 *OPTIONAL_IMPORTS):
       continue
     for distribution in owners.get(top, ()):
       if _name(distribution) not in core and _name(distribution) != "mha":
