@@ -20,6 +20,7 @@ from test_export import mha_log_probs
 from test_separate_vocabulary import _synthetic
 from test_separate_vocabulary import _train
 from mha.data import sources as data_sources
+from mha.huggingface import export as hf_export
 from mha.huggingface import importer
 from mha.model.transformer import TransformerConfig
 from mha.search import texts as translate
@@ -158,3 +159,32 @@ def test_imported_opus_model_greedy_outputs_are_generates(opus):
     theirs.append(_mha_hypothesis(mha_id[out[1:]].tolist(), limit))
   assert theirs == ours
   assert len({tuple(o) for o in ours}) >= 4  # not one output
+
+
+def test_hf_to_mha_to_hf_is_exact_up_to_the_id_permutation(opus, tmp_path):
+  """The export of the import: both SentencePiece models as they were,
+  vocab.json in mha's ids, every tensor bit-identical, the vocabulary rows
+  in mha's order."""
+  from safetensors import numpy as st  # pylint: disable=g-import-not-at-top
+  folder, workdir, _, order = opus
+  again = tmp_path / "again"
+  hf_export.export_model(str(workdir), str(again))
+  for name in ("source.spm", "target.spm"):
+    assert (again / name).read_bytes() == (folder / name).read_bytes()
+  marian_ids = json.loads((folder / "vocab.json").read_text())
+  mha_id = np.argsort(order)
+  assert json.loads((again / "vocab.json").read_text()) == {
+      piece: int(mha_id[i]) for piece, i in marian_ids.items()}
+  exported = json.loads((again / "config.json").read_text())
+  assert (exported["pad_token_id"], exported["eos_token_id"],
+          exported["decoder_start_token_id"]) == (0, 1, 0)
+  state = st.load_file(str(folder / "model.safetensors"))
+  second = st.load_file(str(again / "model.safetensors"))
+  assert set(second) <= set(state)
+  for name, tensor in second.items():
+    want = state[name]
+    if name == "model.shared.weight":
+      want = want[order]
+    elif name == "final_logits_bias":
+      want = want[:, order]
+    np.testing.assert_array_equal(tensor, want, err_msg=name)
