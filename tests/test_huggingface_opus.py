@@ -12,11 +12,14 @@ are transformers' mapped by the import's permutation.
 """
 import json
 
+import ml_collections
 import numpy as np
 import pytest
 
+from conftest import TINY_WORKDIR_LOOP
 from test_export import _mha_hypothesis
 from test_export import mha_log_probs
+from test_huggingface_import import _metrics
 from test_separate_vocabulary import _synthetic
 from test_separate_vocabulary import _train
 from mha.data import sources as data_sources
@@ -188,3 +191,26 @@ def test_hf_to_mha_to_hf_is_exact_up_to_the_id_permutation(opus, tmp_path):
     elif name == "final_logits_bias":
       want = want[:, order]
     np.testing.assert_array_equal(tensor, want, err_msg=name)
+
+
+def test_a_warm_start_from_the_opus_import_fine_tunes(opus, tmp_path):
+  """A few steps on the synthetic pair from the import (`init_from`): the
+  run takes the separate vocabulary and the loss falls."""
+  from mha.train import trainer  # pylint: disable=g-import-not-at-top
+  _, workdir, _, _ = opus
+  saved, _ = trained.load_workdir(str(workdir))
+  config = ml_collections.ConfigDict(saved.to_dict())
+  config.update(TINY_WORKDIR_LOOP)
+  config.update(num_train_steps=12, log_every_steps=1, eval_every_steps=100,
+                checkpoint_every_steps=12, init_from=str(workdir),
+                learning_rate_schedule="constant_warmup", warmup_steps=1,
+                learning_rate_scale=0.02)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("MHA_TFDS_DIR", str(tmp_path / "tfds"))
+    trainer.train_and_evaluate(config, str(tmp_path / "tuned"))
+  losses = [m["loss"] for m in _metrics(tmp_path / "tuned") if "loss" in m]
+  assert len(losses) >= 10, losses
+  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
+  for name in ("source.spm", "target.spm", "vocab.json"):
+    assert ((tmp_path / "tuned" / name).read_bytes()
+            == (workdir / name).read_bytes())
