@@ -12,8 +12,12 @@ or `mha-export --workdir=/tmp/run --format=huggingface
 `MarianTokenizer.from_pretrained` read: `config.json`,
 `generation_config.json`, `model.safetensors` (written by the
 `safetensors` package's numpy API: no torch needed), `source.spm` and
-`target.spm` (both the workdir's shared spm.model), `vocab.json` (each
-piece's id: the SentencePiece ids themselves), `tokenizer_config.json`,
+`target.spm` (both the workdir's shared spm.model, or its separate
+source.spm and target.spm), `vocab.json` (each piece's id: the
+SentencePiece ids themselves, or the separate vocabulary's id table, in
+mha's ids: an imported OPUS-MT model comes back with pad, EOS and unk at
+0, 1, 2 and its tensors' vocabulary rows permuted alike),
+`tokenizer_config.json`,
 a `README.md` model card, and `mha_export.json` (the manifest of
 `mha.export`, whose output-folder rules and staging this export shares).
 The parameters map onto Marian's layers as `mha.huggingface.marian` says.
@@ -46,6 +50,8 @@ from mha.store import workdir as workdir_lib
 from mha.data.token_ids import EOS_ID
 from mha.data.token_ids import PAD_ID
 from mha.data.token_ids import UNK_ID
+from mha.data.tokenizer import SeparateTokenizer
+from mha.data.tokenizer import Tokenizer
 
 FORMAT = "huggingface"
 WEIGHTS_FILE = "model.safetensors"
@@ -93,13 +99,21 @@ def generation_config_json(model_config: TransformerConfig,
 
 
 def tokenizer_files(model_config: TransformerConfig, pieces: list[str],
-                    spm_model: bytes) -> dict[str, bytes]:
-  """source.spm, target.spm, vocab.json and tokenizer_config.json."""
+                    spm_model: bytes | None,
+                    separate: dict[str, bytes] | None = None
+                    ) -> dict[str, bytes]:
+  """source.spm, target.spm, vocab.json and tokenizer_config.json: both
+  models the shared `spm_model` and vocab.json its ids, or the files of a
+  separate vocabulary (`SeparateTokenizer.files`, whose vocab.json has
+  mha's ids). `separate_vocabs` stays false: Marian's one id table."""
   tokenizer_config = {
       "tokenizer_class": "MarianTokenizer", "separate_vocabs": False,
       "unk_token": pieces[UNK_ID], "eos_token": pieces[EOS_ID],
       "pad_token": pieces[PAD_ID], "model_max_length": model_config.max_len,
       "source_lang": None, "target_lang": None}
+  if separate is not None:
+    return {**separate,
+            "tokenizer_config.json": _json_bytes(tokenizer_config)}
   vocab = {piece: i for i, piece in enumerate(pieces)}
   return {"source.spm": spm_model, "target.spm": spm_model,
           "vocab.json": _json_bytes(vocab),
@@ -182,6 +196,16 @@ def _import_safetensors():
   return st_numpy
 
 
+def _vocabulary_files(model_config: TransformerConfig,
+                      tokenizer: Tokenizer | SeparateTokenizer,
+                      pieces: list[str]) -> dict[str, bytes]:
+  """`tokenizer_files` of the workdir's vocabulary, shared or separate."""
+  if isinstance(tokenizer, SeparateTokenizer):
+    return tokenizer_files(model_config, pieces, None, tokenizer.files)
+  return tokenizer_files(model_config, pieces,
+                         files.read_bytes(tokenizer.path))
+
+
 class _Folder:
   """The files of the export, written by `mha.export`'s staging as a
   CTranslate2 spec is (`save(folder)`)."""
@@ -249,8 +273,7 @@ def export_model(workdir: str, output_dir: str, *, step: int | None = None,
       "config.json": _json_bytes(config_json(model_config)),
       "generation_config.json": _json_bytes(
           generation_config_json(model_config, settings)),
-      **tokenizer_files(model_config, pieces,
-                        files.read_bytes(tokenizer.path)),
+      **_vocabulary_files(model_config, tokenizer, pieces),
       MODEL_CARD: model_card(config, manifest,
                              _eval_results(workdir, steps)).encode()}
   export_lib.write_export(_Folder(contents, weights, st_numpy), manifest,

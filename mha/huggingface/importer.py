@@ -10,37 +10,50 @@ or `mha-import --from=huggingface --source=DIR --workdir=W
 `huggingface-cli download Helsinki-NLP/opus-mt-de-en --local-dir DIR`:
 nothing is downloaded here). `W` becomes what train.py leaves behind:
 `config.json` (the given config, its model fields those of Marian's
-`config.json`: `MODEL_FIELDS`), `spm.model` (the folder's source.spm) and
-`checkpoints/0/` (the parameters, written by mha's own checkpoint writer:
-`mha.store.checkpoints`). eval.py evaluates it, `mha.load` translates with
-it, mha-export exports it again, and a new run fine-tunes it as a warm
-start (`--config.init_from=W`, with the model fields `train_overrides`
-lists; not by resuming W itself: its checkpoint holds no optimizer state).
+`config.json`: `MODEL_FIELDS`, `ACTIVATIONS`, Marian's LayerNorm ε 1e-5
+and the bias options), the vocabulary and `checkpoints/0/` (the
+parameters, written by mha's own checkpoint writer: `mha.store.
+checkpoints`). eval.py evaluates it, `mha.load` translates with it,
+mha-export exports it again, and a new run fine-tunes it as a warm start
+(`--config.init_from=W`, with the model fields `train_overrides` lists;
+not by resuming W itself: its checkpoint holds no optimizer state).
 
-The parameters map as `mha.huggingface.marian` says. What mha's model
-cannot compute is refused before anything is written, one line naming the
-Marian config field (`UNSUPPORTED`), the tensor (a non-zero attention bias
-or `final_logits_bias`, a tensor mha has no place for) or the file
-(source.spm ≠ target.spm, a vocab.json that is not the SentencePiece
-model's pieces in id order). A new model option of mha's is a row moved
-from `UNSUPPORTED` to `MODEL_FIELDS`.
+The parameters map as `mha.huggingface.marian` says. Non-zero attention
+biases make `attention_bias=True` (the biases are parameters), a non-zero
+`final_logits_bias` of a shared model `output_bias=True`.
+
+Vocabulary: Marian's ids are vocab.json's (OPUS-MT: </s> 0, <unk> 1,
+<pad> last); mha's put <pad>, </s>, <unk> at 0, 1, 2. The import permutes
+the ids (`read_vocabulary`: those three, then the others in Marian's
+order) and the embedding, lm_head and final_logits_bias rows alike
+(`permute_vocabulary`; the decoder's start, Marian's pad id, becomes 0),
+and writes source.spm, target.spm and the permuted vocab.json. A model
+whose one SentencePiece model's ids are vocab.json's keeps `spm.model`.
+
+What mha's model cannot compute is refused before anything is written,
+one line naming the Marian config field (`UNSUPPORTED`), the tensor (one
+mha has no place for) or the file (a vocab.json without the ids 0..V-1
+once each or <pad>/</s>/<unk>, at other ids than config.json's). A new
+model option of mha's is a row moved from `UNSUPPORTED` to
+`MODEL_FIELDS`.
 
 The workdir is written in a staging folder beside `W` and renamed to `W`
 when complete: a refused or failed import leaves no workdir.
 """
+import dataclasses
 import json
 import os
 import shutil
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from absl import logging
 import ml_collections
 import numpy as np
 
 from mha import validation
-from mha.data.token_ids import EOS_ID
-from mha.data.token_ids import PAD_ID
+from mha.data.tokenizer import SEPARATE_FILENAMES
+from mha.data.tokenizer import SeparateTokenizer
 from mha.data.tokenizer import Tokenizer
 from mha.errors import DataError
 from mha.errors import ExportError
@@ -88,8 +101,6 @@ SAME_AS = (("decoder_attention_heads", "encoder_attention_heads"),
 # Marian config field -> (the one value mha's model computes, what mha
 # lacks for another).
 UNSUPPORTED = {
-    "activation_function": ("relu", "mha's feed-forward layer is the "
-                            "paper's ReLU (no ffn_activation option)"),
     "activation_dropout": (0.0, "mha has no dropout after the "
                            "feed-forward activation"),
     "scale_embedding": (True, "mha multiplies embeddings by √d_model "
@@ -103,13 +114,18 @@ UNSUPPORTED = {
     "layernorm_embedding": (False, "mha has no layer norm of the "
                             "embeddings (BART-style)"),
     "static_position_embeddings": (True, "mha's sinusoids are fixed"),
-    "pad_token_id": (PAD_ID, f"mha's pad id is {PAD_ID} (no vocab.json "
-                     "id table)"),
-    "eos_token_id": (EOS_ID, f"mha's EOS id is {EOS_ID} (no vocab.json "
-                     "id table)"),
-    "decoder_start_token_id": (PAD_ID, f"mha's decoder starts from id "
-                               f"{PAD_ID}"),
 }
+# Marian's activation_function -> mha's ffn_activation (transformers'
+# "silu" and "swish" are one function).
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish",
+               "gelu": "gelu"}
+# vocab.json's special pieces, by the Marian config field giving their id
+# (None: no field), in the order of mha's ids 0, 1, 2.
+SPECIAL_PIECES = (("<pad>", "pad_token_id"), ("</s>", "eos_token_id"),
+                  ("<unk>", None))
+# Marian's tensors with one row (the last axis: final_logits_bias) per id.
+VOCABULARY_ROWS = ("model.shared.weight", "model.encoder.embed_tokens.weight",
+                   "model.decoder.embed_tokens.weight", "lm_head.weight")
 # Tensors Marian's state dict may hold that mha's model recomputes or ties:
 # its sinusoid tables, and the tied copies of a shared embedding.
 POSITION_TABLES = ("model.encoder.embed_positions.weight",
@@ -159,6 +175,15 @@ def check_config(source: str, found: dict[str, Any]) -> None:
     if found[field] != value:
       raise _refuse(source, CONFIG_FILE, f"{field}={found[field]!r} cannot "
                     f"be imported: {why}; only {field}={value!r} maps.")
+  if found["activation_function"] not in ACTIVATIONS:
+    raise _refuse(source, CONFIG_FILE, "activation_function="
+                  f"{found['activation_function']!r} cannot be imported: "
+                  f"mha's ffn_activation maps {sorted(ACTIVATIONS)}.")
+  if found["decoder_start_token_id"] != found["pad_token_id"]:
+    raise _refuse(source, CONFIG_FILE, "decoder_start_token_id="
+                  f"{found['decoder_start_token_id']!r} differs from "
+                  f"pad_token_id={found['pad_token_id']!r}: mha's decoder "
+                  "starts from the pad id.")
   for field, other in SAME_AS:
     if found[field] != found[other]:
       raise _refuse(source, CONFIG_FILE, f"{field}={found[field]!r} differs "
@@ -179,6 +204,8 @@ def model_changes(found: dict[str, Any]) -> dict[str, Any]:
       num_layers=found["encoder_layers"], d_k=None, d_v=None,
       attention_type="scaled_dot", position_encoding="sinusoidal",
       layer_norm="post",
+      ffn_activation=ACTIVATIONS[found["activation_function"]],
+      layer_norm_epsilon=marian.MARIAN_LAYER_NORM_EPSILON,
       share_embeddings=bool(found["share_encoder_decoder_embeddings"]))
   return changes
 
@@ -199,9 +226,15 @@ def mha_config(source: str, base: ml_collections.ConfigDict,
   return config, model_config
 
 
-def read_vocabulary(source: str, vocab_size: int) -> bytes:
-  """source.spm, once target.spm, tokenizer_config.json and vocab.json
-  agree with it as mha's one shared vocabulary needs."""
+class Vocabulary(NamedTuple):
+  """The workdir's vocabulary files ({name: bytes}: spm.model, or
+  source.spm, target.spm and vocab.json) and `order`: mha's id i is
+  Marian's id order[i] (None: the same ids)."""
+  files: dict[str, bytes]
+  order: np.ndarray | None
+
+
+def _read_spm(source: str) -> dict[str, bytes]:
   spm_bytes = {}
   for name in (SOURCE_SPM, TARGET_SPM):
     try:
@@ -210,40 +243,83 @@ def read_vocabulary(source: str, vocab_size: int) -> bytes:
     except OSError as e:
       raise _refuse(source, name, f"cannot be read ({e.strerror or e})."
                     ) from None
-  if spm_bytes[SOURCE_SPM] != spm_bytes[TARGET_SPM]:
-    raise _refuse(source, TARGET_SPM, f"differs from {SOURCE_SPM}: mha has "
-                  "one SentencePiece model for both languages (no separate "
-                  "source and target vocabularies).")
+  return spm_bytes
+
+
+def _marian_ids(source: str, found: dict[str, Any],
+                vocab_size: int) -> dict[str, int]:
+  """vocab.json: piece -> Marian's id, every id 0..vocab_size-1 once, its
+  special pieces at config.json's ids."""
+  vocab = _read_json(source, VOCAB_FILE)
+  if (not all(isinstance(v, int) and not isinstance(v, bool)
+              for v in vocab.values())
+      or sorted(vocab.values()) != list(range(len(vocab)))):
+    raise _refuse(source, VOCAB_FILE, "does not give the ids "
+                  f"0..{len(vocab) - 1} each to one piece.")
+  if len(vocab) != vocab_size:
+    raise _refuse(source, CONFIG_FILE, f"vocab_size={vocab_size} but "
+                  f"{VOCAB_FILE} has {len(vocab)} pieces.")
+  for piece, field in SPECIAL_PIECES:
+    if piece not in vocab:
+      raise _refuse(source, VOCAB_FILE, f"has no {piece!r}: a Marian "
+                    "vocabulary has <pad>, </s> and <unk>.")
+    if field and vocab[piece] != found[field]:
+      raise _refuse(source, CONFIG_FILE, f"{field}={found[field]!r} but "
+                    f"{VOCAB_FILE} gives {piece!r} the id {vocab[piece]}.")
+  return vocab
+
+
+def read_vocabulary(source: str, found: dict[str, Any],
+                    vocab_size: int) -> Vocabulary:
+  """The workdir's vocabulary of the folder's SentencePiece models and
+  vocab.json: mha's ids are Marian's permuted so that <pad>, </s>, <unk>
+  are 0, 1, 2 (then the other pieces in Marian's order). One model for
+  both sides whose pieces are in that order stays spm.model."""
+  spm_bytes = _read_spm(source)
   if os.path.exists(os.path.join(source, TOKENIZER_CONFIG)):
     if _read_json(source, TOKENIZER_CONFIG).get("separate_vocabs"):
       raise _refuse(source, TOKENIZER_CONFIG, "separate_vocabs=true: mha "
-                    "has one vocabulary for both languages.")
+                    f"has one id table ({VOCAB_FILE}) for both languages.")
+  vocab = _marian_ids(source, found, vocab_size)
+  special = [vocab[piece] for piece, _ in SPECIAL_PIECES]
+  order = np.array(special + sorted(set(vocab.values()) - set(special)))
+  by_id = sorted(vocab, key=vocab.get)
+  table = {by_id[old]: new for new, old in enumerate(order)}
+  same = np.array_equal(order, np.arange(len(order)))
   try:
-    tokenizer = Tokenizer(spm_bytes[SOURCE_SPM])
+    if spm_bytes[SOURCE_SPM] == spm_bytes[TARGET_SPM]:
+      tokenizer = Tokenizer(spm_bytes[SOURCE_SPM])
+      if [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)
+          ] == by_id and same:
+        return Vocabulary({workdir_lib.VOCABULARY_FILE:
+                           spm_bytes[SOURCE_SPM]}, None)
+    text = json.dumps(table, ensure_ascii=False).encode()
+    SeparateTokenizer(spm_bytes[SOURCE_SPM], spm_bytes[TARGET_SPM], text,
+                      folder=source)
   except DataError as e:
-    reason = str(e).split(". ")[0].replace(" (in memory)", "")
-    raise _refuse(source, SOURCE_SPM, f"{reason}.") from None
-  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-  _check_vocab_json(source, pieces)
-  if len(pieces) != vocab_size:
-    raise _refuse(source, CONFIG_FILE, f"vocab_size={vocab_size} but "
-                  f"{SOURCE_SPM} has {len(pieces)} pieces.")
-  return spm_bytes[SOURCE_SPM]
+    raise ModelImportError(str(e).replace(" (in memory)", "")) from None
+  return Vocabulary(dict(zip(SEPARATE_FILENAMES, (
+      spm_bytes[SOURCE_SPM], spm_bytes[TARGET_SPM], text))),
+      None if same else order)
 
 
-def _check_vocab_json(source: str, pieces: list[str]) -> None:
-  """vocab.json must give each piece its SentencePiece id (mha has no id
-  table of its own)."""
-  vocab = _read_json(source, VOCAB_FILE)
-  for i, piece in enumerate(pieces):
-    if vocab.get(piece) != i:
-      raise _refuse(source, VOCAB_FILE, f"{piece!r} has id "
-                    f"{vocab.get(piece)!r}, {SOURCE_SPM} id {i}: mha's ids "
-                    "are the SentencePiece model's (no vocab.json id table).")
-  if len(vocab) != len(pieces):
-    extra = sorted(set(vocab) - set(pieces))[:3]
-    raise _refuse(source, VOCAB_FILE, f"{len(vocab)} entries, {SOURCE_SPM} "
-                  f"{len(pieces)} pieces (not in it: {extra}).")
+def permute_vocabulary(source: str, state: dict[str, np.ndarray],
+                       order: np.ndarray | None) -> dict[str, np.ndarray]:
+  """Marian's state dict with the rows of its embeddings, lm_head and
+  final_logits_bias in mha's id order (`Vocabulary.order`)."""
+  if order is None:
+    return state
+  state = dict(state)
+  for name in VOCABULARY_ROWS + ("final_logits_bias",):
+    if name not in state:
+      continue
+    axis = -1 if name == "final_logits_bias" else 0
+    if np.shape(state[name])[axis] != len(order):
+      raise _refuse(source, WEIGHTS_FILE, f"{name} has "
+                    f"{np.shape(state[name])[axis]} rows, {VOCAB_FILE} "
+                    f"{len(order)} pieces.")
+    state[name] = np.take(state[name], order, axis=axis)
+  return state
 
 
 def read_weights(source: str) -> dict[str, np.ndarray]:
@@ -271,14 +347,44 @@ def read_weights(source: str) -> dict[str, np.ndarray]:
                   "download it again.") from None
 
 
-def _check_extras(source: str, extras: dict[str, np.ndarray]) -> None:
-  """Refuses the first non-zero tensor mha's model has no parameter for."""
+# Marian's attention layer (by its name's end) -> mha's.
+_ATTENTION_LAYERS = {"self_attn": "self_attention",
+                     "encoder_attn": "cross_attention"}
+
+
+def bias_options(extras: dict[str, np.ndarray]) -> dict[str, bool]:
+  """The model options the non-zero tensors of `extras` need:
+  attention_bias (any attention bias), output_bias (final_logits_bias)."""
+  nonzero = {name for name, value in extras.items() if np.any(value != 0)}
+  return {"attention_bias": bool(nonzero - {"final_logits_bias"}),
+          "output_bias": "final_logits_bias" in nonzero}
+
+
+def add_biases(params: dict, extras: dict[str, np.ndarray],
+               options: dict[str, bool], num_heads: int) -> dict:
+  """`params` with the biases of `extras` where mha's attention module
+  keeps them (`<query|key|value>_bias` [h, d], `out_bias` [M]) and
+  `output_bias` [V], as `options` (`bias_options`) asks."""
+  params = dict(params)
+  if options["output_bias"]:
+    params["output_bias"] = extras["final_logits_bias"]
+  if not options["attention_bias"]:
+    return params
   for name, value in extras.items():
-    if np.any(value != 0):
-      what = ("mha's model with shared embeddings has no output bias"
-              if name == "final_logits_bias" else
-              "mha's attention projections have no biases (§3.2.2)")
-      raise _refuse(source, WEIGHTS_FILE, f"{name} is not zero: {what}.")
+    if name == "final_logits_bias":
+      continue
+    # model.<encoder|decoder>.layers.<i>.<layer>.<projection>.bias
+    _, stack, _, i, layer, projection, _ = name.split(".")
+    ours = f"{stack}_layers_{i}"
+    params[ours] = dict(params[ours])
+    attention = params[ours][_ATTENTION_LAYERS[layer]] = dict(
+        params[ours][_ATTENTION_LAYERS[layer]])
+    if projection == "out_proj":
+      attention["out_bias"] = value
+    else:
+      mha_name = {t: o for o, t in marian.PROJECTIONS}[projection]
+      attention[f"{mha_name}_bias"] = value.reshape(num_heads, -1)
+  return params
 
 
 def _check_keys(source: str, state: dict, expected: set[str],
@@ -307,9 +413,11 @@ def _model_shapes(model_config: TransformerConfig) -> Any:
 
 
 def marian_params(source: str, model_config: TransformerConfig,
-                  state: dict[str, np.ndarray]) -> dict:
-  """mha's parameters of Marian's state dict, every tensor of it used,
-  checked against the model's shapes."""
+                  state: dict[str, np.ndarray]
+                  ) -> tuple[dict, dict[str, bool]]:
+  """mha's parameters of Marian's state dict (its ids already mha's:
+  `permute_vocabulary`), every tensor of it used, checked against the
+  model's shapes, and the bias options (`bias_options`) they need."""
   try:
     params, extras = marian.marian_to_params(model_config, state)
   except KeyError as e:
@@ -318,15 +426,23 @@ def marian_params(source: str, model_config: TransformerConfig,
   except (ValueError, IndexError) as e:
     raise _refuse(source, WEIGHTS_FILE, f"a tensor of another shape than "
                   f"config.json describes ({e}).") from None
+  options = bias_options(extras)
+  if not model_config.share_embeddings:
+    options["output_bias"] = False  # output_projection's own bias
+  model_config = dataclasses.replace(model_config, **options)
+  try:
+    params = add_biases(params, extras, options, model_config.num_heads)
+  except ValueError as e:
+    raise _refuse(source, WEIGHTS_FILE, f"an attention bias of another "
+                  f"shape than config.json describes ({e}).") from None
   mismatch = checkpoints.first_mismatch(params, _model_shapes(model_config))
   if mismatch:
     raise _refuse(source, WEIGHTS_FILE, f"does not fit config.json: "
                   f"{mismatch}.")
-  _check_extras(source, extras)
   _check_keys(source, state,
               set(marian.params_to_marian(model_config, params)),
               model_config.share_embeddings)
-  return params
+  return params, options
 
 
 def check_target(workdir: str) -> None:
@@ -345,11 +461,14 @@ def check_target(workdir: str) -> None:
 
 
 def _write_workdir(folder: str, config: ml_collections.ConfigDict,
-                   spm_model: bytes, params: dict, source: str) -> None:
-  """config.json, spm.model and checkpoint `STEP` in `folder`."""
+                   vocabulary: dict[str, bytes], params: dict,
+                   source: str) -> None:
+  """config.json, the vocabulary's files and checkpoint `STEP` in
+  `folder`."""
   workdir_lib.write_config(config, folder)
-  with open(os.path.join(folder, workdir_lib.VOCABULARY_FILE), "wb") as f:
-    f.write(spm_model)
+  for name, content in vocabulary.items():
+    with open(os.path.join(folder, name), "wb") as f:
+      f.write(content)
   manager = checkpoints.make_manager(folder, keep=1)
   try:
     checkpoints.save(manager, STEP, {"params": params},
@@ -379,8 +498,9 @@ def _staged(workdir: str, write: Callable[[str], None]) -> None:
 def train_overrides(config: ml_collections.ConfigDict) -> str:
   """The --config flags that give a new run the imported model's shape (a
   warm start, `init_from`, needs it)."""
-  fields = [ours for _, ours in MODEL_FIELDS] + ["num_layers",
-                                                  "share_embeddings"]
+  fields = [ours for _, ours in MODEL_FIELDS] + [
+      "num_layers", "share_embeddings", "ffn_activation", "attention_bias",
+      "output_bias", "layer_norm_epsilon"]
   return " ".join(f"--config.{field}={config[field]}" for field in fields)
 
 
@@ -409,9 +529,11 @@ def import_model(source: str, workdir: str,
   found = marian_config(source)
   check_config(source, found)
   config, model_config = mha_config(source, base, found)
-  spm_model = read_vocabulary(source, model_config.vocab_size)
-  params = marian_params(source, model_config, read_weights(source))
+  vocabulary = read_vocabulary(source, found, model_config.vocab_size)
+  state = permute_vocabulary(source, read_weights(source), vocabulary.order)
+  params, options = marian_params(source, model_config, state)
+  config.update(options)
   _staged(workdir, lambda folder: _write_workdir(
-      folder, config, spm_model, params, source))
+      folder, config, vocabulary.files, params, source))
   logging.info("Imported %s as workdir %s.", source, workdir)
   return config

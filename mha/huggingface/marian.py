@@ -43,7 +43,7 @@ from mha.model.transformer import TransformerConfig
 MARIAN_LAYER_NORM_EPSILON = 1e-5
 
 # Marian's names of one attention layer's projections, by ours.
-_PROJECTIONS = (("query", "q_proj"), ("key", "k_proj"),
+PROJECTIONS = (("query", "q_proj"), ("key", "k_proj"),
                 ("value", "v_proj"))
 # mha's residual blocks of a layer -> Marian's layer norm after them.
 _ENCODER_NORMS = (("attention_block", "self_attn_layer_norm"),
@@ -120,7 +120,7 @@ def _attention_to_marian(layout: _Layout, p: dict, prefix: str,
   our `[h, d_v, M]` as `[M, h·d_v]` (output permuted); the biases of
   `config.attention_bias` (`[h, d]` as `[h·d]`; out's permuted), else
   zeros."""
-  for ours, theirs in _PROJECTIONS:
+  for ours, theirs in PROJECTIONS:
     kernel = np.asarray(p[f"{ours}_kernel"])
     kernel = kernel.reshape(kernel.shape[0], -1)  # [M, h·d]
     out[f"{prefix}.{theirs}.weight"] = layout.to_marian(kernel, 0).T.copy()
@@ -210,7 +210,7 @@ def _attention_to_mha(layout: _Layout, state: dict, prefix: str,
   """Our attention kernels from Marian's; its biases go to `extras`, in
   our coordinates (out_proj's bias is a model vector)."""
   p = {}
-  for ours, theirs in _PROJECTIONS:
+  for ours, theirs in PROJECTIONS:
     weight = np.asarray(state[f"{prefix}.{theirs}.weight"])  # [h·d, M]
     kernel = layout.to_mha(weight.T, 0)  # [M, h·d]
     p[f"{ours}_kernel"] = kernel.reshape(kernel.shape[0], num_heads, -1)
