@@ -301,10 +301,14 @@ def test_ci_finds_a_python_3_13_or_fails_in_one_line(tmp_path):
   assert result.returncode == 1 and not result.stdout
   assert result.stderr.count("\n") == 1
   assert "pyenv install 3.13" in result.stderr
-  # A python3.13 on PATH that is another Python does not count.
+  # A python3.13 on PATH that does not run as Python 3.13 (pyenv's shim
+  # where 3.13 is not its global, or another Python) does not count.
   fake = tmp_path / "bin"
   fake.mkdir()
-  (fake / "python3.13").symlink_to(sys.executable)
+  (fake / "python3.13").write_text(  # what a shim that fails does
+      "#!/bin/sh\necho 'pyenv: python3.13: command not found' >&2\n"
+      "exit 127\n")
+  (fake / "python3.13").chmod(0o755)
   assert _find_python313(f"{fake}:/usr/bin:/bin", tmp_path).returncode == 1
   # pyenv's, where PATH has none (a fresh machine of ours).
   found = sorted(pathlib.Path.home().glob(

@@ -63,6 +63,15 @@ _TRAIN_THREADS = 4
 _TRAIN_SEED = 0
 
 
+def _normalizer(model_proto: bytes) -> spm.SentencePieceNormalizer:
+  """The model's text normalizer, giving plain text (no ▁)."""
+  # Every option given: sentencepiece 0.2.0 defaults the first two to
+  # False, later versions to the model's (▁ for spaces, a leading ▁).
+  return spm.SentencePieceNormalizer(
+      model_proto=model_proto, add_dummy_prefix=False,
+      escape_whitespaces=False, remove_extra_whitespaces=True)
+
+
 class Tokenizer:
   """A SentencePiece model with the project's fixed special ids.
 
@@ -74,11 +83,7 @@ class Tokenizer:
   def __init__(self, model_proto: bytes, path: str | None = None):
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
-      # Every option given: sentencepiece 0.2.0 defaults the first two to
-      # False, later versions to the model's (▁ for spaces, a leading ▁).
-      self._normalizer = spm.SentencePieceNormalizer(
-          model_proto=model_proto, add_dummy_prefix=False,
-          escape_whitespaces=False, remove_extra_whitespaces=True)
+      self._normalizer = _normalizer(model_proto)
     except RuntimeError:  # SentencePiece's parse error names no file
       what = path or "The SentencePiece model"
       raise DataError(
@@ -220,8 +225,7 @@ class SeparateTokenizer:
                         f"pieces of {where(name)}: they do not belong "
                         "together.")
     self._normalizer = {
-        side: spm.SentencePieceNormalizer(model_proto=proto,
-                                          remove_extra_whitespaces=True)
+        side: _normalizer(proto)
         for side, proto in ((SOURCE, source_proto), (TARGET, target_proto))}
     self.files = dict(zip(SEPARATE_FILENAMES,
                           (source_proto, target_proto, table)))
