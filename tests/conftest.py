@@ -293,3 +293,22 @@ def random_workdir(tiny_workdir, tmp_path_factory) -> pathlib.Path:
       shapes, seed=0)}, {"step": 1})
   manager.close()
   return path
+
+
+@pytest.fixture
+def tfds_dir_for_the_session(tmp_path_factory, monkeypatch):
+  """MHA_TFDS_DIR in the session's temporary folder: local and synthetic
+  data prepared once for the tests that use it."""
+  monkeypatch.setenv("MHA_TFDS_DIR", str(tmp_path_factory.getbasetemp()
+                                         / "tfds"))
+
+
+def synthetic_config(**changes):
+  """configs/base.py:tiny on the synthetic pair, vocabulary 100, then
+  `changes`."""
+  from configs import base  # pylint: disable=import-outside-toplevel
+  config = base.get_config("tiny")
+  config.update(dict(dataset_name="synthetic", source_lang="src",
+                     target_lang="tgt", vocab_size=100))
+  config.update(changes)
+  return config

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import synthetic_config
 from configs import base
 from mha import data
 from mha.data import encoding
@@ -18,18 +19,8 @@ from mha.errors import ConfigError
 from mha.train import config_check
 
 
-@pytest.fixture(autouse=True)
-def _tfds_dir(tmp_path_factory, monkeypatch):
-  monkeypatch.setenv("MHA_TFDS_DIR", str(tmp_path_factory.getbasetemp()
-                                         / "tfds"))
-
-
-def _synthetic(**changes):
-  config = base.get_config("tiny")
-  config.update(dict(dataset_name="synthetic", source_lang="src",
-                     target_lang="tgt", vocab_size=100))
-  config.update(changes)
-  return config
+pytestmark = pytest.mark.usefixtures("tfds_dir_for_the_session")
+_synthetic = synthetic_config
 
 
 def _same_arrays(a: tokenized.TokenizedSplit, b: tokenized.TokenizedSplit):

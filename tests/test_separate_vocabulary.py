@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from configs import base
+from conftest import synthetic_config
 from mha import data
 from mha.data import sources as data_sources
 from mha.data import tokenized
@@ -23,18 +23,8 @@ from mha.errors import DataError
 from mha.store import workdir as workdir_lib
 
 
-@pytest.fixture(autouse=True)
-def _tfds_dir(tmp_path_factory, monkeypatch):
-  monkeypatch.setenv("MHA_TFDS_DIR", str(tmp_path_factory.getbasetemp()
-                                         / "tfds"))
-
-
-def _synthetic(**changes):
-  config = base.get_config("tiny")
-  config.update(dict(dataset_name="synthetic", source_lang="src",
-                     target_lang="tgt", vocab_size=100))
-  config.update(changes)
-  return config
+pytestmark = pytest.mark.usefixtures("tfds_dir_for_the_session")
+_synthetic = synthetic_config
 
 
 def _train(sentences: list[str], size: int) -> bytes:
