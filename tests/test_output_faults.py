@@ -25,6 +25,7 @@ from conftest import file_hashes
 from mha import data
 from mha import validation
 from mha.errors import DamagedCheckpointError
+from mha.huggingface import export as hf_export
 from test_faults import _fill
 from test_faults import read_only
 from test_faults import small_disk
@@ -274,7 +275,6 @@ def test_a_damaged_checkpoints_advice_names_each_readers_own_setting(
       export.export(str(copy), str(copy.parent / "ct2"))
   # The Hugging Face export reads the checkpoint as the CTranslate2 one.
   pytest.importorskip("safetensors")
-  from mha.huggingface import export as hf_export  # pylint: disable=g-import-not-at-top
   with pytest.raises(DamagedCheckpointError, match=head + "export it with "
                      "--step=4.$"):
     with validation.as_flags():
