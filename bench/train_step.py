@@ -342,68 +342,88 @@ def profile(update, state, batch, steps: int = 2) -> None:
   return state
 
 
-def run_shape(name, config, epoch, description, peak, args):
-  """Builds the model and optimizer of `config`, times it, prints figures."""
-  model = create_model(config)
-  model_cfg = model.config
-  tx = optim.create_optimizer(config)
-  state = devices.pmap_replicate(train_step.init_state(config, model, tx),
-                                 jax.local_devices())
-  n_params, n_nonembed = count_params(
-      devices.pmap_unreplicate(state["params"]))
-  # The trainer's own update: make_train_step pmapped, state donated.
-  update = train_step.CompiledUpdate(model, tx, config)
-
+def _most_frequent_shapes(epoch, n: int):
+  """(number of batch shapes in `epoch`, the batches of its `n` most
+  frequent shapes, one list a shape, the most frequent first)."""
   by_shape = {}
   for b in epoch:
     by_shape.setdefault((b["inputs"].shape, b["targets"].shape), []).append(b)
   ranked = sorted(by_shape.values(), key=len, reverse=True)
-  chosen = ranked[:args.num_shapes]
+  return len(by_shape), ranked[:n]
+
+
+def run_shape(name, config, epoch, description, peak, args):
+  """Builds the model and optimizer of `config`, times it, prints figures."""
+  model = create_model(config)
+  tx = optim.create_optimizer(config)
+  state = devices.pmap_replicate(train_step.init_state(config, model, tx),
+                                 jax.local_devices())
+  sizes = count_params(devices.pmap_unreplicate(state["params"]))
+  # The trainer's own update: make_train_step pmapped, state donated.
+  update = train_step.CompiledUpdate(model, tx, config)
+
+  num_shapes, chosen = _most_frequent_shapes(epoch, args.num_shapes)
   results = []
   with common.CompileCounter() as compiles:
     for group in chosen:
-      state, r = measure_shape(update, state, group, model_cfg,
+      state, r = measure_shape(update, state, group, model.config,
                                len(group) / len(epoch), args)
       results.append(r)
   epoch_nonpad = np.mean([nonpad(b) for b in epoch])
   peak.measure(f"after {name}")
-  best = peak.best
 
-  print(f"\n== {name}: {model_cfg.num_encoder_layers}+"
-        f"{model_cfg.num_decoder_layers} layers, d_model {model_cfg.d_model}, "
-        f"{model_cfg.num_heads} heads, d_ff {model_cfg.d_ff}, vocab "
-        f"{model_cfg.vocab_size}; {n_params / 1e6:.2f}M parameters "
-        f"({n_nonembed / 1e6:.2f}M outside the embedding); {description}; "
-        f"attention_impl {model_cfg.attention_impl}; "
+  print(f"\n== {name}: {_model_line(model.config, *sizes)}; {description}; "
+        f"attention_impl {model.config.attention_impl}; "
         f"{jax.local_device_count()} device(s)")
-  print(f"epoch: {len(epoch)} batches in {len(by_shape)} shapes, mean "
+  print(f"epoch: {len(epoch)} batches in {num_shapes} shapes, mean "
         f"{epoch_nonpad:.0f} non-padding tokens per step; timed the "
         f"{len(chosen)} most frequent shapes "
         f"({sum(r.frequency for r in results):.0%} of the batches), "
         f"{args.steps} steps each after {args.warmup} warm-up")
-  rows = []
-  for r in results:
-    rows.append([
-        f"{r.shape[0]}x{r.shape[1]}+{r.shape[2]}", f"{r.frequency:.0%}",
-        f"{r.nonpad:.0f}", f"{r.padded}", common.percentiles(r.times),
-        f"{r.first_call:.1f} s",
-        f"{r.nonpad / r.seconds:.0f}", f"{r.padded / r.seconds:.0f}",
-        common.fmt_si(r.flops, "FLOP"),
-        f"{r.xla_flops / r.flops:.2f}",
-        common.fmt_si(r.flops / r.seconds, "FLOP/s"),
-        f"{r.flops / r.seconds / best:.1%}",
-        f"{r.flops / min(r.times) / best:.1%}"])
+  _print_shapes(results, peak.best)
+  summary = _summary(results, peak.best, compiles)
+  _print_summary(name, summary)
+  if args.breakdown:
+    _print_breakdown(breakdown(model, tx, config, state, chosen[0][0], args),
+                     results[0])
+  if args.profile:
+    state = profile(update, state, chosen[0][0])
+  return summary
+
+
+def _model_line(model_cfg, n_params: int, n_nonembed: int) -> str:
+  """The model's shape and parameter counts, for the shape's heading."""
+  return (f"{model_cfg.num_encoder_layers}+{model_cfg.num_decoder_layers} "
+          f"layers, d_model {model_cfg.d_model}, {model_cfg.num_heads} heads, "
+          f"d_ff {model_cfg.d_ff}, vocab {model_cfg.vocab_size}; "
+          f"{n_params / 1e6:.2f}M parameters ({n_nonembed / 1e6:.2f}M outside "
+          "the embedding)")
+
+
+def _print_shapes(results, best: float) -> None:
+  """The table of the timed batch shapes' figures (MFU against `best`)."""
   print(common.table(
       ["batch rows x src+tgt", "share", "non-pad tok", "padded tok",
        "step min/med/max", "1st call", "non-pad tok/s", "padded tok/s",
        "model FLOPs", "XLA/model", "achieved", "MFU", "MFU best step"],
-      rows))
+      [[f"{r.shape[0]}x{r.shape[1]}+{r.shape[2]}", f"{r.frequency:.0%}",
+        f"{r.nonpad:.0f}", f"{r.padded}", common.percentiles(r.times),
+        f"{r.first_call:.1f} s",
+        f"{r.nonpad / r.seconds:.0f}", f"{r.padded / r.seconds:.0f}",
+        common.fmt_si(r.flops, "FLOP"), f"{r.xla_flops / r.flops:.2f}",
+        common.fmt_si(r.flops / r.seconds, "FLOP/s"),
+        f"{r.flops / r.seconds / best:.1%}",
+        f"{r.flops / min(r.times) / best:.1%}"] for r in results]))
+
+
+def _summary(results, best: float, compiles) -> dict[str, float]:
+  """The timed shapes' figures weighted by their shares of the epoch."""
   weight = np.array([r.frequency for r in results])
   seconds = float(np.dot(weight, [r.seconds for r in results]))
   tokens = float(np.dot(weight, [r.nonpad for r in results]))
   pad_tokens = float(np.dot(weight, [r.padded for r in results]))
   flops = float(np.dot(weight, [r.flops for r in results]))
-  summary = {
+  return {
       "seconds_per_step": seconds / weight.sum(),
       "nonpad_per_step": tokens / weight.sum(),
       "nonpad_tokens_per_sec": tokens / seconds,
@@ -416,14 +436,19 @@ def run_shape(name, config, epoch, description, peak, args):
       "compile_seconds": compiles.seconds,
       "shapes": len(results),
   }
+
+
+def _print_summary(name: str, summary: dict[str, float]) -> None:
+  """The weighted figures, the compilations and the shape's target."""
   print(f"weighted over the timed shapes: {summary['seconds_per_step']:.2f} "
         f"s/step, {summary['nonpad_per_step']:.0f} non-padding tokens/step, "
         f"{summary['nonpad_tokens_per_sec']:.0f} non-padding tokens/s, "
         f"{summary['padded_tokens_per_sec']:.0f} padded tokens/s, "
         f"{common.fmt_si(summary['achieved_flops'], 'FLOP/s')} = "
         f"{summary['mfu']:.1%} MFU")
-  print(f"train-step compilations: {compiles.count} for {len(results)} batch "
-        f"shape(s) ({compiles.seconds:.1f} s compiling)")
+  print(f"train-step compilations: {summary['compiles']} for "
+        f"{summary['shapes']} batch shape(s) "
+        f"({summary['compile_seconds']:.1f} s compiling)")
   if name == "reference":
     print(f"reference point (flax examples/wmt): {REFERENCE_SECONDS_PER_STEP} "
           f"s/step, ~{REFERENCE_TOKENS_PER_SEC} non-padding tokens/s -> "
@@ -433,17 +458,16 @@ def run_shape(name, config, epoch, description, peak, args):
   else:
     print(f"target >= {TARGET_MFU:.0%} MFU: "
           f"{_met(summary['mfu'] >= TARGET_MFU)}")
-  if args.breakdown:
-    parts = breakdown(model, tx, config, state, chosen[0][0], args)
-    step = results[0].seconds
-    print(f"breakdown at {results[0].shape[0]}x{results[0].shape[1]}+"
-          f"{results[0].shape[2]} (step {step:.3f} s):")
-    for part, (sec, times) in parts.items():
-      print(f"  {part:24s} median {sec:.3f} s, best {min(times):.3f} s "
-            f"({sec / step:.0%} of the median step)")
-  if args.profile:
-    state = profile(update, state, chosen[0][0])
-  return summary
+
+
+def _print_breakdown(parts, first) -> None:
+  """`breakdown`'s parts beside the most frequent shape's (`first`) step."""
+  step = first.seconds
+  print(f"breakdown at {first.shape[0]}x{first.shape[1]}+{first.shape[2]} "
+        f"(step {step:.3f} s):")
+  for part, (sec, times) in parts.items():
+    print(f"  {part:24s} median {sec:.3f} s, best {min(times):.3f} s "
+          f"({sec / step:.0%} of the median step)")
 
 
 def _build(pkg, config):
@@ -463,14 +487,18 @@ def _build(pkg, config):
   return update, state, model.config
 
 
+def _temp_memory(update, state, batch, stop) -> int:
+  """XLA's temporary bytes of `update`'s step compiled for `batch`."""
+  compiled = update._train_step.lower(  # pylint: disable=protected-access
+      state, batch, stop).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
 def compare_shape(name, config, epoch, packages, peak, args):
   """Times each package's train step in turn, round by round, on the same
   batches (both see the same machine load); prints one row per batch shape.
   """
-  by_shape = {}
-  for b in epoch:
-    by_shape.setdefault((b["inputs"].shape, b["targets"].shape), []).append(b)
-  groups = sorted(by_shape.values(), key=len, reverse=True)[:args.num_shapes]
+  _, groups = _most_frequent_shapes(epoch, args.num_shapes)
   num_devices = jax.local_device_count()
   stop = np.zeros((num_devices,), np.int32)
   runs = {label: _build(pkg, config) for label, pkg in packages.items()}
@@ -481,11 +509,8 @@ def compare_shape(name, config, epoch, packages, peak, args):
     rows_, s = group[0]["inputs"].shape
     t = group[0]["targets"].shape[1]
     times = {label: [] for label in runs}
-    temp = {}
-    for label, (update, state, _) in runs.items():
-      compiled = update._train_step.lower(  # pylint: disable=protected-access
-          state, sharded[0], stop).compile()
-      temp[label] = compiled.memory_analysis().temp_size_in_bytes
+    temp = {label: _temp_memory(update, state, sharded[0], stop)
+            for label, (update, state, _) in runs.items()}
     for i in range(args.warmup + args.steps):
       order = list(runs) if i % 2 == 0 else list(reversed(runs))
       for label in order:

@@ -58,7 +58,7 @@ import json
 import os
 import shutil
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from absl import logging
 import numpy as np
@@ -224,40 +224,41 @@ def build_spec(model_config: TransformerConfig, params: dict,
   return spec
 
 
-def _fill_encoder(spec, model_config: TransformerConfig, params: dict
-                  ) -> None:
+def _fill_stack(spec, model_config: TransformerConfig, params: dict,
+                side: str) -> None:
+  """The positions, the layers and, pre-LN, the final norm of the side
+  `encoder` or `decoder` (whose layers also attend to the encoder)."""
+  decoder = side == "decoder"
+  spec.position_encodings.encodings = _positions(
+      model_config, params,
+      "target_positions" if decoder else "source_positions")
   scale = _queries_scale(model_config)
-  spec.embeddings[0].weight = _f32(params["source_embed"]["embedding"])
-  spec.position_encodings.encodings = _positions(model_config, params,
-                                                 "source_positions")
+  self_block = "self_attention_block" if decoder else "attention_block"
   for i, layer_spec in enumerate(spec.layer):
-    p = params[f"encoder_layers_{i}"]
+    p = params[f"{side}_layers_{i}"]
     _attention(layer_spec.self_attention, p["self_attention"], True, scale)
     _layer_norm(layer_spec.self_attention.layer_norm,
-                p["attention_block"]["layer_norm"])
+                p[self_block]["layer_norm"])
+    if decoder:
+      _attention(layer_spec.attention, p["cross_attention"], False, scale)
+      _layer_norm(layer_spec.attention.layer_norm,
+                  p["cross_attention_block"]["layer_norm"])
     _ffn(layer_spec.ffn, p["ffn"], p["ffn_block"]["layer_norm"])
   if model_config.layer_norm == "pre":
-    _layer_norm(spec.layer_norm, params["encoder_norm"])
+    _layer_norm(spec.layer_norm, params[f"{side}_norm"])
+
+
+def _fill_encoder(spec, model_config: TransformerConfig, params: dict
+                  ) -> None:
+  spec.embeddings[0].weight = _f32(params["source_embed"]["embedding"])
+  _fill_stack(spec, model_config, params, "encoder")
 
 
 def _fill_decoder(spec, model_config: TransformerConfig, params: dict
                   ) -> None:
-  scale = _queries_scale(model_config)
   embed = "source_embed" if model_config.share_embeddings else "target_embed"
   spec.embeddings.weight = _f32(params[embed]["embedding"])
-  spec.position_encodings.encodings = _positions(model_config, params,
-                                                 "target_positions")
-  for i, layer_spec in enumerate(spec.layer):
-    p = params[f"decoder_layers_{i}"]
-    _attention(layer_spec.self_attention, p["self_attention"], True, scale)
-    _layer_norm(layer_spec.self_attention.layer_norm,
-                p["self_attention_block"]["layer_norm"])
-    _attention(layer_spec.attention, p["cross_attention"], False, scale)
-    _layer_norm(layer_spec.attention.layer_norm,
-                p["cross_attention_block"]["layer_norm"])
-    _ffn(layer_spec.ffn, p["ffn"], p["ffn_block"]["layer_norm"])
-  if model_config.layer_norm == "pre":
-    _layer_norm(spec.layer_norm, params["decoder_norm"])
+  _fill_stack(spec, model_config, params, "decoder")
   if model_config.share_embeddings:  # §3.4: the embedding matrix, [V, M]
     spec.projection.weight = _f32(params["source_embed"]["embedding"])
     if model_config.output_bias:
@@ -482,12 +483,6 @@ def _write_folder(spec, vocabulary: bytes | None, manifest: dict[str, Any],
       f.write("\n")
 
 
-def check_output_dir(output_dir: str) -> None:
-  """`_check_output_dir`, for the other formats' exports
-  (`mha.huggingface.export`): refuses a folder that is not an export."""
-  _check_output_dir(output_dir)
-
-
 def write_export(spec, manifest: dict[str, Any], output_dir: str,
                  vocabulary: bytes | None = None) -> None:
   """Writes an export (`spec.save(folder)` writes its files, `vocabulary`
@@ -503,6 +498,46 @@ def write_export(spec, manifest: dict[str, Any], output_dir: str,
 
 
 # ----------------------------------------------------------------- export
+
+
+class Checkpoint(NamedTuple):
+  """A workdir's checkpoint as an export reads it (`read_checkpoint`)."""
+  config: Any  # the workdir's config.json
+  tokenizer: Any  # its `Tokenizer` or `SeparateTokenizer`
+  model_config: TransformerConfig
+  params: dict[str, Any]
+  step: int  # the checkpoint's step (the last one averaged)
+  steps: list[int]  # the steps read (more than one: their mean)
+  pieces: list[str]  # the vocabulary's pieces in id order
+
+
+def read_checkpoint(workdir: str, output_dir: str, step: int | None,
+                    average_last: int | None,
+                    check: Callable[[TransformerConfig, Any], None]
+                    ) -> Checkpoint:
+  """What an export writes out, each format's (CTranslate2 here, Hugging
+  Face in `mha.huggingface.export`): checks `output_dir` (a folder that is
+  not an export is refused), reads the workdir's config and vocabulary,
+  checks them (`check(model_config, tokenizer)` raises the format's
+  `ExportError`), then reads checkpoint `step` (None: the latest) or the
+  mean of the last `average_last` up to it, and checks that it fits.
+
+  Raises:
+    ExportError: the output folder is not ours, or `check`'s refusal.
+    UserError: the workdir or its checkpoints cannot be read (as eval.py);
+      a damaged step's advice names the export's `step` setting.
+  """
+  _check_output_dir(output_dir)
+  config, tokenizer = trained.load_workdir(workdir)
+  model_config = TransformerConfig.from_config(config)
+  check(model_config, tokenizer)
+  with validation.choosing_step("export", "step"):  # a damaged step's advice
+    params, checkpoint_step, steps = trained.load_params(
+        workdir, step, average_last)
+  trained.check_fit(config, params, workdir, checkpoint_step)
+  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+  return Checkpoint(config, tokenizer, model_config, params, checkpoint_step,
+                    steps, pieces)
 
 
 def check_flags(*, export_format: str = "ctranslate2",
@@ -561,33 +596,30 @@ def export(workdir: str, output_dir: str, *,
         f"{validation.setting('export_format', 'format')}={export_format} "
         "is written by mha.huggingface.export.export_model, not here.")
   ctranslate2 = _import_ctranslate2()
-  _check_output_dir(output_dir)
-  config, tokenizer = trained.load_workdir(workdir)
-  if isinstance(tokenizer, tokenizer_lib.SeparateTokenizer):
-    raise ExportError(
-        f"{workdir} has separate source and target vocabularies "
-        f"({tokenizer.path}): the CTranslate2 export writes one shared "
-        "spm.model, which cannot encode both.")
-  model_config = TransformerConfig.from_config(config)
-  check_exportable(model_config)
-  with validation.choosing_step("export", "step"):  # a damaged step's advice
-    params, checkpoint_step, steps = trained.load_params(
-        workdir, step, average_last)
-  trained.check_fit(config, params, workdir, checkpoint_step)
-  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-  spec = build_spec(model_config, params, pieces)
+
+  def check(model_config, tokenizer):
+    if isinstance(tokenizer, tokenizer_lib.SeparateTokenizer):
+      raise ExportError(
+          f"{workdir} has separate source and target vocabularies "
+          f"({tokenizer.path}): the CTranslate2 export writes one shared "
+          "spm.model, which cannot encode both.")
+    check_exportable(model_config)
+
+  read = read_checkpoint(workdir, output_dir, step, average_last, check)
+  spec = build_spec(read.model_config, read.params, read.pieces)
   spec.validate()
   spec.optimize(quantization=quantization or "float32")
   manifest = {
       "format": export_format, "ctranslate2_version": ctranslate2.__version__,
-      "workdir": os.fspath(workdir), "checkpoint_step": checkpoint_step,
-      "averaged_steps": steps, "quantization": quantization or "float32",
+      "workdir": os.fspath(workdir), "checkpoint_step": read.step,
+      "averaged_steps": read.steps, "quantization": quantization or "float32",
       # The workdir's search settings, but the products' dtype (a setting
       # of this code's search, not of CTranslate2's: its compute type).
-      **{k: v for k, v in SearchSettings.of_config(config).as_dict().items()
-         if k != "matmul_dtype"},
-      "max_len": model_config.max_len}
-  write_export(spec, manifest, output_dir, files.read_bytes(tokenizer.path))
-  logging.info("Exported step(s) %s of %s to %s (CTranslate2, %s).", steps,
-               workdir, output_dir, manifest["quantization"])
+      **{k: v for k, v in SearchSettings.of_config(read.config).as_dict(
+      ).items() if k != "matmul_dtype"},
+      "max_len": read.model_config.max_len}
+  write_export(spec, manifest, output_dir,
+               files.read_bytes(read.tokenizer.path))
+  logging.info("Exported step(s) %s of %s to %s (CTranslate2, %s).",
+               read.steps, workdir, output_dir, manifest["quantization"])
   return manifest

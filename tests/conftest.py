@@ -209,6 +209,22 @@ def copy(tiny_workdir, tmp_path) -> pathlib.Path:
   return path
 
 
+@pytest.fixture
+def train_batches_starts(monkeypatch) -> list[int]:
+  """The `start_step` of each call of `mha.data.train_batches` in the test,
+  in order (the calls recorded, then made as before)."""
+  from mha import data  # pylint: disable=import-outside-toplevel
+  starts = []
+  train_batches = data.train_batches
+
+  def recording(config, tokenizer, **kwargs):
+    starts.append(kwargs["start_step"])
+    return train_batches(config, tokenizer, **kwargs)
+
+  monkeypatch.setattr(data, "train_batches", recording)
+  return starts
+
+
 def _command_main(monkeypatch, module_name: str, name: str):
   """`module_name`'s main, with its flags parsed in this process and reset
   after: `run('--workdir=...', ...)` returns its exit status (bad input:

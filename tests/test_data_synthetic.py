@@ -1,17 +1,9 @@
 """The synthetic language pair: deterministic, reordered, disjoint splits."""
 import pytest
 
-from configs import base
+from conftest import synthetic_config
 from mha import data
 from mha.data import synthetic
-
-
-def _config(**changes):
-  config = base.get_config("tiny")
-  config.update(dict(dataset_name="synthetic", source_lang="src",
-                     target_lang="tgt"))
-  config.update(changes)
-  return config
 
 
 def test_deterministic_for_a_seed_and_seeds_differ():
@@ -122,11 +114,11 @@ def test_target_follows_the_documented_grammar():
 
 
 def test_load_text_pairs_both_directions():
-  sources, targets = data.load_text_pairs(_config(), "validation")
+  sources, targets = data.load_text_pairs(synthetic_config(), "validation")
   assert (sources, targets) == tuple(
       list(x) for x in synthetic.generate(0)["validation"])
-  back = data.load_text_pairs(_config(source_lang="tgt", target_lang="src"),
-                              "validation")
+  back = data.load_text_pairs(
+      synthetic_config(source_lang="tgt", target_lang="src"), "validation")
   assert back == (targets, sources)
 
 
@@ -136,9 +128,9 @@ def test_load_text_pairs_both_directions():
 ])
 def test_bad_languages(changes, message):
   with pytest.raises(data.DataError, match=message):
-    data.load_text_pairs(_config(**changes), "train")
+    data.load_text_pairs(synthetic_config(**changes), "train")
 
 
 def test_unknown_split():
   with pytest.raises(data.DataError, match="no split 'dev'.*validation"):
-    data.load_text_pairs(_config(), "dev")
+    data.load_text_pairs(synthetic_config(), "dev")

@@ -127,6 +127,18 @@ def _assert_metrics_and_events_whole(workdir: pathlib.Path) -> None:
 
 # The tiny_workdir's run (checkpoints 2, 4, 6) continued to step 8.
 RESUMED = dict(TINY_WORKDIR_LOOP, num_train_steps=8)
+# How a stop for a full disk ends, after what could not be written.
+FULL_DISK_STOP = (
+    "the disk is full. Training stopped; the last good checkpoint is step 6: "
+    "free space on its disk and run train.py again to resume from it.")
+
+
+def _refused_resume(error: type[Exception], workdir: pathlib.Path
+                    ) -> Exception:
+  """The `error` that continuing `workdir`'s run to step 8 raises."""
+  with pytest.raises(error) as refused:
+    trainer.train_and_evaluate(tiny_config(**RESUMED), str(workdir))
+  return refused.value
 
 
 # -------------------------------------------------- saving checkpoints
@@ -142,13 +154,10 @@ def test_full_disk_during_a_save_stops_with_one_line_and_resumes(
     before = file_hashes(run / "checkpoints")
     # Room for the metrics lines and a new event file, not a checkpoint.
     filler = _fill(disk, leave=200_000)
-    with pytest.raises(errors.CheckpointSaveError) as refused:
-      trainer.train_and_evaluate(tiny_config(**RESUMED), str(run))
-    assert str(refused.value) == (
-        f"Checkpoint 8 could not be written into {run}/checkpoints: the disk "
-        "is full. Training stopped; the last good checkpoint is step 6: free "
-        "space on its disk and run train.py again to resume from it.")
-    assert refused.value.exit_code == 1
+    refused = _refused_resume(errors.CheckpointSaveError, run)
+    assert str(refused) == ("Checkpoint 8 could not be written into "
+                            f"{run}/checkpoints: {FULL_DISK_STOP}")
+    assert refused.exit_code == 1
     # Orbax's threads logged no stacks of the refused writes (hundreds of
     # lines): the one line says it.
     assert not [r for r in caplog.records if r.exc_info], [
@@ -192,12 +201,11 @@ def test_only_calls_into_a_closed_asyncio_loop_go_unprinted(monkeypatch):
 def test_read_only_checkpoints_folder_stops_with_one_line(copy):
   before = file_hashes(copy / "checkpoints")
   with read_only(copy / "checkpoints"):
-    with pytest.raises(errors.CheckpointSaveError) as refused:
-      trainer.train_and_evaluate(tiny_config(**RESUMED), str(copy))
+    refused = _refused_resume(errors.CheckpointSaveError, copy)
     assert not _orbax_threads_waiting()
   reason = ("the file system is read-only" if os.geteuid() == 0
             else "permission denied")
-  assert str(refused.value) == (
+  assert str(refused) == (
       f"Checkpoint 8 could not be written into {copy}/checkpoints: {reason}."
       " Training stopped; the last good checkpoint is step 6: make "
       f"{copy}/checkpoints writable and run train.py again to resume from "
@@ -218,12 +226,9 @@ def test_full_disk_while_logging_names_the_file(copy, monkeypatch):
     return append(path, data)
 
   monkeypatch.setattr(files, "append_bytes", full)
-  with pytest.raises(errors.DiskError) as refused:
-    trainer.train_and_evaluate(tiny_config(**RESUMED), str(copy))
-  assert str(refused.value) == (
-      f"{copy}/metrics.jsonl could not be written: the disk is full. "
-      "Training stopped; the last good checkpoint is step 6: free space on "
-      "its disk and run train.py again to resume from it.")
+  refused = _refused_resume(errors.DiskError, copy)
+  assert str(refused) == (
+      f"{copy}/metrics.jsonl could not be written: {FULL_DISK_STOP}")
   assert not (copy / "lock").exists()
   assert checkpoints.all_steps(str(copy)) == [2, 4, 6]
 

@@ -17,13 +17,18 @@ import subprocess
 import sys
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
 from conftest import REPO_ROOT
-from conftest import TINY_WORKDIR_LOOP
-from conftest import tiny_config
+from hf_reference import assert_warm_start_fine_tunes
+from hf_reference import generate
+from hf_reference import hf_log_probs
+from hf_reference import load
+from hf_reference import mha_model
+from hf_reference import mha_outputs
+from hf_reference import random_marian_model
+from hf_reference import require_torch
 # pylint: disable=unused-import  (fixtures, found by name)
 from test_export import copy_model  # noqa: F401
 from test_export import copy_workdir  # noqa: F401
@@ -148,26 +153,8 @@ def test_eval_py_evaluates_the_imported_workdir(imported, copy_model,
   assert metrics["bleu"] == pytest.approx(100.0)
 
 
-def _metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
 def test_a_warm_start_from_the_import_fine_tunes(imported, tmp_path):
-  from mha.train import trainer  # pylint: disable=import-outside-toplevel
-  saved, _ = trained.load_workdir(str(imported))
-  config = ml_collections.ConfigDict(saved.to_dict())
-  config.update(TINY_WORKDIR_LOOP)
-  config.update(num_train_steps=12, log_every_steps=1, eval_every_steps=100,
-                checkpoint_every_steps=12, init_from=str(imported),
-                learning_rate_schedule="constant_warmup", warmup_steps=1,
-                learning_rate_scale=0.02)
-  trainer.train_and_evaluate(config, str(tmp_path / "tuned"))
-  losses = [m["loss"] for m in _metrics(tmp_path / "tuned") if "loss" in m]
-  assert len(losses) >= 10, losses
-  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
-  assert ((tmp_path / "tuned" / "spm.model").read_bytes()
-          == (imported / "spm.model").read_bytes())
+  assert_warm_start_fine_tunes(imported, tmp_path / "tuned", ("spm.model",))
 
 
 def test_train_overrides_name_the_model_shape(imported):
@@ -441,37 +428,16 @@ def test_command(hf_folder, tmp_path):
 # ------------------------------------------ a model made by transformers
 
 
-@pytest.fixture(name="hf_torch", scope="module")
-def hf_torch_fixture():
-  """(torch, transformers, test_huggingface_torch) or a named skip."""
-  torch = pytest.importorskip(
-      "torch", reason="torch is not installed (the [hf] extra's reader; CI's "
-      "Python 3.11 run has it)")
-  transformers = pytest.importorskip(
-      "transformers", reason="transformers is not installed (the [hf] extra)")
-  import test_huggingface_torch  # pylint: disable=import-outside-toplevel
-  return torch, transformers, test_huggingface_torch
-
-
 @pytest.fixture(scope="module")
-def transformers_model(hf_torch, copy_model, copy_workdir,
-                       tmp_path_factory):
+def transformers_model(copy_model, copy_workdir, tmp_path_factory):
   """A random MarianMTModel made by transformers (relu, post-LN, shared
   embeddings, zero biases, random layer norms, mha's special ids) with the
   copy model's SentencePiece model, saved by `save_pretrained`, and the
   workdir mha-import makes of it."""
-  torch, transformers, _ = hf_torch
+  torch, _ = require_torch()
   config, model_config, _, tokenizer = copy_model
-  torch.manual_seed(0)
-  hf_config = transformers.MarianConfig(
-      vocab_size=512, decoder_vocab_size=512, d_model=32, encoder_layers=2,
-      decoder_layers=3, encoder_attention_heads=4,
-      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-      max_position_embeddings=64, activation_function="relu",
-      scale_embedding=True, pad_token_id=0, eos_token_id=1,
-      decoder_start_token_id=0, forced_eos_token_id=None, dropout=0.0,
-      init_std=0.3, share_encoder_decoder_embeddings=True)
-  model = transformers.MarianMTModel(hf_config).eval()
+  model = random_marian_model(512, decoder_layers=3, activation="relu",
+                              pad_id=0, eos_id=EOS)
   with torch.no_grad():
     for module in model.modules():
       if isinstance(module, torch.nn.LayerNorm):
@@ -489,51 +455,43 @@ def transformers_model(hf_torch, copy_model, copy_workdir,
   return folder, workdir
 
 
+@pytest.fixture(name="both_models")
+def both_models_fixture(transformers_model, caplog):
+  """((model, tokenizer) of transformers' folder, checked by `load`;
+  `mha_model` of its import)."""
+  folder, workdir = transformers_model
+  return load(folder, caplog), mha_model(workdir)
+
+
 @pytest.mark.torch
 def test_transformers_model_imports_and_scores_as_transformers(
-    hf_torch, transformers_model, copy_model, caplog):
-  _, _, hf_tests = hf_torch
-  folder, workdir = transformers_model
-  model, hf_tokenizer = hf_tests.load(folder, caplog)
-  saved, tokenizer = trained.load_workdir(str(workdir))
-  params, _, _ = trained.load_params(str(workdir))
-  model_config = TransformerConfig.from_config(saved, deterministic=True)
+    transformers_model, both_models, copy_model):
+  (model, hf_tokenizer), (_, model_config, params, tokenizer) = both_models
   assert (model_config.num_encoder_layers, model_config.num_decoder_layers
           ) == (2, 3)
   pairs = first_test_pairs(copy_model[0])
   ours = np.concatenate(mha_log_probs(
       model_config, params, [tokenizer.encode(s) + [EOS] for s, _ in pairs],
       [tokenizer.encode(t) + [EOS] for _, t in pairs]))
-  theirs = np.concatenate(hf_tests.hf_log_probs(model, hf_tokenizer, pairs))
+  theirs = np.concatenate(hf_log_probs(model, hf_tokenizer, pairs))
   np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
   assert np.std(theirs) > 0.5  # not a uniform distribution
   # HF -> mha -> HF: the tensors transformers saved, bit for bit.
   from safetensors import numpy as st  # pylint: disable=g-import-not-at-top
-  state = st.load_file(str(folder / "model.safetensors"))
+  state = st.load_file(str(transformers_model[0] / "model.safetensors"))
   again = marian.params_to_marian(model_config, params)
   for name, tensor in again.items():
     np.testing.assert_array_equal(tensor, state[name], err_msg=name)
 
 
 @pytest.mark.torch
-def test_transformers_model_greedy_outputs_are_generates(
-    hf_torch, transformers_model, copy_model, caplog):
-  _, _, hf_tests = hf_torch
-  folder, workdir = transformers_model
-  model, hf_tokenizer = hf_tests.load(folder, caplog)
-  saved, tokenizer = trained.load_workdir(str(workdir))
-  params, _, _ = trained.load_params(str(workdir))
-  model_config = TransformerConfig.from_config(saved, deterministic=True)
-  extra = saved.max_decode_extra
+def test_transformers_model_greedy_outputs_are_generates(both_models,
+                                                         copy_model):
+  (model, hf_tokenizer), (saved, model_config, params, tokenizer) = (
+      both_models)
   sources = [s for s, _ in first_test_pairs(copy_model[0])]
-  pairs = hf_tests.translate.translate_ids(
-      model_config, params, tokenizer, sources, beam_size=1, alpha=0.0,
-      max_decode_extra=extra)
-  limits = [min(len(src) + extra, model_config.max_len) for src, _ in pairs]
-  # pylint: disable=protected-access
-  ours = [hf_tests._mha_hypothesis(out, limit)
-          for (_, out), limit in zip(pairs, limits)]
-  theirs = hf_tests._generate(
-      model, hf_tokenizer, sources, limits, num_beams=1)
+  limits, ours = mha_outputs(model_config, params, tokenizer, sources,
+                             saved.max_decode_extra)
+  theirs = generate(model, hf_tokenizer, sources, limits, num_beams=1)
   assert theirs == ours
   assert len({tuple(o) for o in ours}) >= 4  # not one output

@@ -12,29 +12,25 @@ are transformers' mapped by the import's permutation.
 """
 import json
 
-import ml_collections
 import numpy as np
 import pytest
 
-from conftest import TINY_WORKDIR_LOOP
-from test_export import _mha_hypothesis
+from hf_reference import assert_warm_start_fine_tunes
+from hf_reference import generate
+from hf_reference import hf_log_probs
+from hf_reference import mha_model
+from hf_reference import mha_outputs
+from hf_reference import random_marian_model
+from hf_reference import require_torch
 from test_export import mha_log_probs
-from test_huggingface_import import _metrics
 from test_separate_vocabulary import _synthetic
 from test_separate_vocabulary import _train
 from mha.data import sources as data_sources
 from mha.huggingface import export as hf_export
 from mha.huggingface import importer
-from mha.model.transformer import TransformerConfig
-from mha.search import texts as translate
-from mha.store import trained
 
 pytestmark = pytest.mark.torch
-torch = pytest.importorskip(
-    "torch", reason="torch is not installed (the [hf] extra's reader; CI's "
-    "Python 3.11 run has it)")
-transformers = pytest.importorskip(
-    "transformers", reason="transformers is not installed (the [hf] extra)")
+torch, transformers = require_torch()
 
 EOS = 1  # mha's
 
@@ -65,16 +61,8 @@ def opus_fixture(tmp_path_factory):
   vocab.update({p: 2 + i for i, p in enumerate(sorted(pieces))})
   vocab["<pad>"] = size = len(vocab)
   size += 1
-  torch.manual_seed(0)
-  model = transformers.MarianMTModel(transformers.MarianConfig(
-      vocab_size=size, decoder_vocab_size=size, d_model=32,
-      encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-      max_position_embeddings=64, activation_function="swish",
-      scale_embedding=True, pad_token_id=size - 1, eos_token_id=0,
-      decoder_start_token_id=size - 1, forced_eos_token_id=None,
-      dropout=0.0, init_std=0.3, share_encoder_decoder_embeddings=True)
-  ).eval()
+  model = random_marian_model(size, decoder_layers=2, activation="swish",
+                              pad_id=size - 1, eos_id=0)
   with torch.no_grad():
     for name, tensor in model.named_parameters():
       if name.endswith("_proj.bias") or "layer_norm" in name:
@@ -97,9 +85,7 @@ def opus_fixture(tmp_path_factory):
 def _loaded(folder, workdir):
   model = transformers.MarianMTModel.from_pretrained(str(folder)).eval()
   hf_tokenizer = transformers.MarianTokenizer.from_pretrained(str(folder))
-  saved, tokenizer = trained.load_workdir(str(workdir))
-  params, _, _ = trained.load_params(str(workdir))
-  model_config = TransformerConfig.from_config(saved, deterministic=True)
+  _, model_config, params, tokenizer = mha_model(workdir)
   return model, hf_tokenizer, model_config, params, tokenizer
 
 
@@ -115,22 +101,15 @@ def test_imported_opus_model_scores_as_transformers(opus):
                        return_tensors="pt")
   pad = model.config.pad_token_id
   mha_id = np.argsort(order)  # Marian's id -> mha's
-  labels = batch["labels"].numpy()
-  hf_targets = [mha_id[row[row != pad]].tolist() for row in labels]
+  hf_targets = [mha_id[row[row != pad]].tolist()
+                for row in batch["labels"].numpy()]
   ids = batch["input_ids"].numpy()
   assert [mha_id[row[row != pad]].tolist() for row in ids] == [
       tokenizer.encode(s) + [EOS] for s, _ in pairs]
   assert hf_targets == [tokenizer.encode(t, side="target") + [EOS]
                         for _, t in pairs]
   assert hf_targets != [tokenizer.encode(t) + [EOS] for _, t in pairs]
-  with torch.no_grad():
-    logits = model(input_ids=batch["input_ids"],
-                   attention_mask=batch["attention_mask"],
-                   labels=batch["labels"]).logits
-  log_probs = torch.log_softmax(logits, -1).numpy()
-  picked = np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
-  theirs = np.concatenate([row[:len(t)] for row, t in zip(picked,
-                                                          hf_targets)])
+  theirs = np.concatenate(hf_log_probs(model, hf_tokenizer, pairs))
   ours = np.concatenate(mha_log_probs(
       model_config, params, [tokenizer.encode(s) + [EOS] for s, _ in pairs],
       hf_targets))
@@ -142,24 +121,10 @@ def test_imported_opus_model_greedy_outputs_are_generates(opus):
   folder, workdir, pairs, order = opus
   model, hf_tokenizer, model_config, params, tokenizer = _loaded(
       folder, workdir)
-  extra = 10
   sources = [s for s, _ in pairs]
-  outputs = translate.translate_ids(
-      model_config, params, tokenizer, sources, beam_size=1, alpha=0.0,
-      max_decode_extra=extra)
-  limits = [min(len(src) + extra, model_config.max_len)
-            for src, _ in outputs]
-  ours = [_mha_hypothesis(out, limit)
-          for (_, out), limit in zip(outputs, limits)]
-  mha_id = np.argsort(order)
-  theirs = []
-  for source, limit in zip(sources, limits):
-    batch = hf_tokenizer([source], return_tensors="pt")
-    with torch.no_grad():
-      out = model.generate(**batch, max_length=limit + 1, do_sample=False,
-                           num_beams=1)[0].numpy()
-    assert out[0] == model.config.decoder_start_token_id
-    theirs.append(_mha_hypothesis(mha_id[out[1:]].tolist(), limit))
+  limits, ours = mha_outputs(model_config, params, tokenizer, sources, 10)
+  theirs = generate(model, hf_tokenizer, sources, limits,
+                    mha_id=np.argsort(order), num_beams=1)
   assert theirs == ours
   assert len({tuple(o) for o in ours}) >= 4  # not one output
 
@@ -196,21 +161,8 @@ def test_hf_to_mha_to_hf_is_exact_up_to_the_id_permutation(opus, tmp_path):
 def test_a_warm_start_from_the_opus_import_fine_tunes(opus, tmp_path):
   """A few steps on the synthetic pair from the import (`init_from`): the
   run takes the separate vocabulary and the loss falls."""
-  from mha.train import trainer  # pylint: disable=g-import-not-at-top
   _, workdir, _, _ = opus
-  saved, _ = trained.load_workdir(str(workdir))
-  config = ml_collections.ConfigDict(saved.to_dict())
-  config.update(TINY_WORKDIR_LOOP)
-  config.update(num_train_steps=12, log_every_steps=1, eval_every_steps=100,
-                checkpoint_every_steps=12, init_from=str(workdir),
-                learning_rate_schedule="constant_warmup", warmup_steps=1,
-                learning_rate_scale=0.02)
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("MHA_TFDS_DIR", str(tmp_path / "tfds"))
-    trainer.train_and_evaluate(config, str(tmp_path / "tuned"))
-  losses = [m["loss"] for m in _metrics(tmp_path / "tuned") if "loss" in m]
-  assert len(losses) >= 10, losses
-  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
-  for name in ("source.spm", "target.spm", "vocab.json"):
-    assert ((tmp_path / "tuned" / name).read_bytes()
-            == (workdir / name).read_bytes())
+    assert_warm_start_fine_tunes(workdir, tmp_path / "tuned",
+                                 ("source.spm", "target.spm", "vocab.json"))

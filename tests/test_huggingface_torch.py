@@ -13,13 +13,15 @@ transformers 5 has no "translation" pipeline: `generate` and
 Needs torch and transformers (the [hf] extra): marked `torch`, skipped
 with that reason where they are not installed.
 """
-import logging
-
 import numpy as np
 import pytest
 
 from conftest import tiny_config
-from test_export import _mha_hypothesis
+from hf_reference import generate
+from hf_reference import hf_log_probs
+from hf_reference import load
+from hf_reference import mha_outputs
+from hf_reference import require_torch
 from test_export import first_test_pairs
 from test_export import mha_log_probs
 from test_export import random_params
@@ -37,43 +39,9 @@ from mha.model.transformer import TransformerConfig
 from mha.search import texts as translate
 
 pytestmark = pytest.mark.torch
-torch = pytest.importorskip(
-    "torch", reason="torch is not installed (the [hf] extra's reader; CI's "
-    "Python 3.11 run has it)")
-transformers = pytest.importorskip(
-    "transformers", reason="transformers is not installed (the [hf] extra)")
+torch, _ = require_torch()
 
 EOS = 1
-
-
-def load(folder, caplog):
-  """(model, tokenizer) of the folder; asserts that loading reported
-  nothing: no missing, unexpected or mismatched weight, no warning."""
-  transformers.logging.enable_propagation()
-  with caplog.at_level(logging.WARNING, logger="transformers"):
-    model, info = transformers.MarianMTModel.from_pretrained(
-        str(folder), output_loading_info=True)
-    tokenizer = transformers.MarianTokenizer.from_pretrained(str(folder))
-  assert not any(info.values()), info
-  assert not [r for r in caplog.records if r.name.startswith("transformers")
-              and r.levelno >= logging.WARNING], caplog.text
-  model.eval()
-  return model, tokenizer
-
-
-def hf_log_probs(model, tokenizer, pairs):
-  """Teacher-forced log P(y_t | y_<t, x) of each target token (EOS
-  included), the batch made by the tokenizer alone."""
-  batch = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs],
-                    padding=True, return_tensors="pt")
-  with torch.no_grad():
-    logits = model(input_ids=batch["input_ids"],
-                   attention_mask=batch["attention_mask"],
-                   labels=batch["labels"]).logits
-  log_probs = torch.log_softmax(logits, -1).numpy()
-  labels = batch["labels"].numpy()
-  picked = np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
-  return [row[:int((label != 0).sum())] for row, label in zip(picked, labels)]
 
 
 def test_transformers_computes_mha_log_probs_and_ids(hf_folder, copy_model,
@@ -110,37 +78,18 @@ def test_marian_makes_our_positions_permuted(hf_folder, copy_model, caplog):
           :, marian.model_permutation(model_config.d_model)])
 
 
-def _generate(model, hf_tokenizer, sources, limits, **settings):
-  """transformers' output ids (start token dropped, up to EOS) of each
-  source, one call per source with mha's limit (max_length counts the
-  start token)."""
-  outputs = []
-  for source, limit in zip(sources, limits):
-    batch = hf_tokenizer([source], return_tensors="pt")
-    with torch.no_grad():
-      out = model.generate(**batch, max_length=limit + 1, do_sample=False,
-                           **settings)[0].tolist()
-    assert out[0] == 0  # the decoder's start token
-    outputs.append(_mha_hypothesis(out[1:], limit))
-  return outputs
-
-
 def _mha_outputs(copy_model, beam_size, alpha):
   config, model_config, params, tokenizer = copy_model
-  extra = config.max_decode_extra
   sources = [s for s, _ in first_test_pairs(config)]
-  pairs = translate.translate_ids(model_config, params, tokenizer, sources,
-                                  beam_size=beam_size, alpha=alpha,
-                                  max_decode_extra=extra)
-  limits = [min(len(src) + extra, model_config.max_len) for src, _ in pairs]
-  return sources, limits, [_mha_hypothesis(out, limit)
-                           for (_, out), limit in zip(pairs, limits)]
+  limits, outputs = mha_outputs(model_config, params, tokenizer, sources,
+                                config.max_decode_extra, beam_size, alpha)
+  return sources, limits, outputs
 
 
 def test_greedy_outputs_identical_to_mha(hf_folder, copy_model, caplog):
   model, hf_tokenizer = load(hf_folder[0], caplog)
   sources, limits, ours = _mha_outputs(copy_model, 1, 0.0)
-  theirs = _generate(model, hf_tokenizer, sources, limits, num_beams=1)
+  theirs = generate(model, hf_tokenizer, sources, limits, num_beams=1)
   assert theirs == ours
   # Not trivial: several lengths, some ended by EOS, some by the limit.
   assert 2 <= len([o for o in ours if o[-1] == EOS and len(o) > 2]) < len(ours)
@@ -162,7 +111,7 @@ def test_beam_4_agreement_measured(hf_folder, copy_model, caplog):
   docs/evaluation.md reports (18 of 24 here)."""
   model, hf_tokenizer = load(hf_folder[0], caplog)
   sources, limits, ours = _mha_outputs(copy_model, 4, 0.6)
-  theirs = _generate(model, hf_tokenizer, sources, limits)
+  theirs = generate(model, hf_tokenizer, sources, limits)
   same = sum(a == b for a, b in zip(ours, theirs))
   print(f"beam 4: {same}/{len(ours)} outputs identical")
   assert same >= len(ours) // 2

@@ -25,6 +25,7 @@ from conftest import file_hashes
 from mha import data
 from mha import validation
 from mha.errors import DamagedCheckpointError
+from mha.huggingface import export as hf_export
 from test_faults import _fill
 from test_faults import read_only
 from test_faults import small_disk
@@ -250,7 +251,8 @@ def test_a_link_is_written_through_and_a_pipe_directly(
 def test_a_damaged_checkpoints_advice_names_each_readers_own_setting(
     copy, translate_main, capsys):
   """Case 6: eval.py's --checkpoint_step, mha-translate's --step, the
-  Python API's keyword arguments (mha.load's and export's `step=`)."""
+  Python API's keyword arguments (mha.load's and export's `step=`),
+  mha-export's --step in both formats."""
   (copy / "checkpoints" / "6" / "state" / "_METADATA").unlink()
   before = file_hashes(copy)
   head = re.escape(f"Checkpoint {copy}/checkpoints/6 is damaged: "
@@ -271,6 +273,12 @@ def test_a_damaged_checkpoints_advice_names_each_readers_own_setting(
                      "--step=4.$"):
     with validation.as_flags():
       export.export(str(copy), str(copy.parent / "ct2"))
+  # The Hugging Face export reads the checkpoint as the CTranslate2 one.
+  pytest.importorskip("safetensors")
+  with pytest.raises(DamagedCheckpointError, match=head + "export it with "
+                     "--step=4.$"):
+    with validation.as_flags():
+      hf_export.export_model(str(copy), str(copy.parent / "hf"))
   from mha.evaluation import evaluator  # pylint: disable=g-import-not-at-top
   with pytest.raises(DamagedCheckpointError, match=head + "evaluate it with "
                      "checkpoint_step=4.$"):

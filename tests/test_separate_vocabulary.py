@@ -322,3 +322,20 @@ def test_a_warm_start_shares_the_separate_vocabulary(marian_files,
     assert (new / name).read_bytes() == content
   assert not (new / "spm.model").exists()
   assert checkpoints.latest_step(str(new)) == 2
+
+
+def test_the_ctranslate2_export_refuses_it(marian_files, tmp_path):
+  """The CTranslate2 export writes one shared spm.model: a workdir with a
+  separate vocabulary is refused with one line, nothing written."""
+  pytest.importorskip("ctranslate2")
+  from mha import export  # pylint: disable=g-import-not-at-top
+  from mha.errors import ExportError  # pylint: disable=g-import-not-at-top
+  files, _ = marian_files
+  _marian_workdir(tmp_path / "run", files)
+  with pytest.raises(ExportError) as refused:
+    export.export(str(tmp_path / "run"), str(tmp_path / "ct2"))
+  assert str(refused.value) == (
+      f"{tmp_path / 'run'} has separate source and target vocabularies "
+      f"({tmp_path / 'run' / 'vocab.json'}): the CTranslate2 export writes "
+      "one shared spm.model, which cannot encode both.")
+  assert sorted(os.listdir(tmp_path)) == ["run"]

@@ -23,7 +23,6 @@ from tensorboard.plugins.hparams import plugin_data_pb2 as hparams_plugin_data_p
 import tensorflow as tf
 
 from mha.store import checkpoints
-from mha import data
 from mha import errors
 from mha.store import metrics as metrics_lib
 from mha.train import actions as train_actions
@@ -346,26 +345,18 @@ def test_finished_workdir_is_left_as_it_is_without_reading_data(
 
 
 def test_resume_with_other_grad_accum_continues_the_data(
-    trained_workdir, tmp_path, caplog, monkeypatch):
+    trained_workdir, tmp_path, caplog, train_batches_starts):
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
   assert checkpoints.read_meta(str(copy))["data_position"] == 12
-  read_from = []
-  train_batches = data.train_batches
-
-  def recording(config, tokenizer, **kwargs):
-    read_from.append(kwargs["start_step"])
-    return train_batches(config, tokenizer, **kwargs)
-
-  monkeypatch.setattr(data, "train_batches", recording)
   result = trainer.train_and_evaluate(
       _tiny_config(num_train_steps=14, checkpoint_every_steps=4,
                    eval_every_steps=100, grad_accum_steps=2), str(copy))
   assert result["step"] == 14
   # 12 micro-batches before the resume: the 13th batch of the plan is the
   # first one read (none replayed or skipped), then 2 updates of 2.
-  assert read_from == [12]
+  assert train_batches_starts == [12]
   meta = checkpoints.read_meta(str(copy), 14)
   assert (meta["data_position"], meta["grad_accum_steps"]) == (16, 2)
   assert "grad_accum_steps: 1 -> 2" in caplog.text

@@ -149,6 +149,20 @@ def test_a_refilled_searchs_rooms_are_its_batches_first_stages():
                                             stage_lengths=())
 
 
+def _rows_as_alone(model_config, params, batches, refilled, device, kwargs
+                   ) -> list[np.ndarray]:
+  """The output rows of the refilled search, each batch's asserted equal to
+  that batch searched alone (`translate_batch`, the same settings)."""
+  rows = []
+  for batch, tokens in zip(batches, refilled):
+    alone = batch_search.translate_batch(
+        model_config, params, batch.inputs, max_decode_len=batch.max_decode_len,
+        devices=device, **kwargs)
+    np.testing.assert_array_equal(tokens, np.asarray(alone))
+    rows += list(tokens)
+  return rows
+
+
 def test_translate_refills_rows_with_the_next_batches_sentences():
   model_config, params = random_tiny_transformer(16, 64, seed=5)
   rng = np.random.default_rng(0)
@@ -185,13 +199,8 @@ def test_translate_refills_rows_with_the_next_batches_sentences():
   # outputs cut on the host, with no small operation compiled around it
   # (which every new process would compile again).
   assert compiled == ["jit(call)"] or compiled == ["jit(search)"], compiled
-  lengths = []
-  for batch, tokens in zip(batches, refilled):
-    alone = batch_search.translate_batch(
-        model_config, params, batch.inputs, max_decode_len=batch.max_decode_len,
-        devices=device, **kwargs)
-    np.testing.assert_array_equal(tokens, np.asarray(alone))
-    lengths += [int(np.flatnonzero(t).max()) + 1 for t in tokens]
+  lengths = [int(np.flatnonzero(t).max()) + 1 for t in _rows_as_alone(
+      model_config, params, batches, refilled, device, kwargs)]
   # Outputs that end early and outputs past the first stage (24 + 3).
   assert min(lengths) < 10 and max(lengths) > 27
 
@@ -305,13 +314,8 @@ def test_translate_refills_beam_slots_with_the_next_batches_sentences():
                                       devices=device, **kwargs)
   assert batch_search.refill_fn(model_config, SearchSettings(beam_size=4),
                                 EOS)._cache_size() == 1  # pylint: disable=protected-access
-  lengths = []
-  for batch, tokens in zip(batches, refilled):
-    alone = batch_search.translate_batch(
-        model_config, params, batch.inputs, max_decode_len=batch.max_decode_len,
-        devices=device, **kwargs)
-    np.testing.assert_array_equal(tokens, np.asarray(alone))
-    lengths += [int(np.count_nonzero(t)) for t in tokens]
+  lengths = [int(np.count_nonzero(t)) for t in _rows_as_alone(
+      model_config, params, batches, refilled, device, kwargs)]
   assert min(lengths) < 10 and max(lengths) > 19
 
 

@@ -516,7 +516,7 @@ def test_a_finished_run_and_a_checkpoint_of_other_shapes_keep_the_config(
 
 
 def test_a_run_finished_between_the_checks_and_the_lock_trains_nothing(
-    tiny_workdir, tmp_path, monkeypatch, caplog):
+    tiny_workdir, tmp_path, monkeypatch, caplog, train_batches_starts):
   """Another run saves the last step (6 of 6) after this one's checks saw
   no checkpoint: under the lock the set-up finds the run finished, keeps
   config.json and reads no training data."""
@@ -532,21 +532,13 @@ def test_a_run_finished_between_the_checks_and_the_lock_trains_nothing(
     aside.rename(workdir / "checkpoints")  # the other run's steps
     return inputs
 
-  read_from = []
-  train_batches = data.train_batches
-
-  def recording(config, tokenizer, **kwargs):
-    read_from.append(kwargs["start_step"])
-    return train_batches(config, tokenizer, **kwargs)
-
   monkeypatch.setattr(train_setup, "check_inputs", finished_meanwhile)
-  monkeypatch.setattr(data, "train_batches", recording)
   caplog.set_level("INFO")
   config = ml_collections.ConfigDict(dict(json.loads(trained),
                                           dropout_rate=0.5))
   assert trainer.train_and_evaluate(config, str(workdir)) == {"step": 6}
   assert (workdir / "config.json").read_bytes() == trained
-  assert read_from == []
+  assert train_batches_starts == []
   assert "at step 6 >= num_train_steps=6: nothing to train" in caplog.text
 
 

@@ -45,7 +45,6 @@ from mha.huggingface import marian
 from mha.model.transformer import TransformerConfig
 from mha.runtime import files
 from mha.search.settings import SearchSettings
-from mha.store import trained
 from mha.store import workdir as workdir_lib
 from mha.data.token_ids import EOS_ID
 from mha.data.token_ids import PAD_ID
@@ -253,31 +252,26 @@ def export_model(workdir: str, output_dir: str, *, step: int | None = None,
         f"{validation.setting('quantization')}={quantization}: the "
         f"{FORMAT} export writes float32 weights only.")
   st_numpy = _import_safetensors()
-  export_lib.check_output_dir(output_dir)
-  config, tokenizer = trained.load_workdir(workdir)
-  model_config = TransformerConfig.from_config(config)
-  marian.check_representable(model_config)
-  params, checkpoint_step, steps = trained.load_params(
-      workdir, step, average_last)
-  trained.check_fit(config, params, workdir, checkpoint_step)
-  weights = marian.params_to_marian(model_config, params)
-  pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-  settings = SearchSettings.of_config(config)
+  read = export_lib.read_checkpoint(
+      workdir, output_dir, step, average_last,
+      lambda model_config, _: marian.check_representable(model_config))
+  model_config = read.model_config
   manifest = {
       "format": FORMAT, "workdir": os.fspath(workdir),
-      "checkpoint_step": checkpoint_step, "averaged_steps": steps,
+      "checkpoint_step": read.step, "averaged_steps": read.steps,
       "quantization": "float32", "max_len": model_config.max_len,
       "command": _command(os.fspath(workdir), os.fspath(output_dir), step,
                           average_last)}
   contents = {
       "config.json": _json_bytes(config_json(model_config)),
-      "generation_config.json": _json_bytes(
-          generation_config_json(model_config, settings)),
-      **_vocabulary_files(model_config, tokenizer, pieces),
-      MODEL_CARD: model_card(config, manifest,
-                             _eval_results(workdir, steps)).encode()}
+      "generation_config.json": _json_bytes(generation_config_json(
+          model_config, SearchSettings.of_config(read.config))),
+      **_vocabulary_files(model_config, read.tokenizer, read.pieces),
+      MODEL_CARD: model_card(read.config, manifest,
+                             _eval_results(workdir, read.steps)).encode()}
+  weights = marian.params_to_marian(model_config, read.params)
   export_lib.write_export(_Folder(contents, weights, st_numpy), manifest,
                           output_dir)
   logging.info("Exported step(s) %s of %s to %s (Hugging Face Marian).",
-               steps, workdir, output_dir)
+               read.steps, workdir, output_dir)
   return manifest

@@ -165,30 +165,31 @@ def exists(path: str) -> bool:
   return os.path.exists(path)
 
 
+def _gcs_is(path: str, folder: bool) -> bool:
+  """Whether the gs:// `path` is a folder (objects are named under it; a
+  bucket's root always is) or, not `folder`, a file (an object of that
+  exact name; never a bucket's root)."""
+  bucket, key = _split(path)
+  if not key:
+    return folder
+  with _as_os_errors(path):
+    if folder:
+      return any(True for _ in _client().list_blobs(
+          bucket, prefix=f"{key}/", max_results=1))
+    return _blob(path).exists()
+
+
 def isdir(path: str) -> bool:
   """Whether `path` is a folder (on gs://: objects are named under it; a
   bucket's root always is)."""
   path = os.fspath(path)
-  if is_gcs(path):
-    bucket, key = _split(path)
-    if not key:
-      return True
-    with _as_os_errors(path):
-      return any(True for _ in _client().list_blobs(
-          bucket, prefix=f"{key}/", max_results=1))
-  return os.path.isdir(path)
+  return _gcs_is(path, True) if is_gcs(path) else os.path.isdir(path)
 
 
 def isfile(path: str) -> bool:
   """Whether `path` is a file (on gs://: an object of that exact name)."""
   path = os.fspath(path)
-  if is_gcs(path):
-    bucket, key = _split(path)
-    if not key:
-      return False
-    with _as_os_errors(path):
-      return _blob(path).exists()
-  return os.path.isfile(path)
+  return _gcs_is(path, False) if is_gcs(path) else os.path.isfile(path)
 
 
 def check_bucket(path: str) -> None:
