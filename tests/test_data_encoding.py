@@ -134,6 +134,39 @@ def test_the_worker_builds_the_same_tokenizer(tmp_path):
       encoding.encode_texts(tok, [text, "x"], np.uint16, "source")[0])
 
 
+def test_a_worker_encodes_with_one_sentencepiece_thread(tmp_path,
+                                                         monkeypatch):
+  # One worker a core: the worker's tokenizer asks SentencePiece for one
+  # thread (the parent's, the fixed four), and the ids are the same.
+  tok = data.get_tokenizer(_synthetic(), str(tmp_path))
+  folder = tmp_path / "files"
+  folder.mkdir()
+  for name, contents in tok.files.items():
+    (folder / name).write_bytes(contents)
+  monkeypatch.setattr(encoding, "_worker_tokenizer", None)
+  monkeypatch.setattr(encoding.signal, "signal", lambda *args: None)
+  encoding._start_worker(str(folder))  # pylint: disable=protected-access
+  worker = encoding._worker_tokenizer  # pylint: disable=protected-access
+  asked = []
+  for t in (tok, worker):
+    processor = t._sp  # pylint: disable=protected-access
+    monkeypatch.setattr(t, "_sp", _Recording(processor, asked))
+  texts = ["a b c " * 7, "x y"]
+  assert worker.encode_batch(texts) == tok.encode_batch(texts)
+  assert asked == [1, 4]
+
+
+class _Recording:
+  """A SentencePiece processor that notes the threads each batch asks."""
+
+  def __init__(self, processor, asked):
+    self.processor, self.asked = processor, asked
+
+  def encode(self, texts, **options):
+    self.asked.append(options["num_threads"])
+    return self.processor.encode(texts, **options)
+
+
 _UNGUARDED = """
 import sys
 sys.path.insert(0, {repo!r})

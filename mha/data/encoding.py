@@ -102,6 +102,8 @@ def _start_worker(folder: str) -> None:
     with open(os.path.join(folder, name), "rb") as f:
       contents[name] = f.read()
   _worker_tokenizer = tokenizer.from_files(contents, folder)
+  # One worker a core: SentencePiece's own threads would only contend.
+  _worker_tokenizer.threads = 1
 
 
 def _encode_in_worker(chunk: Chunk, dtype) -> Encoded:

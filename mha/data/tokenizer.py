@@ -58,7 +58,9 @@ SEPARATE_FILENAMES = (SOURCE_MODEL_FILENAME, TARGET_MODEL_FILENAME,
 SOURCE, TARGET = "source", "target"
 # The id table's special pieces (Marian's names) at the project's ids.
 SPECIAL_PIECES = {"<pad>": PAD_ID, "</s>": EOS_ID, "<unk>": UNK_ID}
-# Fixed so that training gives the same model on every machine.
+# Fixed so that training gives the same model on every machine; also the
+# threads of a batch's encoding (`encode_batch`: the same ids with any
+# number), unless a tokenizer's `threads` says otherwise.
 _TRAIN_THREADS = 4
 _TRAIN_SEED = 0
 
@@ -78,7 +80,10 @@ class Tokenizer:
   Attributes:
     path: the file the model was loaded from or saved to, or None.
     sha256: hash of the serialized model (keys caches of tokenized data).
+    threads: SentencePiece's threads in `encode_batch` (one in each
+      tokenization worker, `mha.data.encoding`, which runs one a core).
   """
+  threads = _TRAIN_THREADS
 
   def __init__(self, model_proto: bytes, path: str | None = None):
     try:
@@ -126,7 +131,7 @@ class Tokenizer:
     """Ids of each text, without EOS (SentencePiece's batch encoder; one
     model for either `side`)."""
     del side
-    return self._sp.encode(list(texts), num_threads=_TRAIN_THREADS)
+    return self._sp.encode(list(texts), num_threads=self.threads)
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids`, up to the first EOS; pads are dropped."""
@@ -203,7 +208,9 @@ class SeparateTokenizer:
   Attributes:
     path: the id table's file (`vocab.json`), or None.
     sha256: hash of the three files (keys caches of tokenized data).
+    threads: as `Tokenizer`'s.
   """
+  threads = _TRAIN_THREADS
 
   def __init__(self, source_proto: bytes, target_proto: bytes,
                table: bytes, folder: str | None = None):
@@ -251,7 +258,7 @@ class SeparateTokenizer:
                    side: str = SOURCE) -> list[list[int]]:
     """`encode` of each text (SentencePiece's batch encoder)."""
     pieces = self._sp[side].encode(list(texts), out_type=str,
-                                   num_threads=_TRAIN_THREADS)
+                                   num_threads=self.threads)
     return [self._to_ids(p) for p in pieces]
 
   def decode(self, ids: Iterable[int]) -> str:

@@ -315,12 +315,16 @@ def device_rows(rows: int, beam_size: int, num_devices: int) -> int:
   return rows // (num_devices if _splits(rows, num_devices) else 1) * beam_size
 
 
-def _put_rows(rows: list[Any], devices: tuple[jax.Device, ...],
-              axis: int = 0) -> list[Any]:
-  """Each device's rows (along `axis`) put there now (unchanged for no
-  devices)."""
+def _put_rows(rows: list[np.ndarray], devices: tuple[jax.Device, ...],
+              axis: int = 0) -> list[jax.Array]:
+  """NumPy arrays on the default device (no devices), or each device's
+  rows (along `axis`) put there, all now. From NumPy, not from a jax array
+  on one device: resharding that compiles a slicing program for each new
+  shape (jax's `_multi_slice`), slicing on the host does not."""
+  rows = [np.asarray(x) for x in rows]
   if not devices:
-    return rows
+    # With the dtype given, jnp.asarray compiles no copy (jax's `stage`).
+    return [jnp.asarray(x, x.dtype) for x in rows]
   return jax.device_put(rows, jax.sharding.NamedSharding(
       _mesh(devices), _split_spec(axis)))
 
@@ -484,12 +488,8 @@ def _search_inputs(model_config: TransformerConfig, inputs_np: np.ndarray, *,
   max_decode_len, max_lengths = _limits(model_config, inputs_np,
                                         max_decode_extra, max_decode_len)
   devices = search_devices(inputs_np.shape[0], devices)
-  # jnp.asarray without a dtype compiles a copy of each new shape
-  # (jax's `stage`), with one it does not.
-  rows = [jnp.asarray(inputs_np, jnp.int32),
-          jnp.asarray(max_lengths, jnp.int32),
-          *(jnp.asarray(x, x.dtype) for x in extra_rows)]
-  rows = _put_rows(rows, devices)
+  rows = _put_rows([np.asarray(inputs_np, np.int32),
+                    np.asarray(max_lengths, np.int32), *extra_rows], devices)
   return (_static([inputs_np.shape[1]], max_decode_len, first_stage_extra),
           devices, rows)
 
@@ -552,9 +552,8 @@ def score_batch(model_config: TransformerConfig, params: Any,
     raise ValueError(f"Targets of {targets_np.shape[1]} positions: the model "
                      f"has max_len={model_config.max_len}.")
   devices = search_devices(inputs_np.shape[0], devices)
-  rows = [jnp.asarray(inputs_np, jnp.int32),
-          jnp.asarray(targets_np, jnp.int32)]
-  rows = _put_rows(rows, devices)
+  rows = _put_rows([np.asarray(inputs_np, np.int32),
+                    np.asarray(targets_np, np.int32)], devices)
   return _score_fn(model_config)(replicate(params, devices), *rows,
                                  devices=devices)
 
@@ -605,10 +604,10 @@ def refill_batches(model_config: TransformerConfig, params: Any,
     else:
       stacked.append([x])
   order = _device_major(rows, max(len(devices), 1))
-  sources = _put_rows([jnp.asarray(np.stack(x), jnp.int32) for x in stacked],
+  sources = _put_rows([np.stack(x).astype(np.int32) for x in stacked],
                       devices, axis=1)
   [max_lengths] = _put_rows(
-      [jnp.asarray(np.concatenate(limits)[order], jnp.int32)], devices)
+      [np.concatenate(limits)[order].astype(np.int32)], devices)
   return refill_fn(model_config, settings, eos_id)(
       params, tuple(sources), max_lengths, devices=devices,
       **_static([x.shape[1] for x in inputs], max_decode_len,
