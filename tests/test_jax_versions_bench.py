@@ -40,7 +40,7 @@ def number(cell: str) -> float:
   if cell.endswith("%"):
     return float(cell[:-1]) / 100
   value, _, unit = cell.partition(" ")
-  return float(value) * (SI[unit[0]] if unit[:1] in SI else 1.0)
+  return float(value) * SI.get(unit[:1], 1.0)
 
 
 def close(a: float, b: float, rel: float) -> bool:
