@@ -149,7 +149,10 @@ def train_step_run(python: str, args: argparse.Namespace,
 def figures(it: Interpreter) -> dict[str, float]:
   """Medians over `it`'s runs (the best peak) of the table's numbers."""
   steps = it.train_steps
-  median = lambda key: statistics.median(float(r[key]) for r in steps)
+
+  def median(key: str) -> float:
+    return statistics.median(float(r[key]) for r in steps)
+
   return {
       "BLEU": statistics.median(q.metrics["bleu"] for q in it.quickstarts),
       "train.py s": statistics.median(q.train_seconds
@@ -161,6 +164,7 @@ def figures(it: Interpreter) -> dict[str, float]:
 
 
 def _cell(key: str, x: float) -> str:
+  """The table's cell of figure `key` (a `figures` key) of value `x`."""
   if key == "MFU":
     return accelerator.significant(100 * x) + "%"
   if key == "peak FLOP/s":
