@@ -132,7 +132,7 @@ def significant(x: float, digits: int = 4) -> str:
   return f"{x:.{decimals}f}"
 
 
-def _run_command(argv: list[str], log_path: str) -> float:
+def run_command(argv: list[str], log_path: str) -> float:
   """Runs `argv` from the repository root; its output goes to `log_path`.
 
   Returns:
@@ -149,7 +149,8 @@ def _run_command(argv: list[str], log_path: str) -> float:
   if done.returncode:
     with open(log_path) as log:
       tail = log.read()[-3000:]
-    sys.exit(f"bench/accelerator.py: {' '.join(argv[1:3])} failed (status "
+    me = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)  # this bench
+    sys.exit(f"{me}: {' '.join(argv[1:3])} failed (status "
              f"{done.returncode}; log {log_path}):\n{tail}")
   return seconds
 
@@ -164,21 +165,41 @@ def _train_log(workdir: str) -> tuple[int, float]:
   return last, statistics.median(rates[1:] or rates)
 
 
-def run_quickstart(plan: Plan, workdir: str) -> list[Row]:
-  """The README's quickstart commands in fresh processes, a fresh cache."""
+@dataclasses.dataclass(frozen=True)
+class Quickstart:
+  """The figures of one run of the quickstart's commands.
+
+  Attributes:
+    train_seconds: train.py's wall seconds.
+    eval_seconds: eval.py's wall seconds.
+    steps: the last step trained.
+    steady: the trainer's median logged steps/s after the first window.
+    metrics: eval.py's metrics.json (bleu, decode_seconds, ...).
+  """
+  train_seconds: float
+  eval_seconds: float
+  steps: int
+  steady: float
+  metrics: dict
+
+
+def quickstart(plan: Plan, workdir: str,
+               python: str = sys.executable) -> Quickstart:
+  """The README's quickstart commands run by `python` in fresh processes,
+  with a fresh compilation cache, in `workdir` (its logs there too)."""
   cache = os.path.join(workdir, "jax_cache")
   run = os.path.join(workdir, "quickstart")
-  python = sys.executable
   config = os.path.join(REPO, "configs", "quickstart.py")
-  print(f"\n== quickstart: train.py --config={config} --workdir={run} "
-        f"{' '.join(plan.quickstart_flags)}, then eval.py", flush=True)
-  train_seconds = _run_command(
+  print(f"\n== quickstart ({python}): " + " ".join(
+      ["train.py", f"--config={config}", f"--workdir={run}",
+       *plan.quickstart_flags]) + ", then eval.py", flush=True)
+  train_seconds = run_command(
       [python, "train.py", f"--config={config}", f"--workdir={run}",
        f"--compilation_cache_dir={cache}", *plan.quickstart_flags],
       os.path.join(workdir, "train.log"))
   steps, steady = _train_log(run)
   output = os.path.join(workdir, "eval")
-  eval_seconds = _run_command(
+  eval_seconds = run_command(
       [python, "eval.py", f"--workdir={run}", f"--output_dir={output}",
        f"--compilation_cache_dir={cache}"]
       + ([f"--split={plan.split}"] if plan.split else []),
@@ -188,22 +209,30 @@ def run_quickstart(plan: Plan, workdir: str) -> list[Row]:
   print(f"train.py {train_seconds:.1f} s ({steps} steps, {steady:.1f} "
         f"steps/s after the first window); eval.py {eval_seconds:.1f} s, "
         f"BLEU {metrics['bleu']:.2f}", flush=True)
+  return Quickstart(train_seconds, eval_seconds, steps, steady, metrics)
+
+
+def run_quickstart(plan: Plan, workdir: str) -> list[Row]:
+  """The README's quickstart commands in fresh processes, a fresh cache."""
+  q = quickstart(plan, workdir)
+  metrics = q.metrics
   return [
       Row("quickstart train.py", "configs/quickstart.py, a fresh process "
-          "and compilation cache", steps, "steps", train_seconds,
-          note=f"steady {significant(steady)} steps/s"),
+          "and compilation cache", q.steps, "steps", q.train_seconds,
+          note=f"steady {significant(q.steady)} steps/s"),
       Row("quickstart eval.py", f"split {metrics['split']}, beam "
           f"{metrics['beam_size']}",
           metrics["num_sentences"], "sentences", metrics["decode_seconds"],
           compile_seconds=metrics["compile_seconds"], bleu=metrics["bleu"],
-          note=f"eval.py {significant(eval_seconds)} s in all")]
+          note=f"eval.py {significant(q.eval_seconds)} s in all")]
 
 
-def run_train_steps(plan: Plan, peak: train_step.Peak) -> list[Row]:
-  """`bench/train_step.py`'s run at the reference and base shapes."""
+def run_train_steps(plan: Plan, peak: train_step.Peak,
+                    shapes: tuple[str, ...] = TRAIN_SHAPES) -> list[Row]:
+  """`bench/train_step.py`'s run at `shapes` (the reference and base)."""
   args = train_step.make_parser().parse_args(list(plan.train_flags))
   rows = []
-  for name in TRAIN_SHAPES:
+  for name in shapes:
     config, epoch, description = train_step.shape_setup(name, args,
                                                         plan.config_arg)
     summary = train_step.run_shape(name, config, epoch, description, peak,
@@ -248,6 +277,15 @@ def run_decode(plan: Plan, workdir: str) -> list[Row]:
         compile_seconds=r["compile_seconds"], bleu=bleu,
         note=f"{significant(r['tokens_per_sec'])} tokens/s"))
   return rows
+
+
+def start_peak(size: int | None = None) -> train_step.Peak:
+  """The matmul peak, measured once: N x N `jnp.dot`, N `size` (default:
+  2048 on a CPU, 8192 on an accelerator)."""
+  accelerator = jax.default_backend() != "cpu"
+  peak = train_step.Peak(size or (8192 if accelerator else 2048))
+  peak.measure("start")
+  return peak
 
 
 def peak_row(peak: train_step.Peak) -> Row:
@@ -342,9 +380,7 @@ def main():
     if "quickstart" in args.parts:
       rows += run_quickstart(plan, workdir)
     print(f"\n{common.machine_line()}", flush=True)
-    accelerator = jax.default_backend() != "cpu"
-    peak = train_step.Peak(args.peak_size or (8192 if accelerator else 2048))
-    peak.measure("start")
+    peak = start_peak(args.peak_size)
     if "train_step" in args.parts:
       rows += run_train_steps(plan, peak)
     if "decode" in args.parts:
