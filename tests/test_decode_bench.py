@@ -16,6 +16,7 @@ import pytest
 
 from bench import decode
 from bench import decode_ct2
+import mha
 from mha import data
 from mha.search import texts as translate
 from mha.store import trained
@@ -136,8 +137,9 @@ def test_end_to_end_runs_translate_the_job(exported, tmp_path):
                         "ct2_float32_1x1.txt")}
   # mha's translations, whatever the cache; eval.py's compiled searches
   # were stored in the cold run's folder, read by the warm run.
-  assert texts["eval_cold/translations.txt"] == texts[
-      "eval_warm/translations.txt"]
+  ours = mha.load(job.workdir).translate(SOURCES, beam_size=1)
+  assert texts["eval_cold/translations.txt"] == ours
+  assert texts["eval_warm/translations.txt"] == ours
   assert os.listdir(run / "cache")
   # CTranslate2's, from the text: those of the steady state's pieces.
   steady = decode_ct2.steady(job, models, [mode], [1])[1, mode.name]
