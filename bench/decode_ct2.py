@@ -314,8 +314,9 @@ def report_end_to_end(search: str, beam: int,
           flush=True)
   if ct2_modes:
     best = best_float32(results, beam, ct2_modes)
-    ratios = ", ".join(f"{cache} cache {_ratio(results, beam, cache, best):.2f}x"
-                       for cache in reversed(CACHES))
+    ratios = ", ".join(
+        f"{cache} cache {_ratio(results, beam, cache, best):.2f}x"
+        for cache in reversed(CACHES))
     print(f"{search:>7} end to end, mha/CTranslate2 float32 at its best "
           f"({best}): {ratios}", flush=True)
 
