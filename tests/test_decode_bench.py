@@ -46,11 +46,19 @@ def exported(random_workdir, tmp_path_factory):
   return job, decode_ct2.export_models(job, {"float32"})
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-def test_steady_equals_one_in_process_call(exported, beam):
+MODES = decode_ct2.modes(2, 2, ("float32",))  # 1 x 2 threads, 2 x 1
+
+
+@pytest.fixture(scope="module")
+def steady_results(exported):
+  """`decode_ct2.steady` of the job, greedy and beam 3, in both MODES."""
   job, models = exported
-  modes = decode_ct2.modes(2, 2, ("float32",))
-  results = decode_ct2.steady(job, models, modes, [1, 3])
+  return decode_ct2.steady(job, models, MODES, [1, 3])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_steady_equals_one_in_process_call(exported, steady_results, beam):
+  job, models = exported
   pieces = [[job.tokenizer.id_to_piece(t) for t in ids[:-1]]
             for ids in job.encoded]
   # The whole job's limit: its longest source, its EOS, max_decode_extra.
@@ -67,8 +75,8 @@ def test_steady_equals_one_in_process_call(exported, beam):
   # in input order.
   by_length = sorted(range(len(SOURCES)), key=lambda i: len(pieces[i]))
   assert [expected[i] for i in by_length] != expected
-  for mode in modes:  # one translator of 2 threads, two of one thread
-    r = results[beam, mode.name]
+  for mode in MODES:
+    r = steady_results[beam, mode.name]
     assert [list(out) for out in r["outputs"]] == expected, mode
     assert r["tokens"] == sum(map(len, expected))
     assert r["sentences_per_sec"] * r["seconds"] == pytest.approx(
