@@ -246,8 +246,7 @@ def _timed(paths, model_config, params, num_sentences, *, repeats,
   """Runs every path once untimed (its compilations and one pass), then
   times `repeats` passes of each. The paths take turns chunk by chunk
   (`_chunks`; at chunk i the order is rotated by i: old, new, then new,
-  old, ...; with CTranslate2's paths, each goes first as often as the
-  others), each chunk waited for, so that the load of a shared machine,
+  old, ...), each chunk waited for, so that the load of a shared machine,
   which changes within a pass, hits every path alike; a pass's time is
   the sum of its chunks'."""
   chunks = _chunks(paths[0].batches, kwargs["beam_size"])
@@ -403,10 +402,11 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument("--ct2_threads", type=int, default=os.cpu_count(),
                       help="CTranslate2's threads in all (default: all "
                       "cores)")
-  parser.add_argument("--ct2_inter_threads", type=int, default=2,
+  parser.add_argument("--ct2_inter_threads", type=int, default=None,
                       help="N > 1: CTranslate2 also as N translators "
                       "sharing --ct2_threads (inter_threads N, "
-                      "intra_threads --ct2_threads / N); 1: one only")
+                      "intra_threads --ct2_threads / N); 1: one only "
+                      "(default: 2, 1 on one core)")
   parser.add_argument("--cpu_devices", type=int, default=None,
                       help="JAX CPU devices (mha.use_cpu_cores; default: "
                       "one a core, as eval.py; 1: one for all cores)")
@@ -438,6 +438,10 @@ def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
       parser.error(f"--{flag} needs --workdir (a trained model)")
     if getattr(args, flag) and args.profile:
       parser.error(f"--profile times no passes: it takes no --{flag}")
+  if args.ct2_threads < 1:
+    parser.error(f"--ct2_threads={args.ct2_threads}: at least 1")
+  if args.ct2_inter_threads is None:
+    args.ct2_inter_threads = min(2, args.ct2_threads)
   if args.ct2_inter_threads < 1 or args.ct2_threads < args.ct2_inter_threads:
     parser.error(f"--ct2_inter_threads={args.ct2_inter_threads}: from 1 to "
                  f"--ct2_threads={args.ct2_threads}")

@@ -95,6 +95,11 @@ def test_steady_outputs_keep_their_eos(tiny_workdir, tmp_path):
   assert r["tokens"] == len(SOURCES)
 
 
+def test_two_translators_by_default_but_on_one_core():
+  assert decode.parse_flags(["--ct2_threads=4"]).ct2_inter_threads == 2
+  assert decode.parse_flags(["--ct2_threads=1"]).ct2_inter_threads == 1
+
+
 def test_modes_share_the_cores_equally():
   modes = decode_ct2.modes(8, 4)
   assert [m.name for m in modes] == [
@@ -122,6 +127,7 @@ def test_compare_counts_equal_and_capped_outputs():
     (["--workdir=w", "--ct2_threads=4", "--ct2_inter_threads=3"],
      "--ct2_inter_threads=3 does not divide --ct2_threads=4"),
     (["--ct2_threads=2", "--ct2_inter_threads=4"], "--ct2_inter_threads=4"),
+    (["--ct2_threads=0"], "--ct2_threads=0"),
 ])
 def test_a_bad_flag_combination_is_one_error_naming_it(flags, named, capsys):
   with pytest.raises(SystemExit) as exit_info:
