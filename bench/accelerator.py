@@ -256,18 +256,19 @@ def run_decode(plan: Plan, workdir: str) -> list[Row]:
       [f"--workdir={workdir}", "--baseline=none", *plan.decode_flags]
       + ([f"--split={plan.split}"] if plan.split else []))
   print(f"\n== decode: {workdir}", flush=True)
-  (model_config, params, encoded, tokenizer, references, alpha, cache_extra,
-   extra, eos_id) = decode._workdir_setup(args)
-  path = decode.Path("new", decode.translate, model_config, encoded,
-                     args.batch_size, cache_extra)
+  setup = decode._workdir_setup(args)
+  encoded = setup.encoded
+  path = decode.Path("new", decode.translate, setup.model_config, encoded,
+                     args.batch_size, setup.cache_extra)
   rows = []
   for search, beam in (("greedy", 1), (f"beam {args.beam_size}",
                                        args.beam_size)):
-    r = decode._timed([path], model_config, params, len(encoded),
-                      repeats=args.repeats, beam_size=beam, alpha=alpha,
-                      max_decode_extra=extra, eos_id=eos_id)[path.name]
-    bleu = decode._bleu([tokenizer.decode(out) for out in r["outputs"]],
-                        references)
+    r = decode._timed([path], setup.model_config, setup.params, len(encoded),
+                      repeats=args.repeats, beam_size=beam,
+                      alpha=setup.alpha, max_decode_extra=setup.extra,
+                      eos_id=setup.eos_id)[path.name]
+    bleu = decode.bleu([setup.tokenizer.decode(out) for out in r["outputs"]],
+                       setup.references)
     print(f"{search}: {r['sentences_per_sec']:.1f} sentences/s, first pass "
           f"~{r['compile_seconds']:.1f} s more (compiling), BLEU {bleu:.2f}",
           flush=True)

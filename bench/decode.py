@@ -3,6 +3,8 @@ r"""Decoding speed: greedy and beam search, sentences/s and tokens/s.
     python bench/decode.py                            # random model, no workdir
     python bench/decode.py --workdir=/tmp/m30k        # a trained workdir
     python bench/decode.py --workdir=/tmp/m30k --split=val --num_sentences=200
+    python bench/decode.py --workdir=/tmp/m30k --baseline=none \
+        --ctranslate2 --end_to_end           # both engines as users run them
 
 Two modes, and the output says which one ran:
 
@@ -35,34 +37,34 @@ one, its slots refilled with the next batches' sentences; each search gets
 a chunk's batches in one call). `--baseline=none` times the
 current search alone.
 
-CTranslate2 beside it: `--ctranslate2` (with `--workdir`; needs the optional
-`ctranslate2` package) exports the same checkpoint with `mha.export`
-(float32 and int8, into a temporary folder) and times CTranslate2's greedy
-and beam search on the same sentences, in the same batches (mha's
-length-sorted batches of `--batch_size`), the same beam size and α (as
-CTranslate2's own length penalty, |Y|^α, not GNMT's), with
-`--ct2_threads` threads (default: all cores, as XLA uses), one batch per
-call, timed chunk by chunk in turn with mha's searches (as the baseline
-is: the load of a shared machine hits every engine alike);
-`--ct2_inter_threads=N` adds CTranslate2 float32 as N translators of one
-thread each, every batch of a chunk submitted at once (its way of using
-the cores for many batches). Its length
-limit is per call: the batch's longest source + the config's
-`max_decode_extra` (mha's is per sentence), and min_decoding_length=0 as
-in mha. Prints its sentences/s, the mha/CTranslate2 speed ratios, BLEU,
-and how many outputs equal mha's.
+CTranslate2 beside it, as its users run it: `--ctranslate2` (with
+`--workdir`; needs the optional `ctranslate2` package) exports the same
+checkpoint with `mha.export` (float32 and int8, into a temporary folder)
+and, once mha's passes are done, runs CTranslate2 in a process of its own
+(bench/ct2_process.py: no JAX there, none running here), the whole job in
+one `translate_batch` call (`max_batch_size` = `--batch_size`), the same
+sentences, beam size, α and output limit, as one translator of
+`--ct2_threads` threads (default: all cores) and as `--ct2_inter_threads`
+translators (default 2) sharing them; steady state: the model loaded and
+one call made first, then `--repeats` timed calls. Prints its
+sentences/s, BLEU, how many outputs equal mha's, and the mha/CTranslate2
+speed ratios, against float32's faster mode (bench/decode_ct2.py has the
+details). The former mode, CTranslate2 in this process given mha's batches
+one call each, interleaved batch by batch with JAX, is gone: it measured
+CTranslate2 sharing the process and the cores with JAX, not as it is run.
 
-Where the time goes: `--profile` traces the compiled search (greedy, then
-beam) of one batch of the most frequent shape with `jax.profiler`, for the
-baseline and the current code in turn, and prints XLA's op time summed by
-category (encoder, the step's output projection, feed-forward and attention
-matmuls, the cache write, the cache reorder, the vocabulary's lse and top-k,
-shrinking, loop control), each op placed by the jax source stack the
-optimized HLO records for it (ops XLA added, without one, in a category of
-their own: loop-carry copies, layout transposes); with the compile time and
-the search's time.
-Op time is summed over XLA's threads and inflated by the machine's load:
-compare shares and the two codes within one run.
+End to end: `--end_to_end` (with `--workdir`) times, from a fresh process
+to the last output, `python eval.py` on the same sentences (a text file)
+with a new empty `--compilation_cache_dir` (cold), then the same folder
+again (warm), with its compile seconds and their share of the cold run;
+with `--ctranslate2`, CTranslate2 float32's own script in each mode too
+(imports, tokenizing, model loading, translation, the file written), and
+the mha/CTranslate2 ratios. The run ends with the figures as Markdown
+tables.
+
+Where the time goes: `--profile` traces the compiled search of one batch
+by category (bench/decode_profile.py), the baseline's and the current
+one's, instead of timing the passes.
 
 mha runs on one JAX CPU device a core, as eval.py does
 (`mha.use_cpu_cores`; `--cpu_devices=1`: one device for all cores), and
@@ -84,21 +86,17 @@ current search with its weight products in bfloat16 (float32 results), the
 baseline's in float32.
 """
 import argparse
-import collections
-import glob
 import gzip
 import importlib
-import inspect
 import io
-import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
 import time
 import types
+from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -109,15 +107,14 @@ import numpy as np
 import sentencepiece as spm
 
 from bench import common
+from bench import decode_ct2
+from bench import decode_profile
+from bench.decode_ct2 import bleu
 from configs import multi30k
 import mha
-from mha.search import batches as batch_search
 from mha import data
 from mha.store import trained
-from mha import export
-from mha.scoring import metric_table
 from mha.search import texts as translate
-from mha.search.settings import SearchSettings
 from mha import validation
 from mha.errors import UserError
 from mha.model.transformer import TransformerConfig
@@ -196,12 +193,6 @@ def load_baseline(rev: str) -> types.ModuleType:
   return modules["translate"]
 
 
-def _searches(module: types.ModuleType) -> types.ModuleType:
-  """The module of a translate module's compiled searches (`_translate_fn`,
-  `_search_inputs`): its `batch_search`, or itself before the split."""
-  return getattr(module, "batch_search", module)
-
-
 class Path:
   """One search implementation (a translate module) on the sentences."""
 
@@ -255,8 +246,7 @@ def _timed(paths, model_config, params, num_sentences, *, repeats,
   """Runs every path once untimed (its compilations and one pass), then
   times `repeats` passes of each. The paths take turns chunk by chunk
   (`_chunks`; at chunk i the order is rotated by i: old, new, then new,
-  old, ...; with CTranslate2's paths, each goes first as often as the
-  others), each chunk waited for, so that the load of a shared machine,
+  old, ...), each chunk waited for, so that the load of a shared machine,
   which changes within a pass, hits every path alike; a pass's time is
   the sum of its chunks'."""
   chunks = _chunks(paths[0].batches, kwargs["beam_size"])
@@ -290,7 +280,33 @@ def _timed(paths, model_config, params, num_sentences, *, repeats,
   return results
 
 
-def _random_setup(args):
+class Setup(NamedTuple):
+  """What the passes decode, with which model and settings.
+
+  Attributes:
+    model_config, params: the model.
+    encoded: the source ids, EOS included.
+    tokenizer: the vocabulary (None: a random model's bench).
+    references: the reference texts (None: as tokenizer).
+    alpha: the length penalty's α.
+    cache_extra: sizes the decode cache (`batch.max_decode_len`).
+    extra: each output's limit: its source's length + `extra`.
+    eos_id: the end of an output (-1: none, the random model's).
+    sources: the source texts (None: a random model's bench).
+  """
+  model_config: TransformerConfig
+  params: Any
+  encoded: list[list[int]]
+  tokenizer: data.Tokenizer | None
+  references: list[str] | None
+  alpha: float
+  cache_extra: int
+  extra: int
+  eos_id: int
+  sources: list[str] | None
+
+
+def _random_setup(args) -> Setup:
   """Random multi30k-shaped model and Multi30k test sources (or random ids)."""
   config = multi30k.get_config()
   model_config = TransformerConfig.from_config(config, deterministic=True)
@@ -329,11 +345,11 @@ def _random_setup(args):
   print("Outputs: EOS disabled (eos_id=-1), every output forced to exactly "
         "its source's token count; decode cache of padded source + "
         f"{config.max_decode_extra} positions as in eval.py.")
-  return (model_config, params, encoded, None, None, config.alpha,
-          config.max_decode_extra, 0, -1)
+  return Setup(model_config, params, encoded, None, None, config.alpha,
+               config.max_decode_extra, 0, -1, None)
 
 
-def _workdir_setup(args):
+def _workdir_setup(args) -> Setup:
   """A trained workdir's latest checkpoint on a split."""
   try:
     config, tokenizer = trained.load_workdir(args.workdir)
@@ -355,262 +371,9 @@ def _workdir_setup(args):
   print(f"Outputs: real search, ending at EOS or at input + "
         f"{config.max_decode_extra} tokens; tokens/s counts output tokens up "
         "to and including EOS.")
-  return (model_config, params, encoded, tokenizer, references, config.alpha,
-          config.max_decode_extra, config.max_decode_extra, data.EOS_ID)
-
-
-class CTranslate2Path:
-  """A CTranslate2 export of the workdir's checkpoint, run on mha's batches.
-
-  `batches` are a `Path`'s (mha's length-sorted batches), so both engines
-  see the same sentences together, and `_timed` runs it chunk by chunk in
-  turn with mha's paths, as it runs them (the same interface as `Path`);
-  outputs are mha-style id arrays (EOS included) in input order.
-  """
-
-  def __init__(self, name, model_dir, tokenizer, encoded, batches, threads,
-               inter_threads=1):
-    import ctranslate2  # pylint: disable=import-outside-toplevel
-    self.name, self.encoded, self.batches = name, encoded, batches
-    self.translator = ctranslate2.Translator(
-        str(model_dir), device="cpu", inter_threads=inter_threads,
-        intra_threads=threads)
-    self.inter_threads = inter_threads
-    self.piece_ids = {tokenizer.id_to_piece(i): i
-                      for i in range(tokenizer.vocab_size)}
-    self.sources = [[tokenizer.id_to_piece(t) for t in ids[:-1]]
-                    for ids in encoded]  # CTranslate2 adds the EOS
-
-  def run(self, model_config, params, batches, *, beam_size, alpha,
-          max_decode_extra, eos_id) -> list[tuple[np.ndarray, list]]:
-    """Per batch: (its sentence indices, their output ids)."""
-    del model_config, params, eos_id  # its own model; EOS ends an output
-    calls = []  # with several inter threads, every batch submitted at once
-    for batch in batches:
-      rows = [self.sources[i] for i in batch.indices]
-      calls.append((batch.indices, self.translator.translate_batch(
-          rows, beam_size=beam_size, length_penalty=alpha,
-          max_decoding_length=max(len(r) for r in rows) + 1 + max_decode_extra,
-          min_decoding_length=0, max_input_length=0, return_end_token=True,
-          asynchronous=self.inter_threads > 1)))
-    return [(indices, [np.asarray([self.piece_ids[p] for p in (
-        r.result() if self.inter_threads > 1 else r).hypotheses[0]], np.int64)
-                       for r in results]) for indices, results in calls]
-
-  def outputs(self, raw) -> list[np.ndarray]:
-    """Per sentence, in input order: its output ids (EOS included)."""
-    result = [None] * len(self.encoded)
-    for indices, outs in raw:
-      for i, out in zip(indices, outs):
-        result[i] = out
-    return result
-
-
-def _ct2_paths(args, folder, tokenizer, encoded, batches):
-  """Exports the workdir's latest checkpoint (float32, int8) into `folder`."""
-  paths = []
-  for quantization in ("float32", "int8"):
-    model_dir = os.path.join(folder, quantization)
-    export.export(args.workdir, model_dir, quantization=quantization)
-    paths.append(CTranslate2Path(f"ct2 {quantization}", model_dir, tokenizer,
-                                 encoded, batches, args.ct2_threads))
-    if quantization == "float32" and args.ct2_inter_threads > 1:
-      paths.append(CTranslate2Path(
-          f"ct2 f32 x{args.ct2_inter_threads}", model_dir, tokenizer,
-          encoded, batches, 1, inter_threads=args.ct2_inter_threads))
-  return paths
-
-
-def _compare(ours: list[np.ndarray], theirs: list[np.ndarray]
-             ) -> tuple[int, int]:
-  """(outputs equal, outputs that differ only after mha's output ended at
-  its length limit without EOS: CTranslate2's limit is per batch)."""
-  same = capped = 0
-  for a, b in zip(ours, theirs):
-    if np.array_equal(a, b):
-      same += 1
-    elif (data.EOS_ID not in a and len(b) > len(a)
-          and np.array_equal(b[:len(a)], a)):
-      capped += 1
-  return same, capped
-
-
-def _bleu(hypotheses: list[str], references: list[str]) -> float:
-  """sacreBLEU's BLEU of the texts (`metric_table.corpus_scores`)."""
-  return metric_table.corpus_scores(hypotheses, references)["bleu"]
-
-
-def _ct2_report(search, ct2_paths, results, references, tokenizer,
-                num_sentences):
-  """Prints each CTranslate2 path's result (timed in turn with mha's) beside
-  mha's current search."""
-  ours = results["new"]
-  for path in ct2_paths:
-    r = results[path.name]
-    same, capped = _compare(ours["outputs"], r["outputs"])
-    hypotheses = [tokenizer.decode(out) for out in r["outputs"]]
-    print(f"{search:>7} {path.name:>14}: {r['sentences_per_sec']:7.1f} "
-          f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
-          f"({r['tokens']} tokens, {r['seconds']:.2f} s per pass)  BLEU "
-          f"{_bleu(hypotheses, references):.2f}; "
-          f"{same}/{num_sentences} outputs equal mha's, {capped} more "
-          f"differ only past mha's cap; mha/{path.name} "
-          f"speed ratio {r['seconds'] / ours['seconds']:.2f}x",
-          flush=True)
-
-
-# ------------------------------------------------------------------ profile
-
-# Categories of `--profile`. An op's phase is the first of _PHASES with a
-# function on its jax source stack; its part, in the search, the first rule
-# that a function of its stack matches, in the step, the rule of the
-# innermost function that matches one (every step op is in
-# Transformer.decode, the output projection alone directly).
-_PHASES = (
-    ("encoder", ("Transformer.encode",)),
-    ("decode cache made (cross-attention K, V)", ("init_cache",)),
-    ("shrink: state and cache gathered", ("gather_sentences",)),
-    ("stage growth: outputs and cache padded", ("grow_cache", "_pad_axis")),
-    ("step", ("tokens_to_logits",)),
-    ("search", ("",)),
-)
-_PARTS = {
-    "step": (
-        ("self-attention cache write", ("_append_to_cache",)),
-        ("feed-forward matmuls", ("FeedForward.__call__",)),
-        ("attention Q/K/V/O projections", ("_apply_projection",
-                                           "MultiHeadAttention.__call__")),
-        ("attention QK, softmax, AV", ("_dot_logits", "_mix",
-                                       "masked_softmax", "_heads")),
-        ("layer norm, residual, embedding", (
-            "_compute_stats", "_normalize", "LayerNorm", "ResidualSublayer",
-            "Embed", "AddPositionEncoding", "Layer.__call__")),
-        ("output projection [rows, vocab]", ("Transformer.decode",)),
-    ),
-    "search": (
-        ("cache reorder", ("_gather_rows",)),
-        ("log-softmax / lse and top-k over the vocabulary", (
-            "_best_extensions", "_greedy_choice", "_step_logprobs",
-            "_argmax")),
-        ("candidates, finished merge, sequences", (
-            "_candidates", "_merge_finished", "_take", "body")),
-    ),
-}
-_SEARCH_REST = "stopping rule, loop control"
-# Ops of the optimized HLO without a jax source stack: those XLA added (the
-# copies of a loop's carried arrays, transposes for a product's layout).
-_NO_SOURCE = "no jax source: copies and transposes XLA added"
-# Control flow: a while or conditional op's time covers the ops it runs.
-_CONTROL_FLOW = re.compile(r"\s(while|conditional|call)\(%")
-
-
-def _stack_frames(hlo_text: str) -> dict[str, list[str]]:
-  """Op name -> the function names of its jax source stack, innermost first
-  (the optimized HLO's FileLocations and StackFrames tables); control-flow
-  ops left out."""
-  def table(name):
-    found = re.search(r"^%s\n(.*?)\n\n" % name, hlo_text, re.M | re.S)
-    return found.group(1).split("\n") if found else []
-  functions = {int(l.split()[0]): l.split(None, 1)[1].strip('"')
-               for l in table("FunctionNames")}
-  locations = {int(l.split()[0]): functions[int(re.search(
-      r"function_name_id=(\d+)", l).group(1))] for l in table("FileLocations")}
-  frames = {}
-  for line in table("StackFrames"):
-    fields = dict(re.findall(r"(\w+)=(\d+)", line))
-    # The parent is the frame listed at parent_frame_id - 1 (0: none).
-    frames[int(line.split()[0])] = (int(fields["file_location_id"]),
-                                    int(fields.get("parent_frame_id", 0)) - 1)
-
-  def stack(frame):
-    names = []
-    while frame in frames and len(names) < 100:
-      location, parent = frames[frame]
-      names.append(locations[location].split(".<locals>.")[-1])
-      frame = parent
-    return names
-
-  ops = {}
-  for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*", hlo_text,
-                       re.M):
-    if not _CONTROL_FLOW.search(m.group(0)):
-      frame = re.search(r"stack_frame_id=(\d+)", m.group(0))
-      # No frame: an op XLA added (a loop-carry copy, a layout transpose).
-      ops[m.group(1)] = stack(int(frame.group(1))) if frame else []
-  return ops
-
-
-def _profile_category(stack: list[str]) -> str:
-  if not stack:
-    return _NO_SOURCE
-  phase = next(p for p, words in _PHASES
-               if any(w in name for name in stack for w in words))
-  if phase not in _PARTS:
-    return phase
-  if phase == "search":  # the first rule any function matches
-    for part, words in _PARTS[phase]:
-      if any(w in name for name in stack for w in words):
-        return f"{phase}: {part}"
-  for name in stack:  # in the step: the innermost function that matches
-    for part, words in _PARTS[phase]:
-      if any(w in name for w in words):
-        return f"{phase}: {part}"
-  return f"{phase}: " + (_SEARCH_REST if phase == "search" else "other")
-
-
-def profile(name, module, model_config, params, batch, *, beam_size, alpha,
-            extra, eos_id, repeats=2, options=None) -> None:
-  """Traces the compiled search of `module` (a translate module) on one
-  batch (`jax.profiler`) and prints XLA's op time summed by category (the
-  jax source of each op); `options`: more arguments of its `_translate_fn`
-  (the current code's `beam_stop`)."""
-  searches = _searches(module)
-  if hasattr(searches, "translate_fn"):  # settings as one object
-    fn = searches.translate_fn(model_config, SearchSettings(
-        beam_size=beam_size, alpha=alpha, **(options or {})), eos_id)
-  else:  # a baseline of before (its settings one by one)
-    fn = searches._translate_fn(model_config, beam_size, float(alpha),  # pylint: disable=protected-access
-                                eos_id, **(options or {}))
-  static, devices, rows = searches._search_inputs(  # pylint: disable=protected-access
-      model_config, batch.inputs, max_decode_extra=extra,
-      max_decode_len=batch.max_decode_len,
-      first_stage_extra=batch_search.FIRST_STAGE_EXTRA, devices=(),
-      extra_rows=())
-  params = jax.device_put(params)
-  start = time.perf_counter()
-  compiled = fn.lower(params, *rows, devices=devices, num_best=0,
-                      **static).compile()
-  compile_seconds = time.perf_counter() - start
-  ops = _stack_frames(compiled.as_text())
-  jax.block_until_ready(compiled(params, *rows))
-  with tempfile.TemporaryDirectory() as logdir:
-    start = time.perf_counter()
-    with jax.profiler.trace(logdir):
-      for _ in range(repeats):
-        out = jax.block_until_ready(compiled(params, *rows))
-    seconds = (time.perf_counter() - start) / repeats
-    path = glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"),
-                     recursive=True)[0]
-    with gzip.open(path) as f:
-      events = json.load(f)["traceEvents"]
-  totals, counts = collections.Counter(), collections.Counter()
-  for e in events:
-    if e.get("ph") == "X" and e.get("name") in ops:
-      category = _profile_category(ops[e["name"]])
-      totals[category] += e.get("dur", 0) / 1e3 / repeats
-      counts[category] += 1 / repeats
-  total = sum(totals.values())
-  steps = int((np.asarray(out) != 0).sum(axis=1).max())
-  print(f"profile of {name}, beam {beam_size}, one batch "
-        f"{batch.inputs.shape} (cache {batch.max_decode_len}), {steps} steps "
-        f"for its longest output: compiled in {compile_seconds:.1f} s; "
-        f"{seconds * 1e3:.0f} ms "
-        f"a search (traced), XLA op time {total:.0f} ms summed over threads "
-        f"({len(ops)} ops in the optimized HLO):")
-  for category, ms in totals.most_common():
-    if ms / total >= 0.002:
-      print(f"  {category:48s} {ms:8.1f} ms {ms / total:6.1%} "
-            f"{counts[category]:7.0f} op runs")
+  return Setup(model_config, params, encoded, tokenizer, references,
+               config.alpha, config.max_decode_extra, config.max_decode_extra,
+               data.EOS_ID, sources)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -628,14 +391,22 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument("--no_greedy", action="store_true",
                       help="time beam search alone (greedy is not timed)")
   parser.add_argument("--ctranslate2", action="store_true",
-                      help="with --workdir: time CTranslate2 (float32, int8) "
-                      "on the same checkpoint, sentences and batches")
+                      help="with --workdir: CTranslate2 (float32, int8) on "
+                      "the same checkpoint and sentences, in a process of "
+                      "its own, the whole job per call")
+  parser.add_argument("--end_to_end", action="store_true",
+                      help="with --workdir: fresh processes to the last "
+                      "output, mha's eval.py with a cold and a warm "
+                      "compilation cache (and CTranslate2 float32 with "
+                      "--ctranslate2)")
   parser.add_argument("--ct2_threads", type=int, default=os.cpu_count(),
-                      help="CTranslate2's intra_threads (default: all cores)")
-  parser.add_argument("--ct2_inter_threads", type=int, default=1,
-                      help="N > 1: also CTranslate2 float32 with N "
-                      "translators of one thread each, the batches "
-                      "submitted at once (CTranslate2's inter_threads)")
+                      help="CTranslate2's threads in all (default: all "
+                      "cores)")
+  parser.add_argument("--ct2_inter_threads", type=int, default=None,
+                      help="N > 1: CTranslate2 also as N translators "
+                      "sharing --ct2_threads (inter_threads N, "
+                      "intra_threads --ct2_threads / N); 1: one only "
+                      "(default: 2, 1 on one core)")
   parser.add_argument("--cpu_devices", type=int, default=None,
                       help="JAX CPU devices (mha.use_cpu_cores; default: "
                       "one a core, as eval.py; 1: one for all cores)")
@@ -657,106 +428,164 @@ def make_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def main():
+def parse_flags(argv: list[str] | None = None) -> argparse.Namespace:
+  """The flags, a combination the bench cannot run refused with one error
+  naming its flags (exit status 2)."""
   parser = make_parser()
-  args = parser.parse_args()
-  if args.ctranslate2 and not args.workdir:
-    parser.error("--ctranslate2 needs --workdir (a trained model to export)")
-  mha.use_cpu_cores(args.cpu_devices)
+  args = parser.parse_args(argv)
+  for flag in ("ctranslate2", "end_to_end"):
+    if getattr(args, flag) and not args.workdir:
+      parser.error(f"--{flag} needs --workdir (a trained model)")
+    if getattr(args, flag) and args.profile:
+      parser.error(f"--profile times no passes: it takes no --{flag}")
+  if args.ct2_threads < 1:
+    parser.error(f"--ct2_threads={args.ct2_threads}: at least 1")
+  if args.ct2_inter_threads is None:
+    args.ct2_inter_threads = min(2, args.ct2_threads)
+  if args.ct2_inter_threads < 1 or args.ct2_threads < args.ct2_inter_threads:
+    parser.error(f"--ct2_inter_threads={args.ct2_inter_threads}: from 1 to "
+                 f"--ct2_threads={args.ct2_threads}")
+  if args.ct2_threads % args.ct2_inter_threads:
+    parser.error(f"--ct2_inter_threads={args.ct2_inter_threads} does not "
+                 f"divide --ct2_threads={args.ct2_threads}: its translators "
+                 "share those threads equally")
+  return args
 
-  total_start = time.perf_counter()
+
+def _print_header() -> None:
+  """The date, the machine and its float32 matmul peak."""
   print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{common.machine_line()}.")
   best, median = common.matmul_peak_flops()
   print(f"float32 matmul peak (2048 x 2048 jnp.dot, 9 runs): best "
         f"{common.fmt_si(best, 'FLOP/s')}, median "
         f"{common.fmt_si(median, 'FLOP/s')}.", flush=True)
-  setup = _workdir_setup if args.workdir else _random_setup
-  # cache_extra sizes the decode cache (batch.max_decode_len), extra limits
-  # each output to its source length + extra.
-  (model_config, params, encoded, tokenizer, references, alpha, cache_extra,
-   extra, eos_id) = setup(args)
-  if args.profile:
-    batches = Path("new", translate, model_config, encoded, args.batch_size,
-                   cache_extra).batches
-    shapes = collections.Counter(batch.shape_key for batch in batches)
-    batch = next(b for b in batches
-                 if b.shape_key == shapes.most_common(1)[0][0])
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
-    modules = [("new", translate, dict(beam_stop=args.beam_stop))]
-    if args.baseline != "none":
-      baseline = load_baseline(args.baseline)
-      # The baseline's default rule (its code may predate the argument).
-      takes = "beam_stop" in inspect.signature(
-          _searches(baseline)._translate_fn).parameters  # pylint: disable=protected-access
-      modules.insert(0, (f"old ({args.baseline})", baseline,
-                         dict(beam_stop="exact") if takes else {}))
-    for beam in ([1] * (not args.no_greedy)) + [args.beam_size]:
-      for name, module, options in modules:
-        profile(name, module, model_config, params, batch, beam_size=beam,
-                alpha=alpha, extra=extra, eos_id=eos_id,
-                repeats=args.repeats, options=options)
-    return
+
+
+def _profile(args: argparse.Namespace, setup: Setup) -> None:
+  """--profile: `decode_profile.run` on the current search's batches."""
+  batches = Path("new", translate, setup.model_config, setup.encoded,
+                 args.batch_size, setup.cache_extra).batches
+  baseline = None if args.baseline == "none" else (
+      f"old ({args.baseline})", load_baseline(args.baseline))
+  decode_profile.run(
+      batches, baseline, model_config=setup.model_config,
+      params=setup.params, beam_sizes=[1] * (not args.no_greedy)
+      + [args.beam_size], alpha=setup.alpha, extra=setup.extra,
+      eos_id=setup.eos_id, repeats=args.repeats, beam_stop=args.beam_stop)
+
+
+def _paths(args: argparse.Namespace, setup: Setup) -> list[Path]:
+  """The baseline's search (unless --baseline=none), then the current one."""
   paths = []
   if args.baseline != "none":
     paths.append(Path(f"old ({args.baseline})", load_baseline(args.baseline),
-                      model_config, encoded, args.batch_size, cache_extra))
-  paths.append(Path("new", translate, model_config, encoded, args.batch_size,
-                    cache_extra, dict(beam_stop=args.beam_stop,
-                                      matmul_dtype=args.matmul_dtype)))
+                      setup.model_config, setup.encoded, args.batch_size,
+                      setup.cache_extra))
+  paths.append(Path("new", translate, setup.model_config, setup.encoded,
+                    args.batch_size, setup.cache_extra,
+                    dict(beam_stop=args.beam_stop,
+                         matmul_dtype=args.matmul_dtype)))
   print(f"{len(paths[-1].batches)} batches of up to {args.batch_size} "
         f"sentences; {jax.device_count()} {jax.default_backend()} device(s), "
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores.")
-  ct2_folder = tempfile.TemporaryDirectory(prefix="decode_ct2_")
-  ct2_paths = []
-  if args.ctranslate2:
-    ct2_paths = _ct2_paths(args, ct2_folder.name, tokenizer, encoded,
-                           paths[-1].batches)
-    print(f"CTranslate2: the same checkpoint exported (float32, int8), "
-          f"{args.ct2_threads} intra threads, the same batches, one at a "
-          "time" + (f"; 'x{args.ct2_inter_threads}': float32, "
-                    f"{args.ct2_inter_threads} inter threads of 1, the "
-                    "batches side by side" if args.ct2_inter_threads > 1
-                    else "") + ".")
-  speeds = {}
-  searches = [("greedy", 1)] * (not args.no_greedy) + [
-      (f"beam {args.beam_size}", args.beam_size)]
+  return paths
+
+
+def _print_pass(search: str, name: str, r: dict[str, Any],
+                setup: Setup) -> None:
+  """One path's line: speeds, its passes' seconds, compiling, BLEU."""
+  line = (f"{search:>7} {name:>14}: {r['sentences_per_sec']:7.1f} "
+          f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
+          f"({r['tokens']} tokens, {r['seconds']:.2f} s per pass; "
+          f"first pass {r['warmup_seconds']:.1f} s with its "
+          f"compilations: ~{r['compile_seconds']:.1f} s more than a "
+          f"timed pass)")
+  if setup.tokenizer is not None:
+    line += "  BLEU %.2f" % bleu(
+        [setup.tokenizer.decode(out) for out in r["outputs"]],
+        setup.references)
+  print(line, flush=True)
+
+
+def _time_searches(args: argparse.Namespace, setup: Setup,
+                   searches: list[tuple[str, int]]
+                   ) -> dict[str, dict[str, dict[str, Any]]]:
+  """`_timed` passes of every path for each search, printed with the
+  new/old ratio: {search: {path's name: its result}}."""
+  paths = _paths(args, setup)
+  n = len(setup.encoded)
+  found = {}
   for search, beam in searches:
-    results = _timed(paths + ct2_paths, model_config, params, len(encoded),
-                     repeats=args.repeats, beam_size=beam, alpha=alpha,
-                     max_decode_extra=extra, eos_id=eos_id)
+    results = _timed(paths, setup.model_config, setup.params, n,
+                     repeats=args.repeats, beam_size=beam, alpha=setup.alpha,
+                     max_decode_extra=setup.extra, eos_id=setup.eos_id)
     for path in paths:
-      r = results[path.name]
-      line = (f"{search:>7} {path.name:>14}: {r['sentences_per_sec']:7.1f} "
-              f"sentences/s {r['tokens_per_sec']:8.1f} tokens/s "
-              f"({r['tokens']} tokens, {r['seconds']:.2f} s per pass; "
-              f"first pass {r['warmup_seconds']:.1f} s with its "
-              f"compilations: ~{r['compile_seconds']:.1f} s more than a "
-              f"timed pass)")
-      if tokenizer is not None:
-        hypotheses = [tokenizer.decode(out) for out in r["outputs"]]
-        line += f"  BLEU {_bleu(hypotheses, references):.2f}"
-      print(line, flush=True)
-      speeds[search, path.name] = r["sentences_per_sec"]
+      _print_pass(search, path.name, results[path.name], setup)
     if len(paths) == 2:
       old, new = (results[p.name] for p in paths)
       same = sum(np.array_equal(a, b) for a, b in zip(old["outputs"],
                                                       new["outputs"]))
       print(f"{search:>7} new/old speed ratio: "
             f"{old['seconds'] / new['seconds']:.2f}x; outputs "
-            + (f"of all {len(encoded)} sentences identical" if same == len(
-                encoded) else f"DIFFER: {same} of {len(encoded)} sentences "
-               "identical") + ".", flush=True)
-    if ct2_paths:
-      _ct2_report(search, ct2_paths, results, references, tokenizer,
-                  len(encoded))
-  ct2_folder.cleanup()
+            + (f"of all {n} sentences identical" if same == n else
+               f"DIFFER: {same} of {n} sentences identical") + ".",
+            flush=True)
+    found[search] = results
+  return found
+
+
+def _engines(args: argparse.Namespace, setup: Setup,
+             searches: list[tuple[str, int]],
+             results: dict[str, dict[str, dict[str, Any]]]) -> None:
+  """--ctranslate2 and --end_to_end (`bench/decode_ct2.py`), after mha's
+  passes: their lines, then the tables of both."""
+  ct2_modes = decode_ct2.modes(args.ct2_threads, args.ct2_inter_threads
+                               ) if args.ctranslate2 else []
+  float32 = [m for m in ct2_modes if m.quantization == "float32"]
+  beams = [beam for _, beam in searches]
+  steady = e2e = None
+  with tempfile.TemporaryDirectory(prefix="decode_ct2_") as folder:
+    job = decode_ct2.Job(
+        args.workdir, setup.tokenizer, setup.encoded, setup.sources,
+        setup.references, setup.alpha, setup.extra, args.batch_size,
+        args.repeats, folder)
+    models = decode_ct2.export_models(
+        job, {m.quantization for m in ct2_modes})
+    if args.ctranslate2:
+      print(f"CTranslate2: the same checkpoint exported, in a process of "
+            f"its own, the whole job per call; 'AxB': A translators "
+            f"(inter_threads) of B threads each.", flush=True)
+      steady = decode_ct2.steady(job, models, ct2_modes, beams)
+      for search, beam in searches:
+        decode_ct2.report_steady(search, beam, results[search]["new"],
+                                 steady, job, ct2_modes)
+    if args.end_to_end:
+      e2e = decode_ct2.end_to_end(job, models, float32, beams, [
+          f"--beam_stop={args.beam_stop}",
+          f"--matmul_dtype={args.matmul_dtype}"] + (
+              [f"--cpu_devices={args.cpu_devices}"] if args.cpu_devices
+              else []))
+      for search, beam in searches:
+        decode_ct2.report_end_to_end(search, beam, e2e, len(setup.encoded),
+                                     float32)
+  decode_ct2.print_tables(
+      searches, {search: r["new"]["sentences_per_sec"]
+                 for search, r in results.items()}, steady, e2e, ct2_modes,
+      len(setup.encoded))
+
+
+def _print_summary(args: argparse.Namespace,
+                   results: dict[str, dict[str, dict[str, Any]]],
+                   total_start: float) -> None:
+  """The greedy/beam ratio, the run's time, and the reference point."""
   beam_name = f"beam {args.beam_size}"
-  speed = speeds[beam_name, "new"]
+  speed = results[beam_name]["new"]["sentences_per_sec"]
   if not args.no_greedy:
     print(f"greedy/beam {args.beam_size} speed ratio (new): "
-          f"{speeds['greedy', 'new'] / speed:.2f}x.")
-  print(f"Total {time.perf_counter() - total_start:.0f} s.")
+          f"{results['greedy']['new']['sentences_per_sec'] / speed:.2f}x.")
+  print(f"Total {time.perf_counter() - total_start:.0f} s; load average "
+        f"{os.getloadavg()[0]:.2f}.")
   print(f"{beam_name} (new): {speed:.1f} sentences/s = "
         f"{speed / REFERENCE_BEAM_SENTENCES_PER_SEC:.2f}x the reference "
         f"point's {REFERENCE_BEAM_SENTENCES_PER_SEC:g} (google/flax "
@@ -764,6 +593,23 @@ def main():
         + ("" if args.workdir else
            " (the reference is for a trained model: run with --workdir)")
         + ".")
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse_flags(argv)
+  mha.use_cpu_cores(args.cpu_devices)
+  total_start = time.perf_counter()
+  _print_header()
+  setup = (_workdir_setup if args.workdir else _random_setup)(args)
+  if args.profile:
+    _profile(args, setup)
+    return
+  searches = [("greedy", 1)] * (not args.no_greedy) + [
+      (f"beam {args.beam_size}", args.beam_size)]
+  results = _time_searches(args, setup, searches)
+  if args.ctranslate2 or args.end_to_end:
+    _engines(args, setup, searches, results)
+  _print_summary(args, results, total_start)
 
 
 if __name__ == "__main__":
