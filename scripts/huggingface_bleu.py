@@ -5,8 +5,8 @@ beside mha's own on the same sentences.
         --sources=data/multi30k/test_2016_flickr.de.gz \
         --references=data/multi30k/test_2016_flickr.en.gz
 
-Exports the workdir's latest checkpoint as `mha-export --format=huggingface`
-does (into a temporary folder), loads it with transformers'
+Exports the workdir's checkpoint (`--step`, default the latest) as
+`mha-export --format=huggingface` does (into a temporary folder), loads it with transformers'
 `MarianMTModel` and `MarianTokenizer`, and translates the sources with
 `generate`: greedy (`num_beams=1`) and beam search (the workdir's beam size,
 its α as transformers' `length_penalty`, `early_stopping="never"`, as the
@@ -77,16 +77,16 @@ def hf_translate(folder: str, sources: list[str], lengths: list[int],
 
 
 def compare(workdir: str, sources: list[str], references: list[str],
-            batch_size: int) -> list[dict]:
-  """One row per search (greedy, beam): both engines' BLEU and the
-  outputs they share."""
-  translator = mha.load(workdir)
+            batch_size: int, step: int | None = None) -> list[dict]:
+  """One row per search (greedy, beam) of checkpoint `step` (None: the
+  latest): both engines' BLEU and the outputs they share."""
+  translator = mha.load(workdir, step=step)
   beam, alpha = translator.defaults.beam_size, translator.defaults.alpha
   lengths = limits(translator, sources)
   rows = []
   with tempfile.TemporaryDirectory(prefix="mha_hf_bleu_") as tmp:
     folder = os.path.join(tmp, "model")
-    hf_export.export_model(workdir, folder)
+    hf_export.export_model(workdir, folder, step=translator.step)
     for name, beam_size in (("greedy", 1), (f"beam {beam}", beam)):
       ours = translator.translate(sources, beam_size=beam_size)
       settings = dict(num_beams=beam_size)
@@ -110,13 +110,16 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--num_sentences", type=int, default=None,
                       help="the first N lines (default: all)")
   parser.add_argument("--batch_size", type=int, default=64)
+  parser.add_argument("--step", type=int, default=None,
+                      help="the checkpoint (default: the latest)")
   args = parser.parse_args(argv)
   sources = read_lines(args.sources, args.num_sentences)
   references = read_lines(args.references, args.num_sentences)
   if len(sources) != len(references):
     sys.exit(f"{args.sources} has {len(sources)} lines, {args.references} "
              f"{len(references)}: not a pair.")
-  rows = compare(args.workdir, sources, references, args.batch_size)
+  rows = compare(args.workdir, sources, references, args.batch_size,
+                 args.step)
   print("| search | mha BLEU | transformers BLEU | same outputs |")
   print("| --- | --: | --: | --: |")
   for row in rows:
