@@ -15,6 +15,7 @@ with that reason where they are not installed.
 """
 import numpy as np
 import pytest
+import sacrebleu
 
 from conftest import tiny_config
 from hf_reference import generate
@@ -32,6 +33,7 @@ from test_export import copy_workdir  # noqa: F401
 from test_huggingface import hf_folder  # noqa: F401
 from test_huggingface import safetensors_numpy_fixture  # noqa: F401
 # pylint: enable=unused-import
+import mha
 from mha.huggingface import export as hf_export
 from mha.huggingface import marian
 from mha.model.positional import sinusoidal_encoding
@@ -140,3 +142,25 @@ def test_unshared_embeddings_load_and_score(tmp_path, caplog,
   for mine, hf, target in zip(ours, theirs, targets):
     np.testing.assert_allclose(hf[np.arange(len(target)), target], mine,
                                rtol=0, atol=1e-4)
+
+
+def test_the_bleu_script_scores_both_engines(copy_workdir, copy_model):
+  # scripts/huggingface_bleu.py (docs/evaluation.md's Multi30k figures):
+  # greedy outputs all the same text, so the same BLEU; mha's BLEU of each
+  # search is sacreBLEU of mha.load's own translations, computed here.
+  from scripts import huggingface_bleu  # pylint: disable=import-outside-toplevel
+  pairs = first_test_pairs(copy_model[0])
+  sources_ = [source for source, _ in pairs]
+  references = [reference for _, reference in pairs]
+  greedy, beam = huggingface_bleu.compare(str(copy_workdir), sources_,
+                                          references, batch_size=8)
+  assert (greedy["search"], greedy["same"]) == ("greedy", len(pairs))
+  assert greedy["transformers"] == greedy["mha"]
+  translator = mha.load(str(copy_workdir))
+  beam_size = translator.defaults.beam_size
+  assert beam["search"] == f"beam {beam_size}" and beam_size > 1
+  for row, size in ((greedy, 1), (beam, beam_size)):
+    ours = translator.translate(sources_, beam_size=size)
+    assert row["mha"] == pytest.approx(
+        sacrebleu.corpus_bleu(ours, [references]).score)
+  assert beam["sentences"] == len(pairs) and 0 <= beam["same"] <= len(pairs)
