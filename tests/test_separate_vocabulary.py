@@ -267,11 +267,14 @@ def test_a_marian_like_workdir_translates_and_scores(marian_files,
   pairs = list(zip(*next(iter(data_sources.open_split(
       config, "test").read(3)))))
   scores = translator.score([s for s, _ in pairs], [t for _, t in pairs])
+  # The full forward pass, jitted: one compile a shape (not one for each
+  # operation and shape, as run op by op).
+  forward = jax.jit(lambda src, tgt: model.apply({"params": params}, src,
+                                                 tgt))
   for (source, target), score in zip(pairs, scores):
     src = np.array([_by_hand(files, "source.spm", source) + [1]], np.int32)
     tgt = np.array([_by_hand(files, "target.spm", target) + [1]], np.int32)
-    log_probs = jax.nn.log_softmax(
-        model.apply({"params": params}, src, tgt), axis=-1)
+    log_probs = jax.nn.log_softmax(forward(src, tgt), axis=-1)
     np.testing.assert_allclose(
         score.token_log_probs,
         np.take_along_axis(np.asarray(log_probs)[0], tgt[0][:, None], -1
@@ -279,9 +282,12 @@ def test_a_marian_like_workdir_translates_and_scores(marian_files,
   source = pairs[0][0]
   src = np.array([_by_hand(files, "source.spm", source) + [1]], np.int32)
   output = []
+  # The targets so far padded to one length: the decoder is causal, so the
+  # padding after position len(output) leaves its logits as they are.
+  tgt = np.zeros((1, src.shape[1] + 5), np.int32)
   for _ in range(src.shape[1] + 4):
-    logits = model.apply({"params": params}, src,
-                         np.array([output + [1]], np.int32))
+    tgt[0, :len(output) + 1] = output + [1]
+    logits = forward(src, tgt)
     output.append(int(np.argmax(logits[0, len(output)])))
     if output[-1] == 1:
       break
