@@ -149,6 +149,29 @@ def test_a_refilled_searchs_rooms_are_its_batches_first_stages():
                                             stage_lengths=())
 
 
+@pytest.mark.parametrize("beam_size,rungs", [(4, (11, 19)), (1, (19,))])
+def test_greedy_search_climbs_from_its_longest_batch_alone(
+    monkeypatch, beam_size, rungs):
+  # Sources padded to 8, 16 and 8: beam search's ladder has a rung of
+  # 8 + 3 and 16 + 3 below the output length; greedy search's only the
+  # longest batch's (fewer compiled copies of its step, the same outputs).
+  static = []
+
+  def search(params, sources, max_lengths, **kwargs):
+    del params, sources, max_lengths
+    static.append(kwargs)
+
+  monkeypatch.setattr(batch_search, "refill_fn", lambda *args: search)
+  model_config, _ = random_tiny_transformer(vocab_size=16, max_len=64,
+                                            seed=0)
+  inputs = [np.full((64, n), 5, np.int32) for n in (8, 16, 8)]
+  batch_search.refill_batches(
+      model_config, None, inputs, [24, 24, 24], beam_size=beam_size,
+      eos_id=EOS, first_stage_extra=3)
+  assert [(s["stage_lengths"], s["max_decode_len"]) for s in static] == [
+      (rungs, 24)]
+
+
 def _rows_as_alone(model_config, params, batches, refilled, device, kwargs
                    ) -> list[np.ndarray]:
   """The output rows of the refilled search, each batch's asserted equal to

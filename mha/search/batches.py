@@ -73,8 +73,6 @@ _AXIS = "sentences"  # the mesh axis the sharded search splits rows over
 FIRST_STAGE_EXTRA = 3
 
 
-
-
 @functools.lru_cache(maxsize=32)
 def _refill_fn(model_config: TransformerConfig, settings: SearchSettings,
                eos_id: int) -> Callable[..., Any]:
@@ -576,7 +574,8 @@ def refill_batches(model_config: TransformerConfig, params: Any,
 
   The sources of the batches' several lengths are padded to the longest
   (`_refill_queue`). The stages are a ladder of rooms, each batch's
-  padded source length + `first_stage_extra` and the output length: each
+  padded source length + `first_stage_extra` (greedy search: the longest
+  alone) and the output length: each
   step runs in the shortest that holds every busy slot's position
   (`refill.beam_refill`), so that the short sentences' steps, the most,
   read, write and copy the cache of a short room. The arguments are put
@@ -603,6 +602,11 @@ def refill_batches(model_config: TransformerConfig, params: Any,
       stacked[-1].append(x)
     else:
       stacked.append([x])
+  # The ladder's rungs (`_static`): each batch's first stage for beam
+  # search; the longest alone for greedy search, whose lower rungs (each
+  # one more compiled decoder step) saved no time (bench/README.md).
+  rungs = [x.shape[1] for x in inputs]
+  rungs = rungs if settings.beam_size > 1 else [max(rungs)]
   order = _device_major(rows, max(len(devices), 1))
   sources = _put_rows([np.stack(x).astype(np.int32) for x in stacked],
                       devices, axis=1)
@@ -610,8 +614,7 @@ def refill_batches(model_config: TransformerConfig, params: Any,
       [np.concatenate(limits)[order].astype(np.int32)], devices)
   return refill_fn(model_config, settings, eos_id)(
       params, tuple(sources), max_lengths, devices=devices,
-      **_static([x.shape[1] for x in inputs], max_decode_len,
-                first_stage_extra))
+      **_static(rungs, max_decode_len, first_stage_extra))
 
 
 def _device_major(rows: Sequence[int], num_devices: int) -> np.ndarray:
@@ -642,6 +645,5 @@ def refilled_outputs(outputs: jax.Array, rows: Sequence[int],
 
 __all__ = ["CACHE_ROWS", "FIRST_STAGE_EXTRA", "MIN_SEARCH_ROWS",
            "PlacedParams", "cache_rows", "device_rows", "refill_batches",
-           "refilled_outputs", "replicate",
-           "sample_batch", "score_batch", "search_devices",
-           "shrink_sizes", "translate_batch"]
+           "refilled_outputs", "replicate", "sample_batch", "score_batch",
+           "search_devices", "shrink_sizes", "translate_batch"]

@@ -259,8 +259,9 @@ def _refill_groups(batches: Sequence[DecodeBatch],
   every other batch alone. The group's search has the first batch's number
   of sentences at a time (on each device, its share), and for greedy and
   beam search alike takes batches of any source length: its steps run in
-  the room of the batches' source lengths + `FIRST_STAGE_EXTRA` that holds
-  every busy slot, a ladder they go up and down (`batch_search.
+  the smallest room of a ladder (the batches' source lengths +
+  `FIRST_STAGE_EXTRA`; greedy search: the longest's) that holds every busy
+  slot, going up and down (`batch_search.
   refill_batches`; beam search once grouped by source length, when each
   step reordered the whole cache: one group compiles once where one per
   length compiled each, bench/README.md, issue 33's fifth round)."""
