@@ -144,10 +144,13 @@ def test_unshared_embeddings_load_and_score(tmp_path, caplog,
                                rtol=0, atol=1e-4)
 
 
-def test_the_bleu_script_scores_both_engines(copy_workdir, copy_model):
+def test_the_bleu_script_scores_both_engines(copy_workdir, copy_model,
+                                             hf_folder, caplog):
   # scripts/huggingface_bleu.py (docs/evaluation.md's Multi30k figures):
-  # greedy outputs all the same text, so the same BLEU; mha's BLEU of each
-  # search is sacreBLEU of mha.load's own translations, computed here.
+  # greedy outputs all the same text, so the same BLEU; each engine's BLEU
+  # of each search, and the beam outputs in common, as computed here from
+  # mha.load's translations and transformers' generate sentence by
+  # sentence.
   from scripts import huggingface_bleu  # pylint: disable=import-outside-toplevel
   pairs = first_test_pairs(copy_model[0])
   sources_ = [source for source, _ in pairs]
@@ -163,4 +166,14 @@ def test_the_bleu_script_scores_both_engines(copy_workdir, copy_model):
     ours = translator.translate(sources_, beam_size=size)
     assert row["mha"] == pytest.approx(
         sacrebleu.corpus_bleu(ours, [references]).score)
-  assert beam["sentences"] == len(pairs) and 0 <= beam["same"] <= len(pairs)
+  model, hf_tokenizer = load(hf_folder[0], caplog)
+  _, model_config, params, tokenizer = copy_model
+  limits, _ = mha_outputs(model_config, params, tokenizer, sources_,
+                          translator.defaults.max_decode_extra)
+  theirs = [translate.detokenize(tokenizer, ids) for ids in generate(
+      model, hf_tokenizer, sources_, limits, num_beams=beam_size,
+      length_penalty=translator.defaults.alpha, early_stopping="never")]
+  assert beam["transformers"] == pytest.approx(
+      sacrebleu.corpus_bleu(theirs, [references]).score)
+  assert beam["same"] == sum(a == b for a, b in zip(ours, theirs))
+  assert beam["sentences"] == len(pairs)
