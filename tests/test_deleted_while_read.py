@@ -293,6 +293,56 @@ def test_a_loader_reads_a_whole_step_wherever_the_deletion_falls(
   assert unraisable == [] and "Traceback" not in capfd.readouterr().err
 
 
+def test_an_older_step_deleted_under_orbaxs_listing_is_not_an_error(
+    copy, tiny_workdir, monkeypatch, unraisable, capfd, caplog):
+  """The trainer deletes step 2 after Orbax's reader has listed the step
+  folders (2 and 4) and found step 2 whole, before it reads its time (CI, 2026-11-29: an
+  `os.stat` of the deleted folder raised `FileNotFoundError` from the
+  reader's constructor and stopped eval.py --follow): reading step 4 is
+  not disturbed by a step it does not read."""
+  from orbax.checkpoint._src.path import step as orbax_step
+  shutil.rmtree(copy / "checkpoints" / "6")
+  original = orbax_step.build_step_metadatas
+  deleted = []
+
+  def listed_then_deleted(step_paths, build_metadata):
+    def build(path):
+      metadata = build_metadata(path)
+      if path.name == "2" and not deleted:
+        shutil.rmtree(path)
+        deleted.append(2)
+      return metadata
+    return original(step_paths, build)
+
+  monkeypatch.setattr(orbax_step, "build_step_metadatas", listed_then_deleted)
+  with caplog.at_level(logging.WARNING):
+    params, step, steps = trained.load_params(str(copy))
+  assert deleted == [2] and (step, steps) == (4, [4])
+  # Read at the first attempt: the reader does not look into other steps.
+  assert not [r for r in caplog.records if "Attempt" in r.getMessage()]
+  assert _tree_equal(params, trained.load_params(str(tiny_workdir), 4)[0])
+  assert unraisable == [] and "Traceback" not in capfd.readouterr().err
+
+
+def test_a_missing_file_of_any_deleted_step_means_deleted_not_a_bug(copy):
+  """`read_errors` maps a `FileNotFoundError` naming a file of a step
+  folder that is gone, read or not, to `CheckpointNotFound`; one naming a
+  file of a step still there, or outside the checkpoints, propagates."""
+  from mha.errors import CheckpointNotFound
+  from mha.store.checkpoint_checks import read_errors
+  directory = copy / "checkpoints"
+  shutil.rmtree(directory / "2")
+  gone = FileNotFoundError(2, "No such file", str(directory / "2" / "meta"))
+  with pytest.raises(CheckpointNotFound, match=r"checkpoints/2 was deleted"):
+    with read_errors(str(directory), [4], ("state",), "eval"):
+      raise gone
+  for name in (directory / "6" / "nothing", copy / "nothing"):
+    with pytest.raises(FileNotFoundError):
+      with read_errors(str(directory), [4], ("state",), "eval",
+                       verified=False):
+        raise FileNotFoundError(2, "No such file", str(name))
+
+
 @pytest.mark.parametrize("stalled", [False, True])
 def test_a_follower_skips_a_step_deleted_at_any_point_of_its_read(
     keep_one, stores, unraisable, capfd, caplog, stalled):

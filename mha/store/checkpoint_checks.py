@@ -97,6 +97,7 @@ def read_errors(directory: str | os.PathLike[str], steps: Sequence[int],
       yield
   except (FileNotFoundError, ValueError, KeyError, AttributeError) as e:
     paths = [_step_path(directory, step) for step in steps]
+    paths += _step_of_missing_file(directory, e)
     gone = _deleted(paths)
     if gone is None and verified:
       gone = next((p for p in paths if any(
@@ -113,6 +114,19 @@ def read_errors(directory: str | os.PathLike[str], steps: Sequence[int],
 
 def _step_path(directory: epath.Path, step: int) -> epath.Path:
   return directory / str(int(step))
+
+
+def _step_of_missing_file(directory: epath.Path,
+                          error: Exception) -> list[epath.Path]:
+  """The step folder holding the file a `FileNotFoundError` names, when it
+  lies under `directory`: Orbax's reader lists every step, not only those
+  read, so a step a trainer deletes meanwhile may be any of them."""
+  name = getattr(error, 'filename', None)
+  if not isinstance(error, FileNotFoundError) or not name:
+    return []
+  relative = os.path.relpath(os.fspath(name), os.fspath(directory))
+  first = relative.split(os.sep)[0]
+  return [directory / first] if first.isdigit() else []
 
 
 def _describe(error: str, step_dir: epath.Path) -> str:

@@ -327,14 +327,16 @@ def open_reader(workdir: str | os.PathLike[str], steps: Sequence[int],
                 ) -> Iterator[ocp.CheckpointManager]:
   """A manager that reads items without knowing their targets in advance.
 
-  Orbax lists and reads the steps' metadata when it is made: a step deleted
-  meanwhile raises `CheckpointNotFound` (`read_errors`).
+  Orbax lists the step folders when it is made (`lightweight_initialize`:
+  without reading each one's commit time, which the reads do not use); a
+  step deleted meanwhile raises `CheckpointNotFound` (`read_errors`).
   """
   directory = workdir_lib.Workdir(workdir).checkpoints_path
   with read_errors(directory, steps, items, purpose, verified=False):
     reader = ocp.CheckpointManager(
         directory,
-        options=ocp.CheckpointManagerOptions(create=False),
+        options=ocp.CheckpointManagerOptions(create=False,
+                                             lightweight_initialize=True),
         item_handlers={
             STATE: ocp.PyTreeCheckpointHandler(),
             META: ocp.JsonCheckpointHandler(),
