@@ -245,28 +245,62 @@ def test_no_top_level_configs_package_is_installed():
                      "mha-import": "mha.cli.import_:run"}
 
 
+# uv's resolutions of each lock file for all its platforms and Pythons,
+# once per process and file. Each online resolution spends some 8 s
+# revalidating PyPI's index pages (0.4 s of work), so the first one is made
+# online and the others from the index pages it has just fetched
+# (`--offline`), online again where one of them needs a page it lacks.
+_RESOLUTIONS: dict[str, dict[tuple[str, str], tuple[int, str, str]]] = {}
+
+
+def _resolve(file_name: str, platform: str, python: str,
+             out: pathlib.Path, *options: str) -> tuple[int, str, str]:
+  """uv's resolution of `file_name` for `platform` and `python` from
+  wheels only: `(status, stderr, the resolved file's text)`."""
+  result = subprocess.run(
+      [find_uv_bin(), "pip", "compile", str(REPO_ROOT / file_name),
+       "--python-platform", platform, "--python-version", python, "--quiet",
+       "--only-binary", ":all:", "--no-binary", "promise", "-o", str(out),
+       *options],
+      capture_output=True, text=True, timeout=300, check=False)
+  text = out.read_text() if result.returncode == 0 else ""
+  return result.returncode, result.stderr, text
+
+
+def resolutions(file_name: str, folder: pathlib.Path
+                ) -> dict[tuple[str, str], tuple[int, str, str]]:
+  if file_name not in _RESOLUTIONS:
+    done = {}
+    for platform in PLATFORMS:
+      for python in PYTHONS:
+        out = folder / f"{platform}-{python}.txt"
+        result = _resolve(file_name, platform, python, out,
+                          *(("--offline",) if done else ()))
+        if result[0] != 0 and done:
+          result = _resolve(file_name, platform, python, out)
+        done[platform, python] = result
+    _RESOLUTIONS[file_name] = done
+  return _RESOLUTIONS[file_name]
+
+
 @pytest.mark.parametrize("python", PYTHONS)
 @pytest.mark.parametrize("file_name", [
     "requirements.txt",
     pytest.param("requirements-tfds.txt", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_lock_resolves_on_each_platform(file_name, platform, python,
-                                        tmp_path):
+                                        tmp_path_factory):
   # uv resolves the lock for that platform and Python without installing
   # anything, from wheels only: a pin without a wheel there fails, as
   # tensorflow-cpu on macOS arm64 and Linux aarch64, sentencepiece 0.2.0 on
   # Python 3.13 (built from source: a C++ compiler, cmake) or TensorFlow
   # 2.21 on 3.14. (promise, of tensorflow-datasets, is pure Python and has
   # only its source.) Needs PyPI.
-  result = subprocess.run(
-      [find_uv_bin(), "pip", "compile", str(REPO_ROOT / file_name),
-       "--python-platform", platform, "--python-version", python, "--quiet",
-       "--only-binary", ":all:", "--no-binary", "promise",
-       "-o", str(tmp_path / "resolved.txt")],
-      capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
+  status, stderr, text = resolutions(
+      file_name, tmp_path_factory.mktemp("resolved"))[platform, python]
+  assert status == 0, stderr[-3000:]
   resolved = {}
-  for line in (tmp_path / "resolved.txt").read_text().splitlines():
+  for line in text.splitlines():
     if line and not line.startswith((" ", "#")):
       name, version = line.split(";")[0].strip().split("==")
       resolved[_name(name)] = version
