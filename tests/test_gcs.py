@@ -41,6 +41,9 @@ def test_files_round_trip(gcs_dir):
   assert files.exists(gcs_dir) and files.isdir(gcs_dir)
   assert files.isfile(a) and not files.isfile(f"{gcs_dir}/sub")
   assert files.isdir(f"{gcs_dir}/sub") and not files.isdir(a)
+  root = gcs_dir.rsplit("/", 1)[0]  # gs://<bucket>: a folder, never a file
+  for name in (root, root + "/"):
+    assert files.isdir(name) and not files.isfile(name), name
   assert files.listdir(gcs_dir) == ["a.bin", "sub"]
   files.append_bytes(b, b"x\n")
   files.append_bytes(f"{gcs_dir}/new", b"first\n")
