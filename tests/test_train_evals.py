@@ -85,7 +85,9 @@ def test_beam_bleu_searches_one_batch_with_the_translations_of_64(
                                    translator.tokenizer, *pairs, config)
   (one, got_texts), (two, want_texts) = searched
   assert [b.inputs.shape[0] for b in one] == [72]
-  assert [b.inputs.shape[0] for b in two] == [64, 8]
+  # The second batch's 8 sentences in a full batch's 64 rows.
+  assert [(b.inputs.shape[0], len(b.indices)) for b in two] == [(64, 64),
+                                                                (64, 8)]
   assert got_texts == want_texts and len(set(want_texts)) > 30
   assert got["eval_bleu"] == want["eval_bleu"]
 

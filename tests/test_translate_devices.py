@@ -28,10 +28,11 @@ def test_four_devices_equal_one_device(model):
   model_config, params, encoded = model
   devices = jax.local_devices()
   assert len(devices) == 4  # tests/conftest.py
-  # 11 sentences in batches of 8: rows 8 (split 4 ways) and 3 -> 4 rows.
+  # 11 sentences in batches of 8: 8 and 3, each in 8 rows split 4 ways.
   batches = translate.make_batches(encoded, batch_size=8, max_len=32,
                                    max_decode_extra=6)
-  assert [b.inputs.shape[0] for b in batches] == [8, 4]
+  assert [(b.inputs.shape[0], len(b.indices)) for b in batches] == [
+      (8, 8), (8, 3)]
   kwargs = dict(beam_size=3, alpha=0.6, max_decode_extra=6, eos_id=EOS)
   four = translate.decode_batches(model_config, params, batches,
                                   devices=devices, **kwargs)
@@ -60,6 +61,16 @@ def test_rows_and_devices_of_a_batch():
   (lone,) = translate.make_batches([[5, 6, EOS]], batch_size=64, max_len=32,
                                    max_decode_extra=4)
   assert lone.inputs.shape == (1, 8)
+  # A job of one batch has the rows its sentences need; of several, each
+  # batch has a full one's (the last one's spare rows empty): the same
+  # search program serves them all.
+  assert [b.inputs.shape[0] for b in translate.make_batches(
+      [[5, EOS]] * 3, batch_size=64, max_len=32, max_decode_extra=4)] == [4]
+  several = translate.make_batches([[5, 6, EOS]] * 20, batch_size=16,
+                                   max_len=32, max_decode_extra=4)
+  assert [(b.inputs.shape, len(b.indices)) for b in several] == [
+      ((16, 8), 16), ((16, 8), 4)]
+  assert not several[1].inputs[4:].any()
   devices = tuple(jax.local_devices())
   assert batch_search.search_devices(8, devices) == devices
   assert batch_search.search_devices(4, devices) == devices

@@ -26,7 +26,8 @@ Every output is at most its source's tokens (EOS included) +
 Batching sorts the sentences by length (longest first), cuts them into
 batches of `batch_size`, pads each batch's sources to one of a few bucket
 lengths (`LENGTH_BUCKETS`) and its rows to a multiple of `ROW_MULTIPLE` (a
-power of two below it: `search_rows`), decodes with a cache of bucket
+power of two below it: `search_rows`; the last of several batches to a
+full one's, to share their program), decodes with a cache of bucket
 length + `max_decode_extra` positions, and puts the outputs back in the
 input order. A split therefore compiles the search a handful of times, and
 repeated calls on the same sentences (BLEU during training) reuse the
@@ -191,11 +192,13 @@ def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
     raise ValueError(f"A sentence has {longest} ids, more than max_len="
                      f"{max_len}: encode it with encode_sources.")
   order = np.argsort([-len(ids) for ids in encoded], kind="stable")
+  several = len(order) > batch_size  # then the last has a full one's rows
   batches = []
   for start in range(0, len(order), batch_size):
     chunk = order[start:start + batch_size]
     length = bucket_length(max(len(encoded[i]) for i in chunk), max_len)
-    rows = min(search_rows(len(chunk)), max(batch_size, len(chunk)))
+    rows = min(search_rows(batch_size if several else len(chunk)),
+               max(batch_size, len(chunk)))
     inputs = np.zeros((rows, length), np.int32)  # [rows, length]
     for row, i in enumerate(chunk):
       inputs[row, :len(encoded[i])] = encoded[i]
