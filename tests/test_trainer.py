@@ -518,6 +518,7 @@ runpy.run_path("train.py", run_name="__main__")
 
 
 @pytest.mark.slow
+@pytest.mark.exact
 def test_sigkill_and_resume_is_bit_identical(tiny_workdir, tmp_path):
   flags = _flags(num_train_steps=40, checkpoint_every_steps=10,
                  keep_checkpoints=10, eval_every_steps=1000,
