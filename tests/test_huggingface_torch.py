@@ -7,12 +7,14 @@ equal mha's to 1e-4 per token, its greedy outputs are mha's given mha's
 length limit, its tokenizer gives mha's ids, its `generate` and
 `batch_decode` (greedy) give mha's text; beam 4 agreement is measured
 (transformers' length penalty is length^α, not GNMT's: docs/evaluation.md).
-transformers 5 has no "translation" pipeline: `generate` and
-`batch_decode` are checked as the README shows them.
+transformers 5 has no "translation" pipeline: the README's lines of
+`generate` and `batch_decode` are run and give mha's greedy text.
 
 Needs torch and transformers (the [hf] extra): marked `torch`, skipped
 with that reason where they are not installed.
 """
+import re
+
 import numpy as np
 import pytest
 import sacrebleu
@@ -33,6 +35,7 @@ from test_export import copy_workdir  # noqa: F401
 from test_huggingface import hf_folder  # noqa: F401
 from test_huggingface import safetensors_numpy_fixture  # noqa: F401
 # pylint: enable=unused-import
+from test_readme import readme_section
 import mha
 from mha.huggingface import export as hf_export
 from mha.huggingface import marian
@@ -96,14 +99,31 @@ def test_greedy_outputs_identical_to_mha(hf_folder, copy_model, caplog):
   # Not trivial: several lengths, some ended by EOS, some by the limit.
   assert 2 <= len([o for o in ours if o[-1] == EOS and len(o) > 2]) < len(ours)
   assert len({len(o) for o in ours}) >= 4
-  # The lines a user runs (README) give mha's greedy text.
-  tokenizer = copy_model[3]
-  for source, limit, out in zip(sources[:6], limits, ours):
-    batch = hf_tokenizer([source], return_tensors="pt")
-    text = hf_tokenizer.batch_decode(
-        model.generate(**batch, num_beams=1, max_length=limit + 1),
-        skip_special_tokens=True)
-    assert text == [translate.detokenize(tokenizer, out)]
+
+
+def test_the_readmes_transformers_lines_give_mha_s_greedy_text(
+    hf_folder, copy_model, capsys):
+  # README "Using a trained model": its transformers block, run on the
+  # export with test sentences in place of the quickstart's, prints mha's
+  # greedy text. `generate` there has no length limit of mha's: sentences
+  # whose greedy output ended with EOS before mha's limit.
+  (block,) = [b for b in re.findall(
+      r"```python\n(.+?)```", readme_section("Using a trained model"),
+      re.DOTALL) if "transformers" in b]
+  sentence = "guno duma ri moge nigo ri ponoru pabo"
+  assert block.count(sentence) == 1
+  assert block.count("workdirs/quickstart_hf") == 2
+  sources, _, ours = _mha_outputs(copy_model, 1, 0.0)
+  ended = [(s, o) for s, o in zip(sources, ours)
+           if o[-1] == EOS and len(o) > 2][:4]
+  assert len(ended) >= 2
+  for source, out in ended:
+    code = block.replace("workdirs/quickstart_hf", str(hf_folder[0])).replace(
+        sentence, source.replace('"', '\\"'))
+    capsys.readouterr()
+    exec(compile(code, "README.md", "exec"), {})  # pylint: disable=exec-used
+    printed = capsys.readouterr().out
+    assert printed == f"{[translate.detokenize(copy_model[3], out)]!r}\n"
 
 
 def test_beam_4_agreement_measured(hf_folder, copy_model, caplog):

@@ -244,7 +244,9 @@ def test_using_a_trained_model_runs_and_agrees_with_the_command_line(
   assert len(from_command_line) == len(sentences)
   assert all(from_command_line)
 
-  blocks = re.findall(r"```python\n(.+?)```", section, re.DOTALL)
+  blocks = [block for block in re.findall(r"```python\n(.+?)```", section,
+                                          re.DOTALL)
+            if "transformers" not in block]  # test_huggingface_torch's
   assert blocks and all(QUICKSTART_WORKDIR in b for b in blocks)
   namespace = {}
   capfd.readouterr()
