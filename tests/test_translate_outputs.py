@@ -75,6 +75,26 @@ def test_nbest_is_the_searchs_hypotheses_with_their_log_probs(
                               num_best=4, **kwargs)
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_row_of_padding_alone_ends_at_once_beside_the_same_outputs(
+    tiny_transformer, beam_size):  # noqa: F811
+  # A batch's spare rows (texts.make_batches fills the last batch up to a
+  # full one's rows) have no source token: one output position, not the
+  # search's steps up to max_decode_extra; the sentences beside them are
+  # translated as without them.
+  model_config, _, params, inputs = tiny_transformer
+  kwargs = dict(beam_size=beam_size, alpha=0.6, max_decode_extra=5,
+                eos_id=EOS, max_decode_len=16)
+  alone = np.asarray(batch_search.translate_batch(model_config, params,
+                                                  inputs, **kwargs))
+  padded = np.concatenate([inputs, np.zeros_like(inputs[:1])])
+  out = np.asarray(batch_search.translate_batch(model_config, params, padded,
+                                                **kwargs))
+  np.testing.assert_array_equal(out[:3], alone)
+  assert len(hypothesis(out[3])) <= 1 and not out[3, 1:].any()
+  assert min(len(hypothesis(row)) for row in alone) > 1
+
+
 def test_sampled_first_tokens_follow_softmax_over_top_k(
     tiny_transformer):  # noqa: F811
   model_config, model, params, inputs = tiny_transformer

@@ -192,13 +192,13 @@ def make_batches(encoded: Sequence[Sequence[int]], *, batch_size: int,
     raise ValueError(f"A sentence has {longest} ids, more than max_len="
                      f"{max_len}: encode it with encode_sources.")
   order = np.argsort([-len(ids) for ids in encoded], kind="stable")
-  several = len(order) > batch_size  # then the last has a full one's rows
+  # With several batches the last has a full one's rows (its spare rows
+  # empty), so that it shares the others' search program.
+  rows = min(search_rows(min(len(order), batch_size)), batch_size)
   batches = []
   for start in range(0, len(order), batch_size):
     chunk = order[start:start + batch_size]
     length = bucket_length(max(len(encoded[i]) for i in chunk), max_len)
-    rows = min(search_rows(batch_size if several else len(chunk)),
-               max(batch_size, len(chunk)))
     inputs = np.zeros((rows, length), np.int32)  # [rows, length]
     for row, i in enumerate(chunk):
       inputs[row, :len(encoded[i])] = encoded[i]
