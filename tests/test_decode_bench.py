@@ -137,13 +137,26 @@ def test_a_bad_flag_combination_is_one_error_naming_it(flags, named, capsys):
 
 
 @pytest.mark.slow
-def test_end_to_end_runs_translate_the_job(exported, tmp_path):
+def test_end_to_end_runs_translate_the_job(exported, tmp_path, monkeypatch):
   # eval.py with a cold, then a warm cache, and CTranslate2's own script
   # (it tokenizes the text itself), each a fresh process, greedy.
   job, models = exported
   job = make_job(job.workdir, tmp_path, batch_size=64)
   mode = decode_ct2.Mode("float32", 1, 1)
+  caches = []  # (the cache folder of each eval.py run, its files before)
+  eval_run = decode_ct2._eval_run  # pylint: disable=protected-access
+
+  def recorded(job, beam, cache_dir, *args):
+    caches.append((cache_dir, sorted(os.listdir(cache_dir))
+                   if os.path.isdir(cache_dir) else []))
+    return eval_run(job, beam, cache_dir, *args)
+
+  monkeypatch.setattr(decode_ct2, "_eval_run", recorded)
   results = decode_ct2.end_to_end(job, models, [mode], [1], [])
+  # The cold run starts on a new empty folder; the warm one reads the
+  # folder the cold run filled.
+  (cold, cold_files), (warm, warm_files) = caches
+  assert cold == warm and not cold_files and warm_files
   run = tmp_path / "end_to_end" / "beam1_round0"
   texts = {name: (run / name).read_text(encoding="utf-8").splitlines()
            for name in ("eval_cold/translations.txt",
