@@ -1,4 +1,5 @@
 """The synthetic language pair: deterministic, reordered, disjoint splits."""
+import numpy as np
 import pytest
 
 from conftest import synthetic_config
@@ -24,6 +25,32 @@ def test_deterministic_for_a_seed_and_seeds_differ():
   assert first["validation"][0][0] == "tokade ba bopuda meku"
   assert first["train"][0][0] == (
       "diruga dogeki ripipe ge pudo dogeki ba pe lure redere")
+
+
+def test_noun_phrases_are_numpys_choice_draws():
+  # The sampler's shortcut for the number of adjectives draws what
+  # `rng.choice(3, p=[0.5, 0.35, 0.15])` draws (the reference below, as the
+  # generator was first written), phrase by phrase, and leaves the
+  # generator in the same state.
+  lang = synthetic.language(0)
+  w = lang.words
+
+  def reference(rng):
+    if rng.random() < 0.2:
+      return [w["name"][rng.integers(len(w["name"]))]]
+    k = int(rng.choice(3, p=[0.5, 0.35, 0.15]))
+    adjectives = [w["adj"][i] for i in rng.choice(len(w["adj"]), k,
+                                                  replace=False)]
+    return ([w["noun"][rng.integers(len(w["noun"]))]] + adjectives
+            + [w["det"][rng.integers(len(w["det"]))]])
+
+  ours, theirs = np.random.default_rng(3), np.random.default_rng(3)
+  phrases = [synthetic._sample_noun_phrase(ours, lang)  # pylint: disable=protected-access
+             for _ in range(3000)]
+  assert phrases == [reference(theirs) for _ in range(3000)]
+  assert ours.random() == theirs.random()
+  counts = np.bincount([len(p) - 2 for p in phrases if len(p) > 1])
+  assert len(counts) == 3 and counts[0] > counts[1] > counts[2] > 0
 
 
 def test_split_sizes_lengths_and_vocabulary():

@@ -22,6 +22,7 @@ Sentences have 3 to 12 words. The splits `train` (30,000 pairs),
 `validation` and `test` (500 each) hold distinct source sentences, so
 validation and test are disjoint from training.
 """
+import bisect
 import dataclasses
 import functools
 
@@ -108,15 +109,24 @@ def language(seed: int) -> SyntheticLanguage:
                            gender=gender)
 
 
+# The number of adjectives of a noun phrase: 0, 1 or 2 with probabilities
+# 0.5, 0.35 and 0.15, drawn as `rng.choice(3, p=...)` draws it (one
+# `rng.random()` placed on the normalised cumulative sums) at a tenth of
+# its cost: the same draws, the same pairs.
+_ADJECTIVES_CDF = tuple((np.cumsum([0.5, 0.35, 0.15]) /
+                         np.sum([0.5, 0.35, 0.15])).tolist())
+
+
 def _sample_noun_phrase(rng: np.random.Generator,
                         lang: SyntheticLanguage) -> list[str]:
   """A source noun phrase: `[name]` or `[noun, adj{0,2}, det]`."""
   w = lang.words
   if rng.random() < 0.2:
     return [w["name"][rng.integers(len(w["name"]))]]
-  num_adjectives = int(rng.choice(3, p=[0.5, 0.35, 0.15]))
-  adjectives = [w["adj"][i] for i in
-                rng.choice(len(w["adj"]), num_adjectives, replace=False)]
+  num_adjectives = bisect.bisect_right(_ADJECTIVES_CDF, rng.random())
+  # No adjective draws nothing (`rng.choice` of none draws nothing either).
+  adjectives = [w["adj"][i] for i in rng.choice(
+      len(w["adj"]), num_adjectives, replace=False)] if num_adjectives else []
   return ([w["noun"][rng.integers(len(w["noun"]))]] + adjectives
           + [w["det"][rng.integers(len(w["det"]))]])
 
