@@ -82,6 +82,14 @@ class DevLoss(_EveryEvalSteps):
                                         self._config.eval_split)
     num_devices = jax.local_device_count()
     totals: dict[str, float] = {}
+    # Each batch's sums are read before the next batch is dispatched. The
+    # batches are independent, so dispatched all at once they run at once,
+    # and on CPU devices (one thread pool for all of them) the eval step's
+    # all-reduce could then wait forever for a device whose thread is busy
+    # with another batch: XLA aborts after 40 s ("Termination timeout for
+    # all reduce", seen with configs/quickstart.py:tiny on 4 CPU devices
+    # and 2 cores). The train loop's updates depend on each other and run
+    # one after another whatever is dispatched.
     for batch in self._batches:
       sums = devices.pmap_unreplicate(
           self._eval_step(params, devices.shard(batch, num_devices)))
