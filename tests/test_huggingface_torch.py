@@ -13,8 +13,6 @@ transformers 5 has no "translation" pipeline: the README's lines of
 Needs torch and transformers (the [hf] extra): marked `torch`, skipped
 with that reason where they are not installed.
 """
-import re
-
 import numpy as np
 import pytest
 import sacrebleu
@@ -35,6 +33,7 @@ from test_export import copy_workdir  # noqa: F401
 from test_huggingface import hf_folder  # noqa: F401
 from test_huggingface import safetensors_numpy_fixture  # noqa: F401
 # pylint: enable=unused-import
+from test_readme import python_blocks
 from test_readme import readme_section
 import mha
 from mha.huggingface import export as hf_export
@@ -107,9 +106,8 @@ def test_the_readmes_transformers_lines_give_mha_s_greedy_text(
   # export with test sentences in place of the quickstart's, prints mha's
   # greedy text. `generate` there has no length limit of mha's: sentences
   # whose greedy output ended with EOS before mha's limit.
-  (block,) = [b for b in re.findall(
-      r"```python\n(.+?)```", readme_section("Using a trained model"),
-      re.DOTALL) if "transformers" in b]
+  (block,) = [b for b in python_blocks(readme_section("Using a trained model"))
+              if "transformers" in b]
   sentence = "guno duma ri moge nigo ri ponoru pabo"
   assert block.count(sentence) == 1
   assert block.count("workdirs/quickstart_hf") == 2

@@ -218,6 +218,11 @@ def readme_section(title: str) -> str:
   return match.group(1)
 
 
+def python_blocks(section: str) -> list[str]:
+  """The text of each ```python block of a README section."""
+  return re.findall(r"```python\n(.+?)```", section, re.DOTALL)
+
+
 def test_using_a_trained_model_runs_and_agrees_with_the_command_line(
     random_workdir, capfd):
   # The section's mha-translate line and its Python block, on a workdir
@@ -244,8 +249,7 @@ def test_using_a_trained_model_runs_and_agrees_with_the_command_line(
   assert len(from_command_line) == len(sentences)
   assert all(from_command_line)
 
-  blocks = [block for block in re.findall(r"```python\n(.+?)```", section,
-                                          re.DOTALL)
+  blocks = [block for block in python_blocks(section)
             if "transformers" not in block]  # test_huggingface_torch's
   assert blocks and all(QUICKSTART_WORKDIR in b for b in blocks)
   namespace = {}

@@ -113,8 +113,8 @@ def language(seed: int) -> SyntheticLanguage:
 # 0.5, 0.35 and 0.15, drawn as `rng.choice(3, p=...)` draws it (one
 # `rng.random()` placed on the normalised cumulative sums) at a tenth of
 # its cost: the same draws, the same pairs.
-_ADJECTIVES_CDF = tuple((np.cumsum([0.5, 0.35, 0.15]) /
-                         np.sum([0.5, 0.35, 0.15])).tolist())
+_ADJECTIVES_CDF = np.cumsum([0.5, 0.35, 0.15])
+_ADJECTIVES_CDF = tuple((_ADJECTIVES_CDF / _ADJECTIVES_CDF[-1]).tolist())
 
 
 def _sample_noun_phrase(rng: np.random.Generator,

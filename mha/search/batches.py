@@ -445,14 +445,12 @@ def _limits(model_config: TransformerConfig, inputs_np: np.ndarray,
             max_decode_extra: int, max_decode_len: int | None
             ) -> tuple[int, np.ndarray]:
   """(the static length of the outputs, int32 `[batch]` each sentence's
-  limit on |Y|): non-pad source tokens + `max_decode_extra`, capped at
+  limit on |Y|): non-pad source tokens + `max_decode_extra` (1 for a spare
+  row of padding alone: every source has its EOS), capped at
   `max_decode_len` (None: the longest limit rounded up to a multiple of
-  8) and at the model's `max_len` positions. A row of padding alone (a
-  batch's spare row: every source has its EOS) gets 1: it ends at once
-  instead of running the search's steps."""
-  tokens = (inputs_np != token_ids.PAD_ID).sum(axis=1)
-  max_lengths = np.where(tokens > 0, tokens + max_decode_extra,
-                         1).astype(np.int32)  # [batch]
+  8) and at the model's `max_len` positions."""
+  tokens = (inputs_np != token_ids.PAD_ID).sum(axis=1)  # [batch]
+  max_lengths = np.where(tokens, tokens + max_decode_extra, 1).astype(np.int32)
   if max_decode_len is None:  # the longest, rounded up to a multiple of 8
     max_decode_len = -(-int(max_lengths.max()) // 8) * 8
   # The decoder cannot encode positions past its table (config.max_len).
