@@ -10,6 +10,8 @@ position encodings), `dropout` (the dropout masks, a keyed hash),
 `Transformer`, `create_model`: the one place a model is built), `losses`
 (label-smoothed cross entropy, accuracy), `optim` (`SCHEDULES`, the one
 table of learning-rate schedules, the paper's noam among them, and Adam),
-`flops` (a step's matmul FLOPs). Imports only the package's errors
+`flops` (a step's matmul FLOPs), `params` (parameters read without
+tracing their initializers at every `apply`: `StoredParams`, and flax's
+`Dense` and `LayerNorm` with it). Imports only the package's errors
 and validation rules below it.
 """

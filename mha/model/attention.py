@@ -16,6 +16,7 @@ import numpy as np
 from mha import validation
 from mha.model import dropout as dropout_lib
 from mha.model import location
+from mha.model.params import StoredParams
 
 # The self-attention decode cache is stored as [B, H, D, L]: the axes of a
 # [B, L, H, D] key or value in this order (`_append_to_cache`).
@@ -274,7 +275,7 @@ def layer_attention_type(attention_type: str, cross_attention: bool) -> str:
   return SELF_ATTENTION_TYPE
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(StoredParams, nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (§3.2.2).
 
   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V). The h projections of each of

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mha import validation
+from mha.model.params import StoredParams
 
 
 
@@ -32,7 +33,7 @@ def sinusoidal_encoding(length: int, d_model: int,
   return encoding.astype(np.float32)
 
 
-class AddPositionEncoding(nn.Module):
+class AddPositionEncoding(StoredParams, nn.Module):
   """Adds position encodings to embeddings `[B, L, d_model]`.
 
   Attributes:

@@ -21,6 +21,7 @@ from mha.model import dropout as dropout_lib
 from mha import validation
 from mha.model.attention import MultiHeadAttention
 from mha.errors import ConfigError
+from mha.model.params import Dense, LayerNorm, StoredParams
 from mha.model.positional import AddPositionEncoding
 
 _DTYPES = {name: getattr(jnp, name) for name in validation.DTYPES}
@@ -149,10 +150,10 @@ class FeedForward(nn.Module):
     cfg = self.config
     init = nn.initializers.xavier_uniform()
     product = attention_lib.dot_general_of(cfg.matmul_dtype)
-    h = nn.Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=init,
+    h = Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=init,
                  dot_general=product, name="w1")(x)
     h = FFN_ACTIVATIONS[cfg.ffn_activation](h)  # [B, L, d_ff]
-    return nn.Dense(x.shape[-1], dtype=cfg.dtype, kernel_init=init,
+    return Dense(x.shape[-1], dtype=cfg.dtype, kernel_init=init,
                     dot_general=product, name="w2")(h)
 
 
@@ -180,7 +181,7 @@ class ResidualSublayer(nn.Module):
   @nn.compact
   def __call__(self, sublayer, x: jax.Array, *args, **kwargs) -> jax.Array:
     cfg = self.config
-    norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
+    norm = LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
                         name="layer_norm")
     dropout = Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)
     if cfg.layer_norm == "pre":
@@ -238,7 +239,7 @@ class DecoderLayer(nn.Module):
         FeedForward(cfg, name="ffn"), y)
 
 
-class Embed(nn.Module):
+class Embed(StoredParams, nn.Module):
   """Token embeddings multiplied by √d_model (§3.4); with shared embeddings
   the same matrix is the pre-softmax linear map
   (`Transformer.output_weights`)."""
@@ -267,7 +268,7 @@ def _segment_mask(q_seg: jax.Array, k_seg: jax.Array) -> jax.Array:
   return q_seg[:, None, :, None] == k_seg[:, None, None, :]
 
 
-class OutputProjection(nn.Module):
+class OutputProjection(StoredParams, nn.Module):
   """The pre-softmax linear map when embeddings are not shared: `nn.Dense`'s
   parameters ('kernel' `[M, V]`, 'bias' `[V]`) and initializers, created in
   `setup` so that `Transformer.output_weights` can read them without a call."""
@@ -281,7 +282,7 @@ class OutputProjection(nn.Module):
                            (self.vocab_size,))
 
 
-class Transformer(nn.Module):
+class Transformer(StoredParams, nn.Module):
   """The encoder-decoder Transformer (Figure 1).
 
   Attributes:
@@ -307,9 +308,9 @@ class Transformer(nn.Module):
     self.decoder_layers = [DecoderLayer(cfg)
                            for _ in range(cfg.num_decoder_layers)]
     if cfg.layer_norm == "pre":
-      self.encoder_norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon,
+      self.encoder_norm = LayerNorm(epsilon=cfg.layer_norm_epsilon,
                                        dtype=cfg.dtype)
-      self.decoder_norm = nn.LayerNorm(epsilon=cfg.layer_norm_epsilon,
+      self.decoder_norm = LayerNorm(epsilon=cfg.layer_norm_epsilon,
                                        dtype=cfg.dtype)
     if cfg.output_bias:  # Marian's final_logits_bias
       self.output_bias = self.param("output_bias", nn.initializers.zeros_init(),
