@@ -51,9 +51,11 @@ def test_an_apply_traces_no_initializer_and_computes_flaxs_layers():
   x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
   variables = Layers(init).init(jax.random.key(0), x)
   assert init.calls == 3  # made once each
-  out = jax.jit(Layers(init).apply)(variables, x)
+  jax.jit(Layers(init).apply)(variables, x)
+  out = Layers(init).apply(variables, x)
   assert init.calls == 3  # flax's own `param` traces each one again
-  # The same arithmetic as flax's layers on the same parameters.
+  # The same arithmetic as flax's layers on the same parameters (both run
+  # op by op: no fusion to round apart).
   p = variables["params"]
   h = nn.Dense(3).apply({"params": p["Dense_0"]}, x)
   h = nn.LayerNorm().apply({"params": p["LayerNorm_0"]}, h)
