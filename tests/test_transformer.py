@@ -98,6 +98,39 @@ def test_incremental_decoding_equals_full_pass(changes):
 
 
 @pytest.mark.parametrize("changes", [
+    *({"attention_type": name} for name in attention.ATTENTION_VARIANTS),
+    {"attention_bias": True, "num_decoder_layers": 3},
+], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()))
+def test_source_kv_makes_the_decoders_source_keys_and_values(changes):
+  # `Transformer.source_kv` (the refilled searches' queue) makes, bit for
+  # bit, the encoder-decoder keys and values that a whole decoder pass
+  # with the parameters puts in the cache, and nothing else of the cache.
+  model = mha.create_model(tiny(**changes), deterministic=True, decode=True)
+  params = init(mha.create_model(tiny(**changes), deterministic=True), SRC,
+                TGT)
+  encoded = model.apply({"params": params}, SRC, method="encode")
+  _, whole = model.apply({"params": params}, encoded, SRC, TGT,
+                         mutable=["cache"], method="decode")
+  _, alone = jax.jit(lambda e: model.apply(
+      {"params": params}, e, SRC, mutable=["cache"], method="source_kv"))(
+          encoded)
+
+  def sources(cache):
+    return {jax.tree_util.keystr(path): np.asarray(x) for path, x in
+            jax.tree_util.tree_flatten_with_path(cache)[0]
+            if path[-1].key in ("source_key", "source_value")}
+
+  made, expected = sources(alone["cache"]), sources(whole["cache"])
+  assert len(expected) == 2 * model.config.num_decoder_layers
+  assert list(made) == list(expected)
+  for name, x in expected.items():
+    np.testing.assert_array_equal(made[name], x, err_msg=name)
+  assert {path[-1].key for path, _ in jax.tree_util.tree_flatten_with_path(
+      alone["cache"])[0]} <= {"source_key", "source_value",
+                              "previous_weights"}
+
+
+@pytest.mark.parametrize("changes", [
     # Every attention variant of the table (location's previous weights
     # restart at each sentence), and multires.
     *({"attention_type": name} for name in attention.ATTENTION_VARIANTS),

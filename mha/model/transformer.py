@@ -226,10 +226,17 @@ class DecoderLayer(nn.Module):
   def __call__(self, y: jax.Array, encoded: jax.Array,
                self_mask: jax.Array | None,
                cross_mask: jax.Array | None,
-               sentence_starts: jax.Array | None = None) -> jax.Array:
+               sentence_starts: jax.Array | None = None, *,
+               source_kv_only: bool = False) -> jax.Array:
+    """The layer's output; with `source_kv_only` (and `decode`), only its
+    cross-attention's first call, which makes the decode cache's
+    encoder-decoder keys and values (`y` returned as it is)."""
     cfg = self.config
     self_attention = _attention(cfg, "self_attention")
     cross_attention = _attention(cfg, "cross_attention")
+    if source_kv_only:
+      cross_attention(y, encoded, cross_mask, cross_attention=True)
+      return y
     y = ResidualSublayer(cfg, name="self_attention_block")(
         lambda z: self_attention(z, z, self_mask), y)
     y = ResidualSublayer(cfg, name="cross_attention_block")(
@@ -345,6 +352,18 @@ class Transformer(StoredParams, nn.Module):
         kernel.astype(self.config.dtype),
         self.config.matmul_dtype).astype(jnp.float32)
     return logits if bias is None else logits + bias
+
+  def source_kv(self, encoded: jax.Array, inputs: jax.Array) -> None:
+    """With `config.decode` and `mutable=["cache"]`: only the decode
+    cache's encoder-decoder keys and values (each decoder layer's
+    `source_key` and `source_value`), as `decode`'s first call makes
+    them, without the rest of the decoder (one zero query a sentence
+    through each cross-attention, its output unused)."""
+    query = jnp.zeros(encoded.shape[:1] + (1,) + encoded.shape[2:],
+                      self.config.dtype)
+    cross_mask = (inputs > 0)[:, None, None, :]
+    for layer in self.decoder_layers:
+      layer(query, encoded, None, cross_mask, source_kv_only=True)
 
   def output_weights(self) -> tuple[jax.Array, jax.Array | None]:
     """(kernel `[V, M]`, bias `[V]` or None) of the pre-softmax linear map:

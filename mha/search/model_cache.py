@@ -221,7 +221,10 @@ def _refill_queue(model: Transformer, params: Any,
   """The source keys and values of every sentence of `inputs`, arrays
   `[k, rows, s]` of k batches each, `[sentences, h, d, s_max]` (the
   search's layout, the source positions padded to the longest s with
-  zeros), made batch by batch as `_model_fns` makes a batch's; the source
+  zeros), made batch by batch by `Transformer.source_kv` (the
+  projections of `_model_fns`'s decoder pass, without the rest of that
+  pass, which a trace would otherwise go through once a source length);
+  the source
   ids `[sentences, s_max]`; and the shapes of the decoder's cache of one
   batch of s_max positions (`beam_size` rows a sentence) for `length`
   outputs, as the decoder makes it.
@@ -237,12 +240,17 @@ def _refill_queue(model: Transformer, params: Any,
     return _init_cache(model, params, encoded, batch_inputs,
                        batch_inputs.shape[0] * beam_size, length)
 
+  def sources(batch_inputs):  # the cache's source keys and values alone
+    encoded = model.apply({"params": params}, batch_inputs, method="encode")
+    _, made = model.apply({"params": params}, encoded, batch_inputs,
+                          mutable=["cache"], method="source_kv")
+    return _source_leaves(_source_kv_stored(made["cache"]))
+
   def padded(x):  # [k, rows, ..., s] -> [k * rows, ..., width]
     x = _pad_axis(x, x.ndim - 1, width)
     return x.reshape((-1,) + x.shape[2:])
 
-  parts = [lax.map(lambda x: _source_leaves(_source_kv_stored(make(x))), x)
-           for x in inputs]
+  parts = [lax.map(sources, x) for x in inputs]
   queue = [jnp.concatenate([padded(part[i]) for part in parts])
            for i in range(len(parts[0]))]
   ids = jnp.concatenate([padded(x) for x in inputs])
