@@ -151,10 +151,10 @@ class FeedForward(nn.Module):
     init = nn.initializers.xavier_uniform()
     product = attention_lib.dot_general_of(cfg.matmul_dtype)
     h = Dense(cfg.d_ff, dtype=cfg.dtype, kernel_init=init,
-                 dot_general=product, name="w1")(x)
+              dot_general=product, name="w1")(x)
     h = FFN_ACTIVATIONS[cfg.ffn_activation](h)  # [B, L, d_ff]
     return Dense(x.shape[-1], dtype=cfg.dtype, kernel_init=init,
-                    dot_general=product, name="w2")(h)
+                 dot_general=product, name="w2")(h)
 
 
 class Dropout(nn.Module):
@@ -182,7 +182,7 @@ class ResidualSublayer(nn.Module):
   def __call__(self, sublayer, x: jax.Array, *args, **kwargs) -> jax.Array:
     cfg = self.config
     norm = LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype,
-                        name="layer_norm")
+                     name="layer_norm")
     dropout = Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)
     if cfg.layer_norm == "pre":
       return x + dropout(sublayer(norm(x), *args, **kwargs))
@@ -316,9 +316,9 @@ class Transformer(StoredParams, nn.Module):
                            for _ in range(cfg.num_decoder_layers)]
     if cfg.layer_norm == "pre":
       self.encoder_norm = LayerNorm(epsilon=cfg.layer_norm_epsilon,
-                                       dtype=cfg.dtype)
+                                    dtype=cfg.dtype)
       self.decoder_norm = LayerNorm(epsilon=cfg.layer_norm_epsilon,
-                                       dtype=cfg.dtype)
+                                    dtype=cfg.dtype)
     if cfg.output_bias:  # Marian's final_logits_bias
       self.output_bias = self.param("output_bias", nn.initializers.zeros_init(),
                                     (cfg.vocab_size,))
