@@ -1,5 +1,7 @@
 """mha/model/params.py: a stored parameter is read without tracing its
 initializer, and its shape is still checked, as flax checks it."""
+import contextlib
+
 import flax.errors
 import flax.linen as nn
 import jax
@@ -53,7 +55,7 @@ def test_an_apply_traces_no_initializer_and_computes_flaxs_layers():
   assert init.calls == 3  # made once each
   jax.jit(Layers(init).apply)(variables, x)
   out = Layers(init).apply(variables, x)
-  assert init.calls == 3  # flax's own `param` traces each one again
+  assert init.calls == 3  # flax's own `param` would trace each again
   # The same arithmetic as flax's layers on the same parameters (both run
   # op by op: no fusion to round apart).
   p = variables["params"]
@@ -105,26 +107,43 @@ def test_the_transformers_apply_traces_no_initializer():
   assert init.calls == made
 
 
-class _counting_initializers:  # pylint: disable=invalid-name
-  """Within: flax's initializers and `StoredParams.param`'s every
-  initializer counted by `init` (each call of an initializer a call of
-  `init`'s counter, the values its own)."""
+@contextlib.contextmanager
+def _counting_initializers(counter: Counting):
+  """Within: every initializer given to flax's `Module.param` (that of
+  `StoredParams.param` too) counts its calls, traced or run, in
+  `counter.calls`."""
+  real = nn.Module.param
 
-  def __init__(self, init: Counting):
-    self.init = init
+  def param(module, name, init_fn, *args, **kwargs):
+    def counted(*a, **k):
+      counter.calls += 1
+      return init_fn(*a, **k)
+    return real(module, name, counted, *args, **kwargs)
 
-  def __enter__(self):
-    self.real = nn.Module.param
-    counter = self.init
+  nn.Module.param = param
+  try:
+    yield
+  finally:
+    nn.Module.param = real
 
-    def param(module, name, init_fn, *args, **kwargs):
-      def counted(*a, **k):
-        counter.calls += 1
-        return init_fn(*a, **k)
-      return self.real(module, name, counted, *args, **kwargs)
 
-    nn.Module.param = param
-    return self
+def test_a_parameter_without_a_shape_argument_is_flaxs_both_ways():
+  # An initializer taking a size, not a shape: made and checked by flax's
+  # `param` (its trace at each apply), as without the mixin.
+  def square(rng, size):
+    return jax.random.normal(rng, (size, size))
 
-  def __exit__(self, *exc):
-    nn.Module.param = self.real
+  class Square(params_lib.StoredParams, nn.Module):
+    size: int
+
+    @nn.compact
+    def __call__(self, x):
+      return x @ self.param("w", square, self.size)
+
+  x = np.ones((2, 3), np.float32)
+  variables = Square(3).init(jax.random.key(0), x)
+  assert variables["params"]["w"].shape == (3, 3)
+  np.testing.assert_array_equal(Square(3).apply(variables, x),
+                                x @ variables["params"]["w"])
+  with pytest.raises(flax.errors.ScopeParamShapeError, match="w"):
+    Square(4).apply(variables, np.ones((2, 4), np.float32))

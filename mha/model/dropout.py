@@ -30,10 +30,9 @@ ROUNDS = 3  # key words, one per round
 
 
 # The hash is written in `lax`'s operations: each of `jnp`'s operators is
-# a jitted function, whose every call in a trace is a call of `jit` (the
-# masks' operators were 324 of the 608 such calls in tracing the tiny
-# model's gradient, which took 5 to 10% less without them); the program
-# XLA gets is the same.
+# a jitted function, whose every call in a trace is a call of `jit` (what
+# that cost the train step's trace: bench/README.md); the program XLA gets
+# is the same.
 
 
 def _xor_shifted(x: jax.Array, shift: int) -> jax.Array:

@@ -3,13 +3,14 @@
 flax's `Module.param` checks an existing parameter's shape against its
 initializer's by tracing the initializer (`jax.eval_shape`) at every
 `apply`: one trace per parameter per traced call of the model (the train
-step, each search, every cache made), about half a millisecond each, a
-sixth of tracing a small model's train step. `StoredParams.param` compares
-the stored shape with the shape argument itself (every initializer here
-and in flax takes the shape after the key) and traces nothing; a new
-parameter is made by flax's `param`, and its initializer's output is
-checked to have that shape. `Dense` and `LayerNorm` are flax's layers with
-this `param` (their parameters, names and arithmetic unchanged).
+step, each search, every cache made; what it costs: bench/README.md).
+`StoredParams.param` compares the stored shape with the shape argument
+itself (every initializer here and in flax takes the shape after the key)
+and traces nothing; a new parameter is made by flax's `param`, and its
+initializer's output is checked to have that shape. A parameter whose
+first argument is not a shape (a tuple of ints) is left to flax's `param`
+both ways. `Dense` and `LayerNorm` are flax's layers with this `param`
+(their parameters, names and arithmetic unchanged).
 """
 from flax.core import meta
 import flax.errors
@@ -23,7 +24,7 @@ class StoredParams:
   argument, without flax's per-`apply` trace of the initializer."""
 
   def param(self, name, init_fn, *init_args, unbox=True, **init_kwargs):
-    shape = tuple(init_args[0]) if init_args else None
+    shape = _shape(init_args[0]) if init_args else None
     if shape is not None and self.has_variable("params", name):
       value = self.get_variable("params", name)
       if np.shape(value) != shape:
@@ -37,6 +38,14 @@ class StoredParams:
                        f"{self.scope.path_text} made shape "
                        f"{np.shape(value)}, not its shape argument {shape}.")
     return value
+
+
+def _shape(arg) -> tuple[int, ...] | None:
+  """`arg` as a shape, if it is one (a tuple or list of ints)."""
+  if isinstance(arg, (tuple, list)) and all(
+      isinstance(n, (int, np.integer)) for n in arg):
+    return tuple(int(n) for n in arg)
+  return None
 
 
 class Dense(StoredParams, nn.Dense):
